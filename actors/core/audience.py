@@ -1,0 +1,36 @@
+"""The audience rule: who may learn anything at all about an account.
+
+An account's audience is everybody who shares a server with it or has an accepted friendship with
+it. Every frame that mentions an account (sync, change, query answer) is filtered through
+`in_audience`; an id outside the audience is answered with silence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Relations:
+    """What the audience and visibility rules need to know about one account."""
+
+    friends: frozenset[str] = field(default_factory=frozenset)
+    servers: frozenset[str] = field(default_factory=frozenset)
+    last_seen_visibility: str = "everyone"
+
+
+NO_RELATIONS = Relations()
+
+
+def is_friend(target: str, target_rel: Relations, reader: str) -> bool:
+    del target  # friendship is stored on both sides; the target's own set answers it
+    return reader in target_rel.friends
+
+
+def in_audience(target: str, target_rel: Relations, reader: str, reader_rel: Relations) -> bool:
+    """May `reader` learn anything about `target`? An account is always in its own audience."""
+    if reader == target:
+        return True
+    if reader in target_rel.friends:
+        return True
+    return not target_rel.servers.isdisjoint(reader_rel.servers)

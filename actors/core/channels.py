@@ -1,0 +1,166 @@
+"""Channel state of one shard: subscribers, typing and voice rosters of the channels it owns.
+
+Pure, like the account state beside it. Only members of a channel's server may subscribe, type
+or join its voice roster; membership is re-checked on every delivery too, so somebody removed
+from a server stops receiving its channels' events without re-subscribing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .audience import NO_RELATIONS, Relations
+from .effects import Outbox
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    edge_id: str
+    user_id: str
+
+
+@dataclass(slots=True)
+class Typing:
+    expires_at: float
+    broadcast_at: float
+
+
+@dataclass(slots=True)
+class Channel:
+    channel_id: str
+    server_id: str | None
+    subscribers: dict[str, Member] = field(default_factory=dict)  # socket id → member
+    typing: dict[str, Typing] = field(default_factory=dict)  # user id → typing
+    voice: dict[str, Member] = field(default_factory=dict)  # socket id → member, in join order
+
+
+class ChannelState:
+    def __init__(self, outbox: Outbox, relations: dict[str, Relations], *, typing_lapse_s: float = 10.0) -> None:
+        self.outbox = outbox
+        self.relations = relations
+        self.typing_lapse_s = typing_lapse_s
+        # A repeat of typing.start re-broadcasts only once the client's own lapse is near, so a
+        # client typing for a minute causes about six frames per watcher, not one per keystroke.
+        self.typing_refresh_s = typing_lapse_s * 0.7
+        self.channels: dict[str, Channel] = {}
+
+    # ------------------------------------------------------------------ loading
+
+    def knows(self, channel_id: str) -> bool:
+        return channel_id in self.channels
+
+    def load_channel(self, channel_id: str, server_id: str | None) -> None:
+        ch = self.channels.get(channel_id)
+        if ch is None:
+            self.channels[channel_id] = Channel(channel_id, server_id)
+        else:
+            ch.server_id = server_id
+
+    def allowed(self, channel_id: str, user_id: str) -> bool:
+        ch = self.channels.get(channel_id)
+        if ch is None or ch.server_id is None:
+            return False
+        return ch.server_id in self.relations.get(user_id, NO_RELATIONS).servers
+
+    # ------------------------------------------------------------------ operations
+
+    def subscribe(self, channel_id: str, user_id: str, socket_id: str, edge_id: str) -> bool:
+        if not self.allowed(channel_id, user_id):
+            return False
+        ch = self.channels[channel_id]
+        ch.subscribers[socket_id] = Member(edge_id, user_id)
+        self.outbox.deliver({edge_id: [socket_id]}, self._roster_frame(ch))
+        return True
+
+    def unsubscribe(self, channel_id: str, socket_id: str) -> None:
+        ch = self.channels.get(channel_id)
+        if ch is not None:
+            ch.subscribers.pop(socket_id, None)
+
+    def typing_start(self, channel_id: str, user_id: str, now: float) -> bool:
+        if not self.allowed(channel_id, user_id):
+            return False
+        ch = self.channels[channel_id]
+        t = ch.typing.get(user_id)
+        if t is not None and now < t.expires_at and now - t.broadcast_at < self.typing_refresh_s:
+            t.expires_at = now + self.typing_lapse_s
+            return True
+        ch.typing[user_id] = Typing(expires_at=now + self.typing_lapse_s, broadcast_at=now)
+        self._to_subscribers(ch, {"type": "typing", "channelId": channel_id, "userId": user_id}, exclude_user=user_id)
+        return True
+
+    def typing_stop(self, channel_id: str, user_id: str) -> None:
+        # The contract has no "stopped" frame: clients lapse on their own. Forgetting the entry
+        # makes the next start broadcast at once instead of being taken for a repeat.
+        ch = self.channels.get(channel_id)
+        if ch is not None:
+            ch.typing.pop(user_id, None)
+
+    def voice_join(self, channel_id: str, user_id: str, socket_id: str, edge_id: str) -> bool:
+        if not self.allowed(channel_id, user_id):
+            return False
+        ch = self.channels[channel_id]
+        if socket_id in ch.voice:
+            return True
+        ch.voice[socket_id] = Member(edge_id, user_id)
+        self._to_subscribers(ch, self._roster_frame(ch))
+        return True
+
+    def voice_leave(self, channel_id: str, socket_id: str) -> None:
+        ch = self.channels.get(channel_id)
+        if ch is not None and ch.voice.pop(socket_id, None) is not None:
+            self._to_subscribers(ch, self._roster_frame(ch))
+
+    def drop_socket(self, socket_id: str, channel_ids: list[str]) -> None:
+        for channel_id in channel_ids:
+            self.unsubscribe(channel_id, socket_id)
+            self.voice_leave(channel_id, socket_id)
+
+    def drop_edge(self, edge_id: str) -> None:
+        for ch in self.channels.values():
+            for socket_id in [s for s, m in ch.subscribers.items() if m.edge_id == edge_id]:
+                del ch.subscribers[socket_id]
+            gone = [s for s, m in ch.voice.items() if m.edge_id == edge_id]
+            for socket_id in gone:
+                del ch.voice[socket_id]
+            if gone:
+                self._to_subscribers(ch, self._roster_frame(ch))
+
+    def sweep(self, now: float) -> None:
+        for channel_id, ch in list(self.channels.items()):
+            for user_id in [u for u, t in ch.typing.items() if now >= t.expires_at]:
+                del ch.typing[user_id]
+            if not ch.subscribers and not ch.voice and not ch.typing:
+                del self.channels[channel_id]
+
+    # ------------------------------------------------------------------ reading
+
+    def roster(self, channel_id: str) -> list[str]:
+        ch = self.channels.get(channel_id)
+        return self._roster_users(ch) if ch is not None else []
+
+    def typing_users(self, channel_id: str, now: float) -> list[str]:
+        ch = self.channels.get(channel_id)
+        if ch is None:
+            return []
+        return [u for u, t in ch.typing.items() if now < t.expires_at]
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _roster_users(ch: Channel) -> list[str]:
+        # One entry per socket inside; on the wire one id per account, in order of first join.
+        return list(dict.fromkeys(m.user_id for m in ch.voice.values()))
+
+    def _roster_frame(self, ch: Channel) -> dict[str, object]:
+        return {"type": "voice.roster", "channelId": ch.channel_id, "userIds": self._roster_users(ch)}
+
+    def _to_subscribers(self, ch: Channel, frame: dict[str, object], exclude_user: str | None = None) -> None:
+        recipients: dict[str, list[str]] = {}
+        for socket_id, m in ch.subscribers.items():
+            if m.user_id == exclude_user:
+                continue
+            if ch.server_id is None or ch.server_id not in self.relations.get(m.user_id, NO_RELATIONS).servers:
+                continue
+            recipients.setdefault(m.edge_id, []).append(socket_id)
+        self.outbox.deliver(recipients, frame)

@@ -1,0 +1,68 @@
+"""What a shard's pure state asks its shell to do. The shell carries these out; nothing here does I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Frame = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Send one frame to some sockets of one edge. One payload for every recipient."""
+
+    edge_id: str
+    socket_ids: tuple[str, ...]
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class PersistChosen:
+    user_id: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class PersistVisibility:
+    user_id: str
+    visibility: str
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineCount:
+    """The account started (present=True) or stopped being shown online in these servers."""
+
+    user_id: str
+    servers: frozenset[str]
+    present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SocketCount:
+    user_id: str
+    socket_id: str
+    alive: bool
+
+
+Effect = Deliver | PersistChosen | PersistVisibility | OnlineCount | SocketCount
+
+
+@dataclass
+class Outbox:
+    """Effects accumulated by state methods until the shell drains them."""
+
+    effects: list[Effect] = field(default_factory=list)
+
+    def add(self, effect: Effect) -> None:
+        self.effects.append(effect)
+
+    def deliver(self, recipients: dict[str, list[str]], frame: Frame) -> None:
+        """Recipients grouped by edge (edge id → socket ids)."""
+        for edge_id, sockets in recipients.items():
+            if sockets:
+                self.effects.append(Deliver(edge_id, tuple(sockets), frame))
+
+    def drain(self) -> list[Effect]:
+        out, self.effects = self.effects, []
+        return out

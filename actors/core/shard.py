@@ -1,0 +1,418 @@
+"""The state of one presence shard: sockets, statuses, last-seen and watchers of the accounts it owns.
+
+A plain object. No Ray, no asyncio, no I/O: the shell feeds it operations with the current time
+(`now`, epoch seconds) and carries out the effects it leaves in `outbox`. Like Phoenix's
+`tracker/state.ex`, it is a data structure that returns joins and leaves; the Ray actor around it
+is only plumbing.
+
+Liveness. Every socket belongs to an edge. An edge holds a lease on the shard which it refreshes
+with every call (and at least every few seconds while idle); the edge itself closes sockets whose
+client has been silent for 90 s. If the edge dies, its lease runs out after `socket_timeout_s`
+and all its sockets go with it. So "a socket silent for 90 s is dead" holds whether the client or
+the whole edge went silent.
+
+Data the shell must load before calling: the account row (`load_account`) of every account that
+connects or is queried, and the relations (`set_relations`) of every account that is a target, a
+watcher or a reader. Methods raise `KeyError` if that contract is broken, which is a bug in the
+shell rather than bad input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .audience import NO_RELATIONS, Relations, in_audience
+from .channels import ChannelState
+from .effects import OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
+from .status import CHOSEN_STATUSES, VISIBILITIES, ChosenStatus, Status, is_visibly_present, real_status, visible_status
+from .visibility import last_seen_for_reader
+
+
+@dataclass(slots=True)
+class Socket:
+    socket_id: str
+    edge_id: str
+    idle: bool = False
+    focus: str | None = None
+
+
+@dataclass(slots=True)
+class Account:
+    user_id: str
+    chosen: ChosenStatus = "online"
+    # The shard's own last-seen: the later of the stored column (at load) and what happened since.
+    # While the account is visibly present it is not maintained; the true value is "now".
+    last_seen_at: float | None = None
+    sockets: dict[str, Socket] = field(default_factory=dict)
+    real: Status = "offline"
+    touched_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Watcher:
+    edge_id: str
+    user_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueryAnswer:
+    user_id: str
+    status: Status
+    last_seen_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AccountRow:
+    """What the database holds about an account."""
+
+    chosen_status: str = "online"
+    last_seen_visibility: str = "everyone"
+    last_seen_at: float | None = None
+
+
+class ShardState:
+    def __init__(
+        self,
+        *,
+        socket_timeout_s: float = 90.0,
+        last_seen_precision_s: int = 60,
+        typing_lapse_s: float = 10.0,
+        account_idle_evict_s: float = 600.0,
+    ) -> None:
+        self.socket_timeout_s = socket_timeout_s
+        self.precision_s = last_seen_precision_s
+        self.account_idle_evict_s = account_idle_evict_s
+        self.outbox = Outbox()
+        self.accounts: dict[str, Account] = {}
+        self.relations: dict[str, Relations] = {}
+        # target → watcher socket id → watcher
+        self.watchers: dict[str, dict[str, Watcher]] = {}
+        # edge id → time of its last lease refresh
+        self.edges: dict[str, float] = {}
+        # edge id → {(user, socket)} owned here, and {(target, socket)} watched here: for expiry.
+        self.edge_sockets: dict[str, set[tuple[str, str]]] = {}
+        self.edge_watches: dict[str, set[tuple[str, str]]] = {}
+        # Last-seen values waiting for the FlushActor's acknowledgement, latest per account.
+        self.pending_last_seen: dict[str, float] = {}
+        self.channels = ChannelState(self.outbox, self.relations, typing_lapse_s=typing_lapse_s)
+
+    # ------------------------------------------------------------------ loading (shell → state)
+
+    def has_account(self, user_id: str) -> bool:
+        return user_id in self.accounts
+
+    def load_account(self, user_id: str, row: AccountRow, now: float) -> None:
+        """Install an account read from the database; a no-op if it is already in memory."""
+        if user_id in self.accounts:
+            return
+        chosen = row.chosen_status if row.chosen_status in CHOSEN_STATUSES else "online"
+        self.accounts[user_id] = Account(
+            user_id, chosen=chosen, last_seen_at=row.last_seen_at, touched_at=now  # type: ignore[arg-type]
+        )
+
+    def missing_relations(self, user_ids: Iterable[str]) -> list[str]:
+        return [u for u in dict.fromkeys(user_ids) if u not in self.relations]
+
+    def set_relations(self, user_id: str, rel: Relations, now: float) -> None:
+        """Install or replace what the database says about an account's friends, servers, setting.
+
+        A replacement can widen or narrow audiences: watchers who just came into the audience of
+        an account are told its status (they could not be told before); watchers who just left
+        it are told nothing, since any frame would tell an outsider something.
+        """
+        old = self.relations.get(user_id)
+        self.relations[user_id] = rel
+        if old is None or old == rel:
+            return
+        self._expire(now)
+        # Accounts owned here whose audience may have changed: the account itself, and every
+        # account it watches (their audience test involves its servers and their friend sets).
+        affected = [user_id] if user_id in self.watchers or user_id in self.accounts else []
+        affected += [t for t, ws in self.watchers.items() if t != user_id and any(w.user_id == user_id for w in ws.values())]
+        for target in affected:
+            self._announce_to_new_audience(target, changed_user=user_id, old=old)
+        acc = self.accounts.get(user_id)
+        if acc is not None and is_visibly_present(acc.real) and old.servers != rel.servers:
+            if old.servers - rel.servers:
+                self.outbox.add(OnlineCount(user_id, old.servers - rel.servers, False))
+            if rel.servers - old.servers:
+                self.outbox.add(OnlineCount(user_id, rel.servers - old.servers, True))
+
+    def _announce_to_new_audience(self, target: str, changed_user: str, old: Relations) -> None:
+        status = self.visible_status_of(target)
+        if status == "offline":
+            return
+        target_rel = self.relations.get(target, NO_RELATIONS)
+        recipients: dict[str, list[str]] = {}
+        for socket_id, w in self.watchers.get(target, {}).items():
+            if w.user_id != changed_user and target != changed_user:
+                continue
+            watcher_rel = self.relations.get(w.user_id, NO_RELATIONS)
+            old_target_rel = old if target == changed_user else target_rel
+            old_watcher_rel = old if w.user_id == changed_user else watcher_rel
+            was = in_audience(target, old_target_rel, w.user_id, old_watcher_rel)
+            now_in = in_audience(target, target_rel, w.user_id, watcher_rel)
+            if now_in and not was:
+                recipients.setdefault(w.edge_id, []).append(socket_id)
+        self.outbox.deliver(recipients, {"type": "presence.changed", "userId": target, "status": status})
+
+    # ------------------------------------------------------------------ edges and liveness
+
+    def refresh_edge(self, edge_id: str, now: float) -> None:
+        self._expire(now)
+        self.edges[edge_id] = now
+
+    def _expire(self, now: float) -> None:
+        """Drop every socket and watch of edges whose lease has run out."""
+        for edge_id, refreshed in list(self.edges.items()):
+            if now - refreshed > self.socket_timeout_s:
+                self.drop_edge(edge_id, now)
+
+    def drop_edge(self, edge_id: str, now: float) -> None:
+        """Everything an edge registered goes, as if each of its sockets had closed."""
+        self.edges.pop(edge_id, None)
+        for target, socket_id in self.edge_watches.pop(edge_id, set()):
+            self._unwatch_one(target, socket_id, edge_id)
+        for user_id, socket_id in sorted(self.edge_sockets.pop(edge_id, set())):
+            self._remove_socket(user_id, socket_id, now)
+        self.channels.drop_edge(edge_id)
+
+    def sweep(self, now: float) -> None:
+        """Periodic housekeeping: expired edges, lapsed typing, idle offline accounts."""
+        self._expire(now)
+        self.channels.sweep(now)
+        for user_id, acc in list(self.accounts.items()):
+            if (
+                not acc.sockets
+                and user_id not in self.pending_last_seen
+                and now - acc.touched_at > self.account_idle_evict_s
+            ):
+                # Evicting means the next read goes back to the stored column, which is how a
+                # value written by another writer (a previous owner, the host app) becomes visible.
+                del self.accounts[user_id]
+
+    # ------------------------------------------------------------------ sockets and statuses
+
+    def connect(self, user_id: str, socket_id: str, edge_id: str, now: float) -> Status:
+        """A socket of `user_id` authenticated on `edge_id`. Returns the account's real status."""
+        self._expire(now)
+        self.edges[edge_id] = now
+        acc = self.accounts[user_id]
+        acc.touched_at = now
+        if socket_id not in acc.sockets:
+            acc.sockets[socket_id] = Socket(socket_id, edge_id)
+            self.edge_sockets.setdefault(edge_id, set()).add((user_id, socket_id))
+            self.outbox.add(SocketCount(user_id, socket_id, True))
+        self._settle(acc, now, skip_self=socket_id)
+        return acc.real
+
+    def disconnect(self, user_id: str, socket_id: str, now: float) -> None:
+        self._expire(now)
+        self._remove_socket(user_id, socket_id, now)
+
+    def _remove_socket(self, user_id: str, socket_id: str, now: float) -> None:
+        acc = self.accounts.get(user_id)
+        if acc is None or socket_id not in acc.sockets:
+            return
+        sock = acc.sockets.pop(socket_id)
+        self.edge_sockets.get(sock.edge_id, set()).discard((user_id, socket_id))
+        self.outbox.add(SocketCount(user_id, socket_id, False))
+        acc.touched_at = now
+        self._settle(acc, now)
+
+    def set_status(self, user_id: str, socket_id: str, status: str, now: float) -> Status:
+        """`presence.update` from one socket. `idle` is per socket; the others are per account."""
+        self._expire(now)
+        acc = self.accounts[user_id]
+        sock = acc.sockets.get(socket_id)
+        if status == "idle":
+            if sock is not None:
+                sock.idle = True
+        elif status in CHOSEN_STATUSES:
+            if status == "online" and sock is not None:
+                sock.idle = False  # `online` also wakes this socket
+            if acc.chosen != status:
+                acc.chosen = status  # type: ignore[assignment]
+                self.outbox.add(PersistChosen(user_id, status))
+        else:
+            raise ValueError(f"not a status a client may choose: {status!r}")
+        acc.touched_at = now
+        self._settle(acc, now)
+        return acc.real
+
+    def set_visibility(self, user_id: str, visibility: str, now: float) -> None:
+        if visibility not in VISIBILITIES:
+            raise ValueError(f"not a last-seen visibility: {visibility!r}")
+        rel = self.relations.get(user_id, NO_RELATIONS)
+        if rel.last_seen_visibility != visibility:
+            self.relations[user_id] = Relations(rel.friends, rel.servers, visibility)
+            self.outbox.add(PersistVisibility(user_id, visibility))
+
+    def set_focus(self, user_id: str, socket_id: str, channel_id: str | None) -> None:
+        acc = self.accounts.get(user_id)
+        if acc is not None and socket_id in acc.sockets:
+            acc.sockets[socket_id].focus = channel_id
+
+    def is_focused(self, user_id: str, channel_id: str, now: float) -> bool:
+        self._expire(now)
+        acc = self.accounts.get(user_id)
+        return acc is not None and any(s.focus == channel_id for s in acc.sockets.values())
+
+    def _settle(self, acc: Account, now: float, skip_self: str | None = None) -> None:
+        """Recompute the account's status and emit whatever its change means."""
+        before = acc.real
+        after = real_status(acc.chosen, (s.idle for s in acc.sockets.values()))
+        if after == before:
+            return
+        acc.real = after
+        was_present, is_present = is_visibly_present(before), is_visibly_present(after)
+        if was_present and not is_present:
+            # The moment last-seen stops moving: the last socket went, or the account hid.
+            acc.last_seen_at = max(now, acc.last_seen_at or now)
+            self.pending_last_seen[acc.user_id] = max(acc.last_seen_at, self.pending_last_seen.get(acc.user_id, 0.0))
+        if was_present != is_present:
+            servers = self.relations.get(acc.user_id, NO_RELATIONS).servers
+            self.outbox.add(OnlineCount(acc.user_id, servers, is_present))
+        if visible_status(before) != visible_status(after):
+            self._broadcast_change(acc.user_id, visible_status(after))
+        self._tell_self(acc, {"type": "presence.self", "status": after}, skip=skip_self)
+
+    def _tell_self(self, acc: Account, frame: dict[str, object], skip: str | None = None) -> None:
+        recipients: dict[str, list[str]] = {}
+        for s in acc.sockets.values():
+            if s.socket_id != skip:
+                recipients.setdefault(s.edge_id, []).append(s.socket_id)
+        self.outbox.deliver(recipients, frame)
+
+    def _broadcast_change(self, target: str, status: Status) -> None:
+        watchers = self.watchers.get(target)
+        if not watchers:
+            return
+        target_rel = self.relations.get(target, NO_RELATIONS)
+        recipients: dict[str, list[str]] = {}
+        for socket_id, w in watchers.items():
+            if in_audience(target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)):
+                recipients.setdefault(w.edge_id, []).append(socket_id)
+        self.outbox.deliver(recipients, {"type": "presence.changed", "userId": target, "status": status})
+
+    # ------------------------------------------------------------------ reading statuses
+
+    def real_status_of(self, user_id: str) -> Status:
+        acc = self.accounts.get(user_id)
+        return acc.real if acc is not None else "offline"
+
+    def visible_status_of(self, user_id: str) -> Status:
+        return visible_status(self.real_status_of(user_id))
+
+    def last_seen_of(self, user_id: str, now: float) -> float | None:
+        """The real last-seen (operator view): now while visibly present, else the frozen value."""
+        acc = self.accounts.get(user_id)
+        if acc is None:
+            return None
+        if is_visibly_present(acc.real):
+            return now
+        return acc.last_seen_at
+
+    # ------------------------------------------------------------------ watching
+
+    def watch(self, watcher: str, socket_id: str, edge_id: str, targets: Iterable[str], now: float) -> list[tuple[str, Status]]:
+        """Register a socket's interest; answer the visible status of the targets in its audience.
+
+        Every target is registered, in the audience or not: the audience is applied on every
+        delivery, so a friendship accepted later takes effect without the client re-subscribing.
+        """
+        self._expire(now)
+        self.edges[edge_id] = now
+        w = Watcher(edge_id, watcher)
+        watcher_rel = self.relations[watcher]
+        answer: list[tuple[str, Status]] = []
+        for target in dict.fromkeys(targets):
+            self.watchers.setdefault(target, {})[socket_id] = w
+            self.edge_watches.setdefault(edge_id, set()).add((target, socket_id))
+            if in_audience(target, self.relations[target], watcher, watcher_rel):
+                answer.append((target, self.visible_status_of(target)))
+        return answer
+
+    def unwatch(self, socket_id: str, edge_id: str, targets: Iterable[str]) -> None:
+        for target in targets:
+            self._unwatch_one(target, socket_id, edge_id)
+            self.edge_watches.get(edge_id, set()).discard((target, socket_id))
+
+    def _unwatch_one(self, target: str, socket_id: str, edge_id: str) -> None:
+        ws = self.watchers.get(target)
+        if ws is not None and socket_id in ws and ws[socket_id].edge_id == edge_id:
+            del ws[socket_id]
+            if not ws:
+                del self.watchers[target]
+
+    # ------------------------------------------------------------------ querying
+
+    def query(self, reader: str, reader_visibility: str | None, targets: Iterable[str], now: float) -> list[QueryAnswer]:
+        """`presence.query`: status and, where the visibility rule allows, last-seen.
+
+        Targets outside the reader's audience are left out (silence). Accounts of targets in the
+        audience must be loaded; the shell loads them after `audience_of_query` says which.
+        `reader_visibility` is the reader's own setting as its session knows it, so that a
+        `settings.update` takes effect for the reader's very next query.
+        """
+        self._expire(now)
+        reader_rel = self.relations[reader]
+        if reader_visibility is not None and reader_visibility != reader_rel.last_seen_visibility:
+            reader_rel = Relations(reader_rel.friends, reader_rel.servers, reader_visibility)
+        out: list[QueryAnswer] = []
+        for target in dict.fromkeys(targets):
+            target_rel = self.relations[target]
+            if not in_audience(target, target_rel, reader, reader_rel):
+                continue
+            acc = self.accounts[target]
+            acc.touched_at = now
+            seen = last_seen_for_reader(
+                target=target,
+                target_rel=target_rel,
+                target_status=acc.real,
+                last_seen_at=acc.last_seen_at,
+                reader=reader,
+                reader_rel=reader_rel,
+                precision_s=self.precision_s,
+            )
+            out.append(QueryAnswer(target, visible_status(acc.real), seen))
+        return out
+
+    def audience_of_query(self, reader: str, targets: Iterable[str]) -> list[str]:
+        """Which targets are in the reader's audience (relations must be loaded)."""
+        reader_rel = self.relations[reader]
+        return [t for t in dict.fromkeys(targets) if in_audience(t, self.relations[t], reader, reader_rel)]
+
+    # ------------------------------------------------------------------ last-seen durability
+
+    def last_seen_to_flush(self) -> list[tuple[str, float]]:
+        return sorted(self.pending_last_seen.items())
+
+    def last_seen_flushed(self, entries: Iterable[tuple[str, float]]) -> None:
+        """The FlushActor committed these; keep any newer value that arrived meanwhile."""
+        for user_id, ts in entries:
+            if self.pending_last_seen.get(user_id, float("inf")) <= ts:
+                del self.pending_last_seen[user_id]
+
+    def checkpoint(self, now: float) -> list[tuple[str, float]]:
+        """Accounts visibly present right now, with `now` as their last-seen: bounds what a crash of
+        the whole cluster can lose for accounts that stay online for days."""
+        return sorted((u, now) for u, acc in self.accounts.items() if is_visibly_present(acc.real))
+
+    # ------------------------------------------------------------------ counts (Redis refresh)
+
+    def present_accounts(self) -> list[tuple[str, frozenset[str]]]:
+        return [
+            (u, self.relations.get(u, NO_RELATIONS).servers)
+            for u, acc in self.accounts.items()
+            if is_visibly_present(acc.real)
+        ]
+
+    def live_sockets(self) -> list[tuple[str, str]]:
+        return [(u, s) for u, acc in self.accounts.items() for s in acc.sockets]
+
+    # ------------------------------------------------------------------ export / import (resize)
+
+    def socket_count(self) -> int:
+        return sum(len(a.sockets) for a in self.accounts.values())

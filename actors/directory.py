@@ -1,0 +1,32 @@
+"""The slot directory: which shard owns which slot, and which edges are alive. A plain class;
+`actors.ray_api` runs it as the named actor every edge asks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from actors.core.slots import SlotMap
+
+
+class SlotDirectory:
+    def __init__(self, shard_count: int) -> None:
+        self.map = SlotMap.even(shard_count)
+        self.edges: dict[str, dict[str, Any]] = {}
+
+    async def get_map(self) -> tuple[int, tuple[int, ...], int]:
+        return self.map.version, self.map.owners, self.map.shard_count
+
+    async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int:
+        """Install a new assignment (a resize); returns its version."""
+        self.map = SlotMap(self.map.version + 1, tuple(owners), shard_count)
+        return self.map.version
+
+    async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
+        self.edges[edge_id] = {**info, "seen_at": time.time()}
+
+    async def list_edges(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
+        now = time.time()
+        for edge_id in [e for e, i in self.edges.items() if now - i["seen_at"] > 10 * max_age_s]:
+            del self.edges[edge_id]
+        return {e: i for e, i in self.edges.items() if now - i["seen_at"] <= max_age_s}

@@ -1,0 +1,441 @@
+"""PresenceActor: the shell around one shard's pure state.
+
+It loads what the state needs from PostgreSQL before feeding it operations, then carries out the
+effects the state leaves: frames into per-edge mailboxes (edges long-poll them), last-seen values
+to the FlushActor, chosen statuses and settings to PostgreSQL, online counts to Redis. Nothing
+here decides presence; `actors.core.shard` does. No Ray either: `actors.ray_api` wraps this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import orjson
+
+from actors.core.effects import Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
+from actors.core.shard import AccountRow, ShardState
+from actors.counts import OnlineCounts
+from actors.metrics import Metrics
+from cluster import db
+from edge.protocol import iso_ms
+
+log = logging.getLogger("presence.shard")
+
+FlushWrite = Callable[[list[tuple[str, float]]], Awaitable[None]]
+
+# Mail waiting for an edge that does not collect it is capped; past this the oldest is dropped
+# (and counted), since an edge that far behind is about to lose its lease anyway.
+MAILBOX_CAP = 200_000
+PULL_BATCH = 5_000
+
+
+@dataclass
+class Mailbox:
+    seq: int = 0
+    items: deque[tuple[int, tuple[str, ...], str]] = field(default_factory=deque)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class ShardConfig:
+    shard_index: int
+    database_url: str
+    redis_url: str | None
+    socket_timeout_s: float = 90.0
+    last_seen_precision_s: int = 60
+    typing_lapse_s: float = 10.0
+    checkpoint_interval_s: float = 600.0
+    count_refresh_s: float = 30.0
+    count_ttl_s: float = 90.0
+    sweep_interval_s: float = 1.0
+
+
+class PresenceShard:
+    def __init__(self, config: ShardConfig, flush_write: FlushWrite, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.flush_write = flush_write
+        self.incarnation = secrets.token_hex(8)
+        self.state = ShardState(
+            socket_timeout_s=config.socket_timeout_s,
+            last_seen_precision_s=config.last_seen_precision_s,
+            typing_lapse_s=config.typing_lapse_s,
+        )
+        self.mail: dict[str, Mailbox] = {}
+        self.metrics = Metrics()
+        self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
+        self.pool: asyncpg.Pool | None = None
+        self.persist_status: dict[str, str] = {}
+        self.persist_visibility: dict[str, str] = {}
+        self._persist_wake = asyncio.Event()
+        self._flush_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reload_users: set[str] = set()
+        self._reload_channels: set[str] = set()
+        self._listener: db.AudienceListener | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.pool = await asyncpg.create_pool(self.config.database_url, min_size=1, max_size=4)
+        self._listener = db.AudienceListener(
+            self.config.database_url,
+            on_user=self._reload_users.add,
+            on_settings=self._reload_users.add,
+            on_channel=self._reload_channels.add,
+            on_reset=self._reload_everything,
+        )
+        await self._listener.start()
+        for loop in (self._sweep_loop, self._flush_loop, self._persist_loop, self._count_loop,
+                     self._checkpoint_loop, self._reload_loop):
+            self._tasks.append(asyncio.create_task(self._forever(loop)))
+
+    async def stop(self) -> None:
+        await self.drain(timeout_s=10.0)
+        for t in self._tasks:
+            t.cancel()
+        if self._listener is not None:
+            await self._listener.stop()
+        await self.counts.close()
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def _forever(self, loop: Callable[[], Awaitable[None]]) -> None:
+        # A background duty that fails is logged and restarted, never silently gone.
+        while True:
+            try:
+                await loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("shard %s: %s failed; restarting it", self.config.shard_index, loop.__name__)
+                self.metrics.inc("shard_errors_total", loop=loop.__name__)
+                await asyncio.sleep(1.0)
+
+    # ------------------------------------------------------------------ the edge-facing API
+
+    async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+        """One batch of operations from one edge, applied in order. Returns one result per op."""
+        started = time.perf_counter()
+        now = self.clock()
+        self.state.refresh_edge(edge_id, now)
+        self.mail.setdefault(edge_id, Mailbox())
+        await self._preload(ops, now)
+        now = self.clock()
+        results = [self._apply_one(edge_id, op, now) for op in ops]
+        self._carry_out()
+        self.metrics.observe("shard_batch_ops", len(ops))
+        self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
+        return self.incarnation, results
+
+    async def pull(
+        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float
+    ) -> tuple[str, int, list[tuple[tuple[str, ...], str]]]:
+        """Mail for one edge after `acked_seq`, waiting up to `wait_s` for some. At-least-once:
+        items stay until a later pull acknowledges them. Each pull also renews the edge's lease.
+        An acknowledgement meant for an earlier incarnation of this shard acknowledges nothing."""
+        if incarnation != self.incarnation:
+            acked_seq = 0
+        self.state.refresh_edge(edge_id, self.clock())
+        box = self.mail.setdefault(edge_id, Mailbox())
+        while box.items and box.items[0][0] <= acked_seq:
+            box.items.popleft()
+        if not box.items and wait_s > 0:
+            box.event.clear()
+            try:
+                await asyncio.wait_for(box.event.wait(), wait_s)
+            except TimeoutError:
+                pass
+            self.state.refresh_edge(edge_id, self.clock())
+        items = [(sockets, payload) for _, sockets, payload in list(box.items)[:PULL_BATCH]]
+        last = box.items[min(len(box.items), PULL_BATCH) - 1][0] if box.items else acked_seq
+        return self.incarnation, last, items
+
+    async def is_focused(self, user_id: str, channel_id: str) -> bool:
+        return self.state.is_focused(user_id, channel_id, self.clock())
+
+    async def operator_view(self, user_id: str) -> dict[str, Any]:
+        """The operator's view: real status and the real stored time, whatever the setting."""
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            row = (await db.fetch_accounts(conn, [user_id])).get(user_id)
+        now = self.clock()
+        memory = self.state.last_seen_of(user_id, now)
+        stored = row.last_seen_at if row is not None else None
+        candidates = [t for t in (memory, stored) if t is not None]
+        acc = self.state.accounts.get(user_id)
+        rel = self.state.relations.get(user_id)
+        return {
+            "userId": user_id,
+            "status": self.state.real_status_of(user_id),
+            "lastSeenAt": iso_ms(max(candidates)) if candidates else None,
+            "lastSeenVisibility": rel.last_seen_visibility if rel else (row.last_seen_visibility if row else "everyone"),
+            "sockets": len(acc.sockets) if acc is not None else 0,
+            "chosenStatus": acc.chosen if acc is not None else (row.chosen_status if row else "online"),
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        return {
+            "shard": self.config.shard_index,
+            "incarnation": self.incarnation,
+            "accounts": len(self.state.accounts),
+            "sockets": self.state.socket_count(),
+            "online": len(self.state.present_accounts()),
+            "edges": len(self.state.edges),
+            "pending_last_seen": len(self.state.pending_last_seen),
+            "watched": len(self.state.watchers),
+            "channels": len(self.state.channels.channels),
+            "redis_ok": self.counts.healthy,
+            "metrics": self.metrics.snapshot(),
+        }
+
+    async def drain(self, timeout_s: float) -> int:
+        """Hand every pending last-seen value to the FlushActor (clean shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while self.state.pending_last_seen and time.monotonic() < deadline:
+            await self._flush_once()
+            if self.state.pending_last_seen:
+                await asyncio.sleep(0.2)
+        return len(self.state.pending_last_seen)
+
+    # ------------------------------------------------------------------ applying
+
+    async def _preload(self, ops: list[tuple[Any, ...]], now: float) -> None:
+        """Load from PostgreSQL everything the state needs for this batch, in one query per kind."""
+        rel_ids: list[str] = []
+        acc_ids: list[str] = []
+        channel_ids: list[str] = []
+        queries: list[tuple[str, list[str]]] = []
+        for op in ops:
+            kind = op[0]
+            if kind == "connect":
+                rel_ids.append(op[1])
+                acc_ids.append(op[1])
+            elif kind == "watch":
+                rel_ids.append(op[1])
+                rel_ids.extend(op[3])
+            elif kind == "query":
+                rel_ids.append(op[1])
+                rel_ids.extend(op[3])
+                queries.append((op[1], op[3]))
+            elif kind in ("status", "settings"):
+                acc_ids.append(op[1])
+                rel_ids.append(op[1])
+            elif kind in ("ch_sub", "typing_start", "voice_join"):
+                channel_ids.append(op[1])
+                rel_ids.append(op[2])
+        if not (rel_ids or acc_ids or channel_ids):
+            return
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            missing_rel = self.state.missing_relations(rel_ids)
+            if missing_rel:
+                for user_id, rel in (await db.fetch_relations(conn, missing_rel)).items():
+                    self.state.set_relations(user_id, rel, now)
+            for reader, targets in queries:
+                acc_ids.extend(self.state.audience_of_query(reader, targets))
+            missing_acc = [u for u in dict.fromkeys(acc_ids) if not self.state.has_account(u)]
+            if missing_acc:
+                rows = await db.fetch_accounts(conn, missing_acc)
+                for user_id, row in rows.items():
+                    self.state.load_account(user_id, AccountRow(row.chosen_status, row.last_seen_visibility, row.last_seen_at), now)
+            missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
+            if missing_ch:
+                for channel_id, server_id in (await db.fetch_channel_servers(conn, missing_ch)).items():
+                    self.state.channels.load_channel(channel_id, server_id)
+
+    def _apply_one(self, edge_id: str, op: tuple[Any, ...], now: float) -> Any:  # noqa: PLR0911, PLR0912
+        kind = op[0]
+        s = self.state
+        self.metrics.inc("shard_ops_total", op=kind)
+        if kind == "connect":
+            _, user_id, socket_id = op
+            status = s.connect(user_id, socket_id, edge_id, now)
+            return status, s.relations[user_id].last_seen_visibility
+        if kind == "disconnect":
+            s.disconnect(op[1], op[2], now)
+            return None
+        if kind == "status":
+            return s.set_status(op[1], op[2], op[3], now)
+        if kind == "watch":
+            return s.watch(op[1], op[2], edge_id, op[3], now)
+        if kind == "unwatch":
+            s.unwatch(op[1], edge_id, op[2])
+            return None
+        if kind == "query":
+            return [(a.user_id, a.status, iso_ms(a.last_seen_at) if a.last_seen_at is not None else None)
+                    for a in s.query(op[1], op[2], op[3], now)]
+        if kind == "focus":
+            s.set_focus(op[1], op[2], op[3])
+            return None
+        if kind == "settings":
+            s.set_visibility(op[1], op[2], now)
+            return None
+        if kind == "ch_sub":
+            return s.channels.subscribe(op[1], op[2], op[3], edge_id)
+        if kind == "ch_unsub":
+            s.channels.unsubscribe(op[1], op[2])
+            return None
+        if kind == "typing_start":
+            return s.channels.typing_start(op[1], op[2], now)
+        if kind == "typing_stop":
+            s.channels.typing_stop(op[1], op[2])
+            return None
+        if kind == "voice_join":
+            return s.channels.voice_join(op[1], op[2], op[3], edge_id)
+        if kind == "voice_leave":
+            s.channels.voice_leave(op[1], op[2])
+            return None
+        if kind == "drop_socket":
+            s.channels.drop_socket(op[1], op[2])
+            return None
+        if kind == "ping":
+            return None
+        raise ValueError(f"unknown operation {kind!r}")
+
+    def _carry_out(self) -> None:
+        """Turn the state's effects into mail, durable writes and count updates."""
+        effects = self.state.outbox.drain()
+        if not effects:
+            return
+        now = self.clock()
+        touched: set[str] = set()
+        for e in effects:
+            if isinstance(e, Deliver):
+                box = self.mail.get(e.edge_id)
+                if box is None:
+                    continue  # an edge that never called us has no sockets here
+                box.seq += 1
+                box.items.append((box.seq, e.socket_ids, orjson.dumps(e.frame).decode()))
+                if len(box.items) > MAILBOX_CAP:
+                    box.items.popleft()
+                    self.metrics.inc("mail_dropped_total")
+                touched.add(e.edge_id)
+                self.metrics.inc("events_total", type=str(e.frame.get("type")))
+                self.metrics.inc("deliveries_total", n=len(e.socket_ids))
+            elif isinstance(e, PersistChosen):
+                self.persist_status[e.user_id] = e.status
+                self._persist_wake.set()
+            elif isinstance(e, PersistVisibility):
+                self.persist_visibility[e.user_id] = e.visibility
+                self._persist_wake.set()
+            elif isinstance(e, OnlineCount):
+                self.counts.account(e.user_id, e.servers, e.present, now)
+            elif isinstance(e, SocketCount):
+                self.counts.socket(e.user_id, e.socket_id, e.alive, now)
+        for edge_id in touched:
+            self.mail[edge_id].event.set()
+        if self.state.pending_last_seen:
+            self._flush_wake.set()
+        # Mailboxes of edges that lost their lease go with them.
+        for edge_id in [e for e in self.mail if e not in self.state.edges]:
+            del self.mail[edge_id]
+
+    # ------------------------------------------------------------------ background duties
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_interval_s)
+            self.state.sweep(self.clock())
+            self._carry_out()
+
+    async def _flush_once(self) -> None:
+        entries = self.state.last_seen_to_flush()
+        if not entries:
+            return
+        await self.flush_write(entries)
+        self.state.last_seen_flushed(entries)
+        self.metrics.inc("last_seen_acked_total", n=len(entries))
+
+    async def _flush_loop(self) -> None:
+        # A departure stays in the state until the FlushActor confirms it is committed; a
+        # FlushActor that dies (or a database that is away) only delays it.
+        backoff = 0.5
+        while True:
+            await self._flush_wake.wait()
+            self._flush_wake.clear()
+            try:
+                await self._flush_once()
+                backoff = 0.5
+            except Exception as e:  # noqa: BLE001 - any failure means "try again later"
+                log.warning("shard %s: last-seen flush failed (%s); retrying in %.1f s",
+                            self.config.shard_index, type(e).__name__, backoff)
+                self.metrics.inc("last_seen_flush_failures_total")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+                self._flush_wake.set()
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.checkpoint_interval_s)
+            entries = self.state.checkpoint(self.clock())
+            if entries:
+                await self.flush_write(entries)
+                self.metrics.inc("checkpoint_rows_total", n=len(entries))
+
+    async def _persist_loop(self) -> None:
+        backoff = 0.5
+        while True:
+            await self._persist_wake.wait()
+            self._persist_wake.clear()
+            status, visibility = self.persist_status, self.persist_visibility
+            self.persist_status, self.persist_visibility = {}, {}
+            try:
+                assert self.pool is not None
+                async with self.pool.acquire() as conn:
+                    if status:
+                        await db.save_chosen_status(conn, sorted(status.items()))
+                    if visibility:
+                        await db.save_visibility(conn, sorted(visibility.items()))
+                backoff = 0.5
+            except Exception as e:  # noqa: BLE001
+                log.warning("shard %s: saving statuses failed (%s); retrying", self.config.shard_index, type(e).__name__)
+                # Newer values that arrived meanwhile win over the ones being retried.
+                self.persist_status = {**status, **self.persist_status}
+                self.persist_visibility = {**visibility, **self.persist_visibility}
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+                self._persist_wake.set()
+
+    async def _count_loop(self) -> None:
+        while True:
+            await self.counts.refresh(self.state.present_accounts(), self.state.live_sockets())
+            await asyncio.sleep(self.config.count_refresh_s)
+
+    def _reload_everything(self) -> None:
+        self._reload_users.update(self.state.relations)
+        self._reload_channels.update(self.state.channels.channels)
+
+    async def _reload_loop(self) -> None:
+        """Audience changes announced by PostgreSQL replace cached relations, in batches."""
+        while True:
+            await asyncio.sleep(0.1)
+            users = [u for u in self._reload_users if u in self.state.relations]
+            channels = [c for c in self._reload_channels if self.state.channels.knows(c)]
+            self._reload_users.clear()
+            self._reload_channels.clear()
+            if not users and not channels:
+                continue
+            assert self.pool is not None
+            try:
+                async with self.pool.acquire() as conn:
+                    rels = await db.fetch_relations(conn, users) if users else {}
+                    chans = await db.fetch_channel_servers(conn, channels) if channels else {}
+            except Exception:
+                self._reload_users.update(users)
+                self._reload_channels.update(channels)
+                raise
+            now = self.clock()
+            for user_id, rel in rels.items():
+                self.state.set_relations(user_id, rel, now)
+            for channel_id, server_id in chans.items():
+                self.state.channels.load_channel(channel_id, server_id)
+            self._carry_out()

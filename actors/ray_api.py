@@ -1,0 +1,268 @@
+"""Every Ray call of the project, in one small module.
+
+The actor classes themselves (`PresenceShard`, `FlushActor`, `SlotDirectory`) are plain Python;
+this module turns them into named Ray actors, finds them again from any process, and is the only
+place that imports `ray`. Unit tests of everything else never start Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from dataclasses import asdict
+from typing import Any
+
+import ray
+
+from actors.directory import SlotDirectory
+from actors.flush import FlushActor
+from actors.presence import PresenceShard, ShardConfig
+
+log = logging.getLogger("presence.ray")
+
+DIRECTORY = "directory"
+FLUSH = "flush"
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index}"
+
+
+# Shards and the flusher are placed with num_cpus=0: they are I/O-bound asyncio processes, and a
+# two-core machine must still be able to run eight of them beside the edges.
+_ACTOR_OPTIONS: dict[str, Any] = {
+    "num_cpus": 0,
+    "max_restarts": -1,
+    "max_task_retries": 0,
+    "lifetime": "detached",
+    "max_concurrency": 10_000,
+}
+
+
+@ray.remote
+class _FlushActor:
+    def __init__(self, database_url: str, interval_s: float, max_rows: int) -> None:
+        self.impl = FlushActor(database_url, interval_s=interval_s, max_rows=max_rows)
+        self._started: asyncio.Task[None] | None = None
+
+    async def _ready(self) -> FlushActor:
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self.impl.start())
+        await self._started
+        return self.impl
+
+    async def write(self, entries: list[tuple[str, float]]) -> None:
+        await (await self._ready()).write(entries)
+
+    async def drain(self, timeout_s: float) -> int:
+        return await (await self._ready()).drain(timeout_s)
+
+    async def stats(self) -> dict[str, Any]:
+        return await (await self._ready()).stats()
+
+    async def stop(self) -> None:
+        await (await self._ready()).stop()
+
+
+@ray.remote
+class _PresenceActor:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.impl = PresenceShard(ShardConfig(**config), flush_write=self._flush_write)
+        self._started: asyncio.Task[None] | None = None
+        self._flush: Any = None
+
+    async def _flush_write(self, entries: list[tuple[str, float]]) -> None:
+        if self._flush is None:
+            self._flush = ray.get_actor(FLUSH)
+        try:
+            await self._flush.write.remote(entries)
+        except ray.exceptions.RayActorError:
+            self._flush = None  # restarted or replaced: look it up again next time
+            raise
+
+    async def _ready(self) -> PresenceShard:
+        # Ray re-runs __init__ after a crash but never an async start; starting lazily on the
+        # first call covers both the first start and every restart.
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self.impl.start())
+        await self._started
+        return self.impl
+
+    async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+        return await (await self._ready()).apply(edge_id, ops)
+
+    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Any:
+        return await (await self._ready()).pull(edge_id, incarnation, acked_seq, wait_s)
+
+    async def is_focused(self, user_id: str, channel_id: str) -> bool:
+        return await (await self._ready()).is_focused(user_id, channel_id)
+
+    async def operator_view(self, user_id: str) -> dict[str, Any]:
+        return await (await self._ready()).operator_view(user_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return await (await self._ready()).stats()
+
+    async def drain(self, timeout_s: float) -> int:
+        return await (await self._ready()).drain(timeout_s)
+
+    async def stop(self) -> None:
+        await (await self._ready()).stop()
+
+
+@ray.remote
+class _Directory(SlotDirectory):
+    pass
+
+
+# ---------------------------------------------------------------------------- connecting
+
+
+def connect(address: str | None, namespace: str, **init_kwargs: Any) -> None:
+    """Start a local Ray instance (address None) or join the one at `address`."""
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=address,
+        namespace=namespace,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        **init_kwargs,
+    )
+
+
+def gcs_address() -> str:
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+# ---------------------------------------------------------------------------- the pool
+
+
+def start_pool(shards: int, shard_config: ShardConfig, flush_interval_s: float, flush_max_rows: int) -> None:
+    """Create the directory, the FlushActor and `shards` PresenceActors, and wait until all answer."""
+    directory = _Directory.options(name=DIRECTORY, **_ACTOR_OPTIONS).remote(shards)  # type: ignore[attr-defined]
+    flush = _FlushActor.options(name=FLUSH, **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
+        shard_config.database_url, flush_interval_s, flush_max_rows
+    )
+    handles = [
+        _PresenceActor.options(name=shard_name(i), **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
+            asdict(ShardConfig(**{**asdict(shard_config), "shard_index": i}))
+        )
+        for i in range(shards)
+    ]
+    ray.get([directory.get_map.remote(), flush.stats.remote(), *(h.stats.remote() for h in handles)])
+
+
+def stop_pool(drain_timeout_s: float = 30.0) -> int:
+    """Drain last-seen (shards → FlushActor → PostgreSQL), then kill every actor of the pool.
+    Returns the number of last-seen values that could not be written."""
+    left = 0
+    try:
+        _, _, count = ray.get(directory().get_map.remote(), timeout=10)
+    except Exception:  # noqa: BLE001 - nothing to drain without a directory
+        count = 0
+    shards = [h for h in (find_shard(i) for i in range(count)) if h is not None]
+    try:
+        left += sum(ray.get([h.drain.remote(drain_timeout_s) for h in shards], timeout=drain_timeout_s + 5))
+        flush = find(FLUSH)
+        if flush is not None:
+            left += ray.get(flush.drain.remote(drain_timeout_s), timeout=drain_timeout_s + 5)
+    except Exception as e:  # noqa: BLE001
+        log.error("draining last-seen failed: %s", e)
+        left = -1
+    for name in [DIRECTORY, FLUSH, *(shard_name(i) for i in range(count))]:
+        handle = find(name)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+    return left
+
+
+def find(name: str) -> Any:
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None
+
+
+def find_shard(index: int) -> Any:
+    return find(shard_name(index))
+
+
+def directory() -> Any:
+    return ray.get_actor(DIRECTORY)
+
+
+def flush_actor() -> Any:
+    return ray.get_actor(FLUSH)
+
+
+def kill(handle: Any, restart: bool = True) -> None:
+    ray.kill(handle, no_restart=not restart)
+
+
+async def call(ref: Awaitable[Any], timeout_s: float | None = None) -> Any:
+    """Await one Ray call with an optional timeout."""
+    if timeout_s is None:
+        return await ref
+    return await asyncio.wait_for(ref, timeout_s)  # type: ignore[arg-type]
+
+
+ActorDied = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+class ShardClient:
+    """One shard as seen from an edge: the handle is looked up lazily and again after a failure."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._handle: Any = None
+
+    def _h(self) -> Any:
+        if self._handle is None:
+            self._handle = ray.get_actor(shard_name(self.index))
+        return self._handle
+
+    async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        try:
+            ref = getattr(self._h(), method).remote(*args)
+            return await (ref if timeout_s is None else asyncio.wait_for(ref, timeout_s))
+        except (*ActorDied, ValueError, asyncio.TimeoutError):
+            self._handle = None
+            raise
+
+    async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+        return await self._call("apply", edge_id, ops)  # type: ignore[no-any-return]
+
+    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Any:
+        return await self._call("pull", edge_id, incarnation, acked_seq, wait_s, timeout_s=wait_s + 30)
+
+    async def is_focused(self, user_id: str, channel_id: str, timeout_s: float) -> bool:
+        return await self._call("is_focused", user_id, channel_id, timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+    async def operator_view(self, user_id: str, timeout_s: float) -> dict[str, Any]:
+        return await self._call("operator_view", user_id, timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+    async def stats(self, timeout_s: float) -> dict[str, Any]:
+        return await self._call("stats", timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+
+class DirectoryClient:
+    async def get_map(self) -> tuple[int, tuple[int, ...], int]:
+        return await directory().get_map.remote()  # type: ignore[no-any-return]
+
+    async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
+        await directory().register_edge.remote(edge_id, info)
+
+    async def list_edges(self) -> dict[str, dict[str, Any]]:
+        return await directory().list_edges.remote()  # type: ignore[no-any-return]
+
+
+async def flush_stats(timeout_s: float) -> dict[str, Any]:
+    return await asyncio.wait_for(flush_actor().stats.remote(), timeout_s)  # type: ignore[no-any-return]

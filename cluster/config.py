@@ -1,0 +1,72 @@
+"""The one typed home of configuration.
+
+Every knob has a default that runs the whole service on one machine; environment variables
+(`PRESENCE_*`, plus `RAY_ADDRESS`) override it. Commands that need a running service find it
+through the data directory's `cluster.json`, written by `presence up`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRESENCE_", extra="ignore")
+
+    # Where the embedded PostgreSQL, Redis and the cluster description live.
+    data_dir: Path = Path(".presence")
+
+    # External services; None means "start an embedded one in data_dir".
+    database_url: str | None = None
+    redis_url: str | None = None
+    ray_address: str | None = Field(default=None, validation_alias=AliasChoices("RAY_ADDRESS"))
+    ray_namespace: str = "presence"
+
+    # HS256 secret for tokens; None means "generate one and keep it in data_dir/secret".
+    token_secret: str | None = None
+    token_ttl_s: int = 24 * 3600
+
+    ws_host: str = "0.0.0.0"
+    ws_port: int = 8765
+    internal_host: str = "127.0.0.1"
+    internal_port: int = 8766
+    shards: int = 4
+
+    # Protocol timings (the contract fixes 10 s identify and 90 s liveness).
+    identify_timeout_s: float = 10.0
+    socket_timeout_s: float = 90.0
+    heartbeat_interval_ms: int = 30_000
+    # How often an edge proves to each shard that it (and so its sockets) is alive.
+    edge_lease_refresh_s: float = 5.0
+
+    # Per-socket limits.
+    max_subscriptions_per_socket: int = 1_000
+    max_query_ids: int = 100
+    max_frame_bytes: int = 16 * 1024
+    send_queue_frames: int = 1_000
+
+    # Edge → shard batching: a batch leaves when it is this old or this large.
+    batch_window_ms: float = 2.0
+    batch_max_ops: int = 500
+
+    # Last-seen.
+    flush_interval_s: float = 1.0
+    flush_max_rows: int = 1_000
+    checkpoint_interval_s: float = 600.0
+    last_seen_precision_s: int = 60
+
+    # Typing.
+    typing_lapse_s: float = 10.0
+
+    # Cross-shard online counts in Redis: refresh period and how long an entry stays valid.
+    count_refresh_s: float = 30.0
+    count_ttl_s: float = 90.0
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with explicit (command-line) values on top."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**clean)  # type: ignore[arg-type]

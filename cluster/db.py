@@ -1,0 +1,531 @@
+"""The database layer: schema migration, `presence load`, the shards' batched reads and writes,
+and the LISTEN side of the audience-change notifications.
+
+Every helper is one statement (arrays passed through `unnest`), never one round trip per row, so
+a shard warming up thousands of accounts or a fixture with thousands of members costs a handful
+of queries. Helpers accept an asyncpg connection or pool; nothing here knows about Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict, StrictStr, StringConstraints, ValidationError, model_validator
+
+from actors.core.audience import Relations
+
+log = logging.getLogger(__name__)
+
+SCHEMA_PATH = Path(__file__).with_name("schema.sql")
+# Any fixed 64-bit key works; it only has to be the same for every process migrating this database.
+MIGRATION_LOCK_KEY = 0x70726573656E6365  # "presence"
+NOTIFY_CHANNEL = "presence_audience"
+MAX_ID_LENGTH = 128
+
+CHOSEN_STATUSES = frozenset({"online", "dnd", "invisible"})
+VISIBILITIES = frozenset({"everyone", "friends", "nobody"})
+
+Queryable = asyncpg.Connection | asyncpg.Pool
+
+
+@contextlib.asynccontextmanager
+async def _connection(target: Queryable | str) -> AsyncIterator[asyncpg.Connection]:
+    """One connection from whatever the caller has: a URL (opened and closed here), a pool, or a
+    connection (used as is)."""
+    if isinstance(target, str):
+        conn = await asyncpg.connect(target)
+        try:
+            yield conn
+        finally:
+            await conn.close()
+    elif isinstance(target, asyncpg.Pool):
+        async with target.acquire() as conn:
+            yield conn
+    else:
+        yield target
+
+
+def _affected(status: str) -> int:
+    """Rows affected, from a command tag such as 'INSERT 0 3' or 'DELETE 2'."""
+    tail = status.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+# -- migration -------------------------------------------------------------------------------------
+
+
+async def migrate(conn_or_url: Queryable | str) -> None:
+    """Apply schema.sql. Idempotent, and safe when several processes do it at once.
+
+    Concurrent `CREATE TABLE IF NOT EXISTS` / `CREATE OR REPLACE FUNCTION` can still fail with
+    unique violations in the catalogs, so every migrator first takes one transaction-scoped
+    advisory lock: they run one after the other, and each later one finds nothing to do.
+    """
+    schema = SCHEMA_PATH.read_text()
+    async with _connection(conn_or_url) as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+        await conn.execute(schema)
+
+
+# -- presence load ---------------------------------------------------------------------------------
+
+Id = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH)]
+Visibility = Literal["everyone", "friends", "nobody"]
+Pair = tuple[Id, Id]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FixtureUser(_Strict):
+    id: Id
+    # Absent: an existing account keeps its setting, a new one gets 'everyone'.
+    lastSeenVisibility: Visibility | None = None
+
+
+class FixtureServer(_Strict):
+    id: Id
+    # Absent: left as it is. Present (even empty): the server's list becomes exactly this.
+    members: list[Id] | None = None
+    channels: list[Id] | None = None
+
+
+class Fixture(_Strict):
+    """The `presence load` file (protocol.md, "Command line"). Every key is optional."""
+
+    users: list[FixtureUser] = []
+    friendships: list[Pair] = []
+    removedFriendships: list[Pair] = []
+    servers: list[FixtureServer] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Fixture:
+        """Reject what the database would refuse or what has no single meaning."""
+        _no_duplicates("users", [u.id for u in self.users])
+        _no_duplicates("servers", [s.id for s in self.servers])
+        for key in ("friendships", "removedFriendships"):
+            for i, (a, b) in enumerate(getattr(self, key)):
+                if a == b:
+                    raise ValueError(f"{key}[{i}]: {a!r} cannot be friends with itself")
+        both = {_ordered(p) for p in self.friendships} & {_ordered(p) for p in self.removedFriendships}
+        if both:
+            raise ValueError(f"friendships and removedFriendships both list {sorted(both)[0]}")
+        owner: dict[str, str] = {}
+        for server in self.servers:
+            for channel in server.channels or ():
+                if owner.setdefault(channel, server.id) != server.id:
+                    raise ValueError(
+                        f"servers: channel {channel!r} listed under both {owner[channel]!r} and {server.id!r}"
+                    )
+        return self
+
+
+class FixtureError(ValueError):
+    """Invalid `presence load` input; the message names the offending field."""
+
+
+def _no_duplicates(key: str, ids: list[str]) -> None:
+    seen: set[str] = set()
+    for i, item in enumerate(ids):
+        if item in seen:
+            raise ValueError(f"{key}[{i}]: duplicate id {item!r}")
+        seen.add(item)
+
+
+def _ordered(pair: tuple[str, str]) -> tuple[str, str]:
+    """Friendships are stored once per pair with a < b (the table's CHECK)."""
+    a, b = pair
+    return (a, b) if a < b else (b, a)
+
+
+def parse_fixture(data: Mapping[str, Any] | Fixture) -> Fixture:
+    """Validate `presence load` input; raises FixtureError naming the bad field."""
+    if isinstance(data, Fixture):
+        return data
+    try:
+        return Fixture.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+            message = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {message}" if where else message)
+        raise FixtureError("invalid presence load data: " + "; ".join(problems)) from None
+
+
+def _columns(rows: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """Sorted, de-duplicated pairs as two parallel arrays for `unnest($1, $2)`."""
+    ordered = sorted(set(rows))
+    return [r[0] for r in ordered], [r[1] for r in ordered]
+
+
+async def load_fixture(conn: Queryable, data: Mapping[str, Any] | Fixture) -> dict[str, int]:
+    """`presence load`: upsert accounts, friendships, servers, members and channels in one
+    transaction, and return how many rows really changed.
+
+    Only real changes touch rows, so a second identical run changes nothing and the NOTIFY
+    triggers fire only for audiences that actually moved. A listed server's `members` and
+    `channels` lists, when present, replace the stored ones; accounts named by friendships or
+    member lists that do not exist yet are created with defaults.
+    """
+    fixture = parse_fixture(data)
+    counts = dict.fromkeys(
+        (
+            "users",
+            "friendships_added",
+            "friendships_removed",
+            "servers_added",
+            "members_added",
+            "members_removed",
+            "channels_upserted",
+            "channels_removed",
+        ),
+        0,
+    )
+    with_visibility = {u.id: u.lastSeenVisibility for u in fixture.users if u.lastSeenVisibility}
+    referenced = {u.id for u in fixture.users}
+    for a, b in fixture.friendships:
+        referenced.update((a, b))
+    for server in fixture.servers:
+        referenced.update(server.members or ())
+    member_servers = [s.id for s in fixture.servers if s.members is not None]
+    members = _columns((s.id, m) for s in fixture.servers for m in s.members or ())
+    channel_servers = [s.id for s in fixture.servers if s.channels is not None]
+    channels = _columns((c, s.id) for s in fixture.servers for c in s.channels or ())
+
+    async with _connection(conn) as c, c.transaction():
+
+        async def run(sql: str, *arrays: list[str]) -> int:
+            # Statements whose first array is empty have nothing to do: skip the round trip.
+            return _affected(await c.execute(sql, *arrays)) if arrays[0] else 0
+
+        counts["users"] += await run(
+            """INSERT INTO users (id, last_seen_visibility)
+               SELECT * FROM unnest($1::text[], $2::text[])
+               ON CONFLICT (id) DO UPDATE SET last_seen_visibility = EXCLUDED.last_seen_visibility
+               WHERE users.last_seen_visibility <> EXCLUDED.last_seen_visibility""",
+            *_columns(with_visibility.items()),
+        )
+        counts["users"] += await run(
+            "INSERT INTO users (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
+            sorted(referenced - with_visibility.keys()),
+        )
+        counts["friendships_added"] = await run(
+            """INSERT INTO friendships (a, b) SELECT * FROM unnest($1::text[], $2::text[])
+               ON CONFLICT DO NOTHING""",
+            *_columns(_ordered(p) for p in fixture.friendships),
+        )
+        counts["friendships_removed"] = await run(
+            """DELETE FROM friendships f USING unnest($1::text[], $2::text[]) AS r(a, b)
+               WHERE f.a = r.a AND f.b = r.b""",
+            *_columns(_ordered(p) for p in fixture.removedFriendships),
+        )
+        counts["servers_added"] = await run(
+            "INSERT INTO servers (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
+            sorted({s.id for s in fixture.servers}),
+        )
+        counts["members_removed"] = await run(
+            """DELETE FROM server_members m
+               WHERE m.server_id = ANY($1::text[])
+                 AND NOT EXISTS (SELECT 1 FROM unnest($2::text[], $3::text[]) AS w(server_id, user_id)
+                                 WHERE w.server_id = m.server_id AND w.user_id = m.user_id)""",
+            member_servers,
+            *members,
+        )
+        counts["members_added"] = await run(
+            """INSERT INTO server_members (server_id, user_id)
+               SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING""",
+            *members,
+        )
+        counts["channels_removed"] = await run(
+            """DELETE FROM channels ch
+               WHERE ch.server_id = ANY($1::text[])
+                 AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]) AS w(id) WHERE w.id = ch.id)""",
+            channel_servers,
+            channels[0],
+        )
+        counts["channels_upserted"] = await run(
+            """INSERT INTO channels (id, server_id) SELECT * FROM unnest($1::text[], $2::text[])
+               ON CONFLICT (id) DO UPDATE SET server_id = EXCLUDED.server_id
+               WHERE channels.server_id <> EXCLUDED.server_id""",
+            *channels,
+        )
+    return counts
+
+
+# -- the shards' reads and writes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AccountRow:
+    """What a shard needs to bring an account online: its durable status and last-seen."""
+
+    chosen_status: str
+    last_seen_visibility: str
+    last_seen_at: float | None  # epoch seconds
+
+
+async def fetch_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, AccountRow]:
+    """The durable state of each account, creating rows with defaults for unknown ones.
+
+    One statement: the CTE inserts the missing rows and returns them; the rows that existed come
+    from the statement's snapshot (which cannot see the CTE's inserts, so nothing is counted
+    twice). A row inserted concurrently by somebody else falls between the two and is answered
+    with the defaults, which is what it was created with.
+    """
+    wanted = sorted(set(ids))
+    if not wanted:
+        return {}
+    rows = await conn.fetch(
+        """WITH created AS (
+               INSERT INTO users (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING
+               RETURNING id, chosen_status, last_seen_visibility, last_seen_at)
+           SELECT id, chosen_status, last_seen_visibility, last_seen_at FROM created
+           UNION ALL
+           SELECT id, chosen_status, last_seen_visibility, last_seen_at
+           FROM users WHERE id = ANY($1::text[])""",
+        wanted,
+    )
+    found = {
+        r["id"]: AccountRow(
+            r["chosen_status"],
+            r["last_seen_visibility"],
+            r["last_seen_at"].timestamp() if r["last_seen_at"] is not None else None,
+        )
+        for r in rows
+    }
+    default = AccountRow("online", "everyone", None)
+    return {i: found.get(i, default) for i in wanted}
+
+
+async def fetch_relations(conn: Queryable, ids: Iterable[str]) -> dict[str, Relations]:
+    """Friends, servers and last-seen visibility of each account; unknown ids get empty sets and
+    'everyone'. Each per-id subquery is an index lookup (friendships' primary key and its `b`
+    index, server_members' `user_id` index)."""
+    wanted = sorted(set(ids))
+    if not wanted:
+        return {}
+    rows = await conn.fetch(
+        """SELECT w.id,
+                  ARRAY(SELECT f.b FROM friendships f WHERE f.a = w.id
+                        UNION ALL
+                        SELECT f.a FROM friendships f WHERE f.b = w.id) AS friends,
+                  ARRAY(SELECT m.server_id FROM server_members m WHERE m.user_id = w.id) AS servers,
+                  COALESCE(u.last_seen_visibility, 'everyone') AS visibility
+           FROM unnest($1::text[]) AS w(id) LEFT JOIN users u ON u.id = w.id""",
+        wanted,
+    )
+    return {
+        r["id"]: Relations(
+            friends=frozenset(r["friends"]),
+            servers=frozenset(r["servers"]),
+            last_seen_visibility=r["visibility"],
+        )
+        for r in rows
+    }
+
+
+async def fetch_channel_servers(conn: Queryable, channel_ids: Iterable[str]) -> dict[str, str | None]:
+    """The server of each channel; None for a channel the database does not know."""
+    wanted = sorted(set(channel_ids))
+    if not wanted:
+        return {}
+    rows = await conn.fetch(
+        """SELECT w.id, c.server_id FROM unnest($1::text[]) AS w(id)
+           LEFT JOIN channels c ON c.id = w.id""",
+        wanted,
+    )
+    return {r["id"]: r["server_id"] for r in rows}
+
+
+async def server_member_ids(conn: Queryable, server_id: str) -> list[str]:
+    """Every member of a server, sorted (the primary key's order, so no sort step)."""
+    rows = await conn.fetch(
+        "SELECT user_id FROM server_members WHERE server_id = $1 ORDER BY user_id", server_id
+    )
+    return [r["user_id"] for r in rows]
+
+
+async def _save_setting(
+    conn: Queryable, column: str, allowed: frozenset[str], items: Iterable[tuple[str, str]]
+) -> int:
+    """Upsert one settings column for many accounts; the last value given for an id wins
+    (an upsert may not touch the same row twice), unchanged rows are not rewritten."""
+    latest = dict(items)
+    bad = {v for v in latest.values() if v not in allowed}
+    if bad:
+        raise ValueError(f"{column}: invalid value(s) {sorted(bad)}, expected one of {sorted(allowed)}")
+    if not latest:
+        return 0
+    ids, values = _columns(latest.items())
+    status = await conn.execute(
+        f"""INSERT INTO users (id, {column}) SELECT * FROM unnest($1::text[], $2::text[])
+            ON CONFLICT (id) DO UPDATE SET {column} = EXCLUDED.{column}
+            WHERE users.{column} <> EXCLUDED.{column}""",
+        ids,
+        values,
+    )
+    return _affected(status)
+
+
+async def save_chosen_status(conn: Queryable, items: Iterable[tuple[str, str]]) -> int:
+    """Persist chosen statuses (online, dnd, invisible); returns the number of rows changed."""
+    return await _save_setting(conn, "chosen_status", CHOSEN_STATUSES, items)
+
+
+async def save_visibility(conn: Queryable, items: Iterable[tuple[str, str]]) -> int:
+    """Persist last-seen visibilities; the settings trigger tells every shard."""
+    return await _save_setting(conn, "last_seen_visibility", VISIBILITIES, items)
+
+
+# -- LISTEN ----------------------------------------------------------------------------------------
+
+IdCallback = Callable[[str], object]
+ResetCallback = Callable[[], object]
+
+
+class AudienceListener:
+    """Receives the schema's `presence_audience` notifications on a dedicated connection.
+
+    A notification sent while the connection was down is lost for good, so after every
+    (re)connect, the first included, `on_reset()` is called once LISTEN is in place: the shard drops
+    its whole audience cache and reloads on demand, and anything that changes from then on is
+    notified. The connection is re-established with exponential backoff (with jitter, so many
+    shards do not stampede a recovering server), and a periodic `SELECT 1` catches a connection
+    that died without the socket noticing.
+
+    Callbacks may be plain functions or coroutine functions; their exceptions are logged, never
+    propagated into the listener.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        on_user: IdCallback,
+        on_channel: IdCallback,
+        on_settings: IdCallback,
+        on_reset: ResetCallback,
+        min_backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        check_interval_s: float = 5.0,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        self._dsn = dsn
+        self._handlers: dict[str, IdCallback] = {"u": on_user, "c": on_channel, "s": on_settings}
+        self._on_reset = on_reset
+        self._min_backoff = min_backoff_s
+        self._max_backoff = max_backoff_s
+        self._check_interval = check_interval_s
+        self._connect_timeout = connect_timeout_s
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._pending: set[asyncio.Task[Any]] = set()
+        self.resets = 0  # how many times on_reset was called (connections established)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def start(self) -> None:
+        """Start listening in the background; returns at once (PostgreSQL may still be away)."""
+        if self._task is not None and not self._task.done():
+            return
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="presence-audience-listener")
+
+    async def wait_connected(self, timeout: float) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    async def stop(self) -> None:
+        """Stop listening and close the connection; pending async callbacks are cancelled."""
+        self._stopping.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for pending in list(self._pending):
+            pending.cancel()
+        self._connected.clear()
+
+    async def _run(self) -> None:
+        backoff = self._min_backoff
+        while not self._stopping.is_set():
+            try:
+                conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                log.debug("audience listener: connect failed (%s), retrying in %.1f s", exc, backoff)
+                await self._sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            try:
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _conn, event=lost: event.set())
+                await conn.add_listener(NOTIFY_CHANNEL, self._notified)
+                self._connected.set()
+                self.resets += 1
+                self._call(self._on_reset)
+                backoff = self._min_backoff
+                await self._watch(conn, lost)
+                if not self._stopping.is_set():
+                    log.warning("audience listener: connection lost, reconnecting")
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                log.warning("audience listener: connection failed (%s), reconnecting", exc)
+            finally:
+                self._connected.clear()
+                conn.terminate()
+
+    async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
+        """Return when the connection is lost or we stop; probe it every check interval."""
+        while not self._stopping.is_set() and not lost.is_set():
+            waiters = [asyncio.ensure_future(lost.wait()), asyncio.ensure_future(self._stopping.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=self._check_interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+            if not self._stopping.is_set() and not lost.is_set():
+                await conn.fetchval("SELECT 1", timeout=self._connect_timeout)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake up at once when stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        kind, sep, ident = payload.partition(":")
+        handler = self._handlers.get(kind)
+        if not sep or handler is None:
+            log.warning("audience listener: ignoring unknown payload %r", payload)
+            return
+        self._call(handler, ident)
+
+    def _call(self, callback: Callable[..., object], *args: str) -> None:
+        try:
+            result = callback(*args)
+        except Exception:
+            log.exception("audience listener: callback %r failed", callback)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(_logged(result, callback))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+
+async def _logged(awaitable: Awaitable[object], callback: object) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("audience listener: callback %r failed", callback)

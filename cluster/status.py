@@ -1,0 +1,81 @@
+"""`presence status`: what the running cluster is doing, from any terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import asyncpg
+
+from actors import ray_api
+from actors.counts import CountReader
+from cluster.config import Settings
+from cluster.runtime import cluster_info_or_exit
+
+
+async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
+    directory = ray_api.DirectoryClient()
+    version, _owners, count = await directory.get_map()
+    shards: list[Any] = []
+    for i in range(count):
+        try:
+            shards.append(await ray_api.ShardClient(i).stats(timeout_s=5))
+        except Exception as e:  # noqa: BLE001
+            shards.append({"shard": i, "error": type(e).__name__})
+    try:
+        flush = await ray_api.flush_stats(timeout_s=5)
+    except Exception as e:  # noqa: BLE001
+        flush = {"error": type(e).__name__}
+    edges = await directory.list_edges()
+    reader = CountReader(redis_url)
+    redis_ok = await reader.ping()
+    accounts = await reader.accounts_online()
+    sockets = await reader.sockets_online()
+    await reader.close()
+    try:
+        conn = await asyncio.wait_for(asyncpg.connect(info_db), 5)
+        await conn.fetchval("SELECT 1")
+        await conn.close()
+        pg_ok = True
+    except Exception:  # noqa: BLE001
+        pg_ok = False
+    return {
+        "map_version": version, "shards": shards, "flush": flush, "edges": edges,
+        "redis": redis_ok, "postgres": pg_ok, "accounts_online": accounts, "sockets_online": sockets,
+    }
+
+
+def status(settings: Settings, as_json: bool = False) -> int:
+    info = cluster_info_or_exit(settings)
+    ray_api.connect(info.ray_address, info.ray_namespace)
+    try:
+        report = asyncio.run(_gather(info.database_url, info.redis_url))
+    finally:
+        ray_api.shutdown()
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(f"slot map version {report['map_version']}")
+    print(f"{'shard':>5} {'slots':>6} {'accounts':>9} {'online':>7} {'sockets':>8} {'edges':>6} {'pending':>8}")
+    from actors.core.slots import SLOT_COUNT
+
+    count = len(report["shards"])
+    for st in report["shards"]:
+        if "error" in st:
+            print(f"{st['shard']:>5} unavailable ({st['error']})")
+            continue
+        slots = sum(1 for s in range(SLOT_COUNT) if s % count == st["shard"])
+        print(f"{st['shard']:>5} {slots:>6} {st['accounts']:>9} {st['online']:>7} {st['sockets']:>8} "
+              f"{st['edges']:>6} {st['pending_last_seen']:>8}")
+    print(f"edges: {len(report['edges'])}")
+    for edge_id, e in report["edges"].items():
+        print(f"  {edge_id}  ws :{e.get('ws_port')}  internal :{e.get('internal_port')}  sockets {e.get('sockets')}")
+    total_sockets = sum(st.get("sockets", 0) for st in report["shards"])
+    total_online = sum(st.get("online", 0) for st in report["shards"])
+    print(f"sockets: {total_sockets}   accounts online: {total_online}")
+    fl = report["flush"]
+    print(f"pending last-seen writes: shards {sum(st.get('pending_last_seen', 0) for st in report['shards'])}, "
+          f"flusher {fl.get('pending', fl.get('error', '?'))}")
+    print(f"postgres: {'ok' if report['postgres'] else 'UNREACHABLE'}   redis: {'ok' if report['redis'] else 'UNREACHABLE'}")
+    return 0

@@ -1,0 +1,193 @@
+"""`presence up` and `presence edge`: bring the service up on this machine, and take it down cleanly.
+
+Order matters both ways. Up: PostgreSQL, Redis, schema, Ray, the actor pool, then the edge, and
+only then the URLs. Down (Ctrl-C or SIGTERM): the edge closes its sockets (so their departures
+reach the shards), the shards hand their last-seen values to the FlushActor, the FlushActor
+writes them, and only then do the actors, Ray, Redis and PostgreSQL stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from actors import ray_api
+from actors.presence import ShardConfig
+from cluster import db
+from cluster.config import Settings
+from cluster.runtime import ClusterInfo, cluster_info_or_exit, remove_info, token_secret, write_info
+from edge.server import Edge, EdgeConfig
+from edge.session import Limits
+
+log = logging.getLogger("presence.up")
+T = TypeVar("T")
+
+
+def step(label: str, fn: Callable[[], T]) -> T:
+    """Run one bring-up step with a progress line, so a slow start shows where it is."""
+    print(f"  {label} …", end="", flush=True)
+    started = time.monotonic()
+    try:
+        result = fn()
+    except BaseException:
+        print(" failed", flush=True)
+        raise
+    print(f" ok ({time.monotonic() - started:.1f} s)", flush=True)
+    return result
+
+
+def edge_config(settings: Settings, secret: str, redis_url: str | None) -> EdgeConfig:
+    return EdgeConfig(
+        secret=secret,
+        redis_url=redis_url,
+        ws_host=settings.ws_host,
+        ws_port=settings.ws_port,
+        internal_host=settings.internal_host,
+        internal_port=settings.internal_port,
+        limits=Limits(
+            identify_timeout_s=settings.identify_timeout_s,
+            socket_timeout_s=settings.socket_timeout_s,
+            max_subscriptions=settings.max_subscriptions_per_socket,
+            max_query_ids=settings.max_query_ids,
+        ),
+        max_frame_bytes=settings.max_frame_bytes,
+        batch_window_ms=settings.batch_window_ms,
+        batch_max_ops=settings.batch_max_ops,
+        count_ttl_s=settings.count_ttl_s,
+    )
+
+
+def shard_config(settings: Settings, database_url: str, redis_url: str | None) -> ShardConfig:
+    return ShardConfig(
+        shard_index=0,
+        database_url=database_url,
+        redis_url=redis_url,
+        socket_timeout_s=settings.socket_timeout_s,
+        last_seen_precision_s=settings.last_seen_precision_s,
+        typing_lapse_s=settings.typing_lapse_s,
+        checkpoint_interval_s=settings.checkpoint_interval_s,
+        count_refresh_s=settings.count_refresh_s,
+        count_ttl_s=settings.count_ttl_s,
+    )
+
+
+def _install_loop() -> None:
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        pass
+
+
+async def _serve_edge(config: EdgeConfig, announce: Callable[[Edge], None]) -> None:
+    edge = Edge(config)
+    await edge.start()
+    announce(edge)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("\nstopping: closing sockets …", flush=True)
+    await edge.stop()
+
+
+@contextlib.contextmanager
+def _cleanup(label: str, fn: Callable[[], Any]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        try:
+            print(f"  stopping {label} …", flush=True)
+            fn()
+        except Exception as e:  # noqa: BLE001 - keep tearing down the rest
+            print(f"  stopping {label} failed: {e}", file=sys.stderr, flush=True)
+
+
+def up(settings: Settings) -> int:
+    from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir = data_dir
+    print(f"presence: starting in {data_dir}", flush=True)
+    with contextlib.ExitStack() as stack:
+        database_url = settings.database_url
+        if database_url is None:
+            pg = EmbeddedPostgres()
+            database_url = step("starting PostgreSQL (embedded)", lambda: pg.start(data_dir))
+            stack.enter_context(_cleanup("PostgreSQL", pg.stop))
+        redis_url = settings.redis_url
+        if redis_url is None:
+            rd = EmbeddedRedis()
+            redis_url = step("starting Redis (embedded)", lambda: rd.start(data_dir))
+            stack.enter_context(_cleanup("Redis", rd.stop))
+        step("applying the schema", lambda: asyncio.run(db.migrate(database_url)))
+        secret = token_secret(settings)
+        step("starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
+             lambda: ray_api.connect(settings.ray_address, settings.ray_namespace))
+        stack.enter_context(_cleanup("Ray", ray_api.shutdown))
+        step(f"starting {settings.shards} PresenceActor shards and the FlushActor",
+             lambda: ray_api.start_pool(settings.shards, shard_config(settings, database_url, redis_url),
+                                        settings.flush_interval_s, settings.flush_max_rows))
+
+        def drain() -> None:
+            left = ray_api.stop_pool()
+            if left:
+                print(f"  WARNING: {left} last-seen values could not be written", file=sys.stderr, flush=True)
+            else:
+                print("  last-seen drained to PostgreSQL", flush=True)
+
+        stack.enter_context(_cleanup("the actor pool (draining last-seen first)", drain))
+        stack.enter_context(_cleanup("cluster.json", lambda: remove_info(data_dir)))
+
+        def announce(edge: Edge) -> None:
+            host = "127.0.0.1" if settings.ws_host in ("0.0.0.0", "::") else settings.ws_host
+            ws_url = f"ws://{host}:{edge.ws_port}/ws/presence"
+            internal_url = f"http://{settings.internal_host}:{edge.internal_port}"
+            write_info(data_dir, ClusterInfo(database_url, redis_url, ray_api.gcs_address(), settings.ray_namespace,
+                                             ws_url, internal_url, os.getpid()))
+            print("presence is up", flush=True)
+            print(f"  websocket   {ws_url}", flush=True)
+            print(f"  internal    {internal_url}  (/healthz, /metrics, /api/v1/internal/presence/…)", flush=True)
+            print(f"  database    {database_url}", flush=True)
+            print(f"  redis       {redis_url}", flush=True)
+            print(f"  tokens      presence token USER --data-dir {data_dir}", flush=True)
+            print("Ctrl-C stops everything (pending last-seen writes are drained first).", flush=True)
+
+        _install_loop()
+        asyncio.run(_serve_edge(edge_config(settings, secret, redis_url), announce))
+    print("presence: stopped", flush=True)
+    return 0
+
+
+def edge(settings: Settings) -> int:
+    """One more edge joining the running cluster found through the data directory or RAY_ADDRESS."""
+    info = cluster_info_or_exit(settings)
+    secret = token_secret(settings, create=False)
+    step(f"joining Ray at {info.ray_address}", lambda: ray_api.connect(info.ray_address, info.ray_namespace))
+
+    def announce(e: Edge) -> None:
+        print(f"edge {e.edge_id} is up", flush=True)
+        print(f"  websocket   ws://127.0.0.1:{e.ws_port}/ws/presence", flush=True)
+        print(f"  internal    http://{settings.internal_host}:{e.internal_port}", flush=True)
+
+    _install_loop()
+    try:
+        asyncio.run(_serve_edge(edge_config(settings, secret, info.redis_url), announce))
+    finally:
+        ray_api.shutdown()
+    return 0
+
+
+def data_dir_of(path: str | None) -> Path | None:
+    return Path(path) if path else None

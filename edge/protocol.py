@@ -1,0 +1,236 @@
+"""The wire contract as pydantic models: every client frame, every server frame.
+
+Client frames are validated strictly (unknown types, wrong field types and extra fields are all
+`bad_frame`), through one discriminated union so that pydantic's Rust core parses and validates a
+frame in a single pass. Server frames are built as plain dicts on the hot path and serialised with
+orjson; their models here document them (and generate docs/asyncapi.yaml).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+# Ids: non-empty, at most 128 characters, no control characters. Validated at the edge so that
+# nothing odd reaches an actor, a log line or a database.
+Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+ClientStatus = Literal["online", "idle", "dnd", "invisible"]
+Status = Literal["online", "idle", "dnd", "invisible", "offline"]
+Visibility = Literal["everyone", "friends", "nobody"]
+
+# Lists are bounded here only against absurd input; the contract's own limits (100 ids per
+# query, the per-socket subscription cap) are applied by the session with `too_many_ids`.
+MAX_LIST = 10_000
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Identify(_Frame):
+    type: Literal["identify"]
+    token: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+
+
+class Heartbeat(_Frame):
+    type: Literal["heartbeat"]
+
+
+class PresenceUpdate(_Frame):
+    type: Literal["presence.update"]
+    status: ClientStatus
+
+
+class PresenceSubscribe(_Frame):
+    type: Literal["presence.subscribe"]
+    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]  # noqa: N815 - wire name
+
+
+class PresenceUnsubscribe(_Frame):
+    type: Literal["presence.unsubscribe"]
+    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]  # noqa: N815
+
+
+class PresenceQuery(_Frame):
+    type: Literal["presence.query"]
+    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]  # noqa: N815
+
+
+class Focus(_Frame):
+    type: Literal["focus"]
+    channelId: Id | None  # noqa: N815
+
+
+class ChannelSubscribe(_Frame):
+    type: Literal["channel.subscribe"]
+    channelId: Id  # noqa: N815
+
+
+class ChannelUnsubscribe(_Frame):
+    type: Literal["channel.unsubscribe"]
+    channelId: Id  # noqa: N815
+
+
+class TypingStart(_Frame):
+    type: Literal["typing.start"]
+    channelId: Id  # noqa: N815
+
+
+class TypingStop(_Frame):
+    type: Literal["typing.stop"]
+    channelId: Id  # noqa: N815
+
+
+class VoiceJoin(_Frame):
+    type: Literal["voice.join"]
+    channelId: Id  # noqa: N815
+
+
+class VoiceLeave(_Frame):
+    type: Literal["voice.leave"]
+
+
+class SettingsUpdate(_Frame):
+    type: Literal["settings.update"]
+    lastSeenVisibility: Visibility  # noqa: N815
+
+
+ClientFrame = Annotated[
+    Identify
+    | Heartbeat
+    | PresenceUpdate
+    | PresenceSubscribe
+    | PresenceUnsubscribe
+    | PresenceQuery
+    | Focus
+    | ChannelSubscribe
+    | ChannelUnsubscribe
+    | TypingStart
+    | TypingStop
+    | VoiceJoin
+    | VoiceLeave
+    | SettingsUpdate,
+    Field(discriminator="type"),
+]
+
+CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
+
+# The hot frame, recognised without parsing. Any other spelling goes through the full parser.
+HEARTBEAT_FAST = frozenset({'{"type":"heartbeat"}', '{"type": "heartbeat"}'})
+HEARTBEAT = Heartbeat(type="heartbeat")
+
+
+class FrameError(ValueError):
+    """A frame that is not a valid client frame; answered with `bad_frame`."""
+
+
+def parse_client_frame(raw: str | bytes) -> ClientFrame:
+    if isinstance(raw, str) and raw in HEARTBEAT_FAST:
+        return HEARTBEAT
+    try:
+        return CLIENT_FRAME.validate_json(raw)
+    except ValidationError as e:
+        raise FrameError(_describe(e)) from None
+    except UnicodeDecodeError:
+        raise FrameError("frame is not valid UTF-8") from None
+
+
+def _describe(e: ValidationError) -> str:
+    err = e.errors(include_url=False, include_context=False, include_input=False)[0]
+    where = ".".join(str(p) for p in err["loc"]) or "frame"
+    if err["type"] == "json_invalid":
+        return "frame is not valid JSON"
+    if err["type"] == "union_tag_invalid":
+        return "unknown frame type"
+    if err["type"] == "union_tag_not_found":
+        return "frame has no type"
+    return f"{where}: {err['msg']}"[:200]
+
+
+# --------------------------------------------------------------------------- server frames
+
+
+class Ready(_Frame):
+    type: Literal["ready"] = "ready"
+    userId: str  # noqa: N815
+    socketId: str  # noqa: N815
+    status: Status
+    heartbeatIntervalMs: int  # noqa: N815
+
+
+class HeartbeatAck(_Frame):
+    type: Literal["heartbeat.ack"] = "heartbeat.ack"
+
+
+class UserStatus(_Frame):
+    userId: str  # noqa: N815
+    status: Status
+
+
+class PresenceSync(_Frame):
+    type: Literal["presence.sync"] = "presence.sync"
+    users: list[UserStatus]
+
+
+class PresenceChanged(_Frame):
+    type: Literal["presence.changed"] = "presence.changed"
+    userId: str  # noqa: N815
+    status: Status
+    lastSeenAt: str | None = Field(default=None, description="only in query answers; see the visibility rule")  # noqa: N815
+
+
+class PresenceSelf(_Frame):
+    type: Literal["presence.self"] = "presence.self"
+    status: Status
+
+
+class TypingEvent(_Frame):
+    type: Literal["typing"] = "typing"
+    channelId: str  # noqa: N815
+    userId: str  # noqa: N815
+
+
+class VoiceRoster(_Frame):
+    type: Literal["voice.roster"] = "voice.roster"
+    channelId: str  # noqa: N815
+    userIds: list[str]  # noqa: N815
+
+
+ErrorCode = Literal["bad_frame", "too_many_ids", "rate_limited", "not_allowed"]
+
+
+class Error(_Frame):
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+
+
+SERVER_FRAMES: tuple[type[_Frame], ...] = (
+    Ready, HeartbeatAck, PresenceSync, PresenceChanged, PresenceSelf, TypingEvent, VoiceRoster, Error,
+)
+CLIENT_FRAMES: tuple[type[_Frame], ...] = (
+    Identify, Heartbeat, PresenceUpdate, PresenceSubscribe, PresenceUnsubscribe, PresenceQuery, Focus,
+    ChannelSubscribe, ChannelUnsubscribe, TypingStart, TypingStop, VoiceJoin, VoiceLeave, SettingsUpdate,
+)
+
+
+def iso_ms(ts: float) -> str:
+    """Epoch seconds → `2026-12-02T08:47:00.123Z` (the contract's time format)."""
+    import datetime as _dt
+
+    d = _dt.datetime.fromtimestamp(round(ts, 3), tz=_dt.UTC)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+def error_frame(code: ErrorCode, message: str) -> dict[str, str]:
+    return {"type": "error", "code": code, "message": message}
+
+
+# Close codes (the contract fixes 4001, 1008 and 1009; the rest are ours, documented in docs/).
+CLOSE_AUTH = 4001
+CLOSE_SILENT = 4000  # no frame for socket_timeout_s
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_SLOW_CLIENT = 4008  # the client did not read its frames and its send queue filled up
+CLOSE_TOO_MANY_CONNECTIONS = 4029

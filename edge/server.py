@@ -1,0 +1,391 @@
+"""The edge: websockets I/O around `edge.session`, and the bridge to the shards through `edge.router`.
+
+One `Edge` serves `/ws/presence` on the public port and the internal HTTP API on another. Each
+socket's frames are handled in order (the next frame is read once the previous one's upstream
+work is done), while frames of different sockets share the router's batches. Events from the
+shards arrive in batches and go out with `broadcast`, which never waits on a slow reader: a
+client whose unread output passes the limit is closed instead of holding anybody else up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from actors.counts import CountReader
+from actors.ray_api import ActorDied
+from actors.metrics import Metrics
+from edge import protocol as p
+from edge.http import InternalApi, json_response
+from edge.router import Router
+from edge.session import (
+    ChannelCommand,
+    Close,
+    Command,
+    Connect,
+    Limits,
+    Query,
+    Reply,
+    Session,
+    SetFocus,
+    Subscribe,
+    Unsubscribe,
+    UpdateSettings,
+    UpdateStatus,
+)
+
+log = logging.getLogger("presence.edge")
+
+WS_PATH = "/ws/presence"
+CHANNEL_OPS = {
+    "subscribe": "ch_sub",
+    "unsubscribe": "ch_unsub",
+    "typing.start": "typing_start",
+    "typing.stop": "typing_stop",
+    "voice.join": "voice_join",
+    "voice.leave": "voice_leave",
+}
+HELD_CAP = 1_000
+
+
+@dataclass(eq=False)
+class Conn:
+    ws: ServerConnection
+    session: Session
+    connected: bool = False
+    # Frames for this socket wait here while a reply that must come first (ready, a sync) is
+    # being prepared, so that no change overtakes the state it changes.
+    hold: int = 1
+    held: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EdgeConfig:
+    secret: str
+    redis_url: str | None
+    ws_host: str = "0.0.0.0"
+    ws_port: int = 8765
+    internal_host: str = "127.0.0.1"
+    internal_port: int = 8766
+    limits: Limits = field(default_factory=Limits)
+    max_frame_bytes: int = 16 * 1024
+    send_buffer_bytes: int = 1024 * 1024
+    batch_window_ms: float = 2.0
+    batch_max_ops: int = 500
+    count_ttl_s: float = 90.0
+    call_retry_s: float = 10.0
+
+
+class Edge:
+    def __init__(self, config: EdgeConfig) -> None:
+        self.config = config
+        self.edge_id = "edge-" + secrets.token_hex(6)
+        self.metrics = Metrics()
+        self.router = Router(
+            self.edge_id, self._deliver, self._reregister, self.metrics,
+            window_ms=config.batch_window_ms, max_ops=config.batch_max_ops,
+        )
+        self.conns: dict[str, Conn] = {}
+        self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
+        self.api = InternalApi(self)
+        self._servers: list[Server] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.router.start()
+        self._servers.append(await serve(
+            self._handle, self.config.ws_host, self.config.ws_port,
+            process_request=self._public_request, max_size=self.config.max_frame_bytes,
+            compression=None, ping_interval=None, max_queue=16,
+        ))
+        self._servers.append(await serve(
+            self._never, self.config.internal_host, self.config.internal_port,
+            process_request=self.api.handle,
+        ))
+        self._tasks.append(asyncio.create_task(self._liveness_loop()))
+        self._tasks.append(asyncio.create_task(self._register_loop()))
+
+    @property
+    def ws_port(self) -> int:
+        return int(self._servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def internal_port(self) -> int:
+        return int(self._servers[1].sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Close every socket (each one's departure is registered upstream), then stop."""
+        for server in self._servers:
+            server.close(close_connections=True)
+        for server in self._servers:
+            await server.wait_closed()
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=30)
+        for t in self._tasks:
+            t.cancel()
+        await self.router.close()
+        await self.counts.close()
+
+    # ------------------------------------------------------------------ HTTP on the public port
+
+    async def _public_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == WS_PATH:
+            return None
+        return json_response(connection, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"})
+
+    async def _never(self, ws: ServerConnection) -> None:  # the internal port never upgrades
+        await ws.close(1008, "not a websocket endpoint")
+
+    # ------------------------------------------------------------------ one socket
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        now = time.time()
+        session = Session(secret=self.config.secret, now=now, limits=self.config.limits)
+        conn = Conn(ws, session)
+        self.conns[session.socket_id] = conn
+        self.metrics.inc("connections_total")
+        try:
+            assert ws.request is not None
+            commands = session.authenticate_header(ws.request.headers.get("Authorization"), now)
+            if not commands:
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), max(0.0, session.deadline() - time.time()))
+                except TimeoutError:
+                    commands = [Close(p.CLOSE_AUTH, "no identify within the time allowed")]
+                else:
+                    self.metrics.inc("frames_in_total", type="identify")
+                    commands = session.receive(raw, time.time())
+            if not await self._run(conn, commands):
+                return
+            async for raw in ws:
+                self.metrics.inc("frames_in_total")
+                if not await self._run(conn, session.receive(raw, time.time())):
+                    return
+        except ConnectionClosed:
+            pass
+        finally:
+            self.conns.pop(session.socket_id, None)
+            try:
+                await self._cleanup(conn)
+            finally:
+                self._handlers.discard(task)
+
+    async def _run(self, conn: Conn, commands: list[Command]) -> bool:
+        """Carry out a session's commands; False once the socket is closed."""
+        for cmd in commands:
+            try:
+                if not await self._execute(conn, cmd):
+                    return False
+            except ShardUnavailable as e:
+                log.warning("closing %s: %s", conn.session.socket_id, e)
+                await conn.ws.close(1011, "presence is restarting; reconnect")
+                return False
+        return True
+
+    async def _execute(self, conn: Conn, cmd: Command) -> bool:  # noqa: PLR0911, PLR0912
+        s = conn.session
+        sid = s.socket_id
+        user = s.user_id
+        match cmd:
+            case Reply(frame=frame):
+                self._send(conn, orjson.dumps(frame).decode())
+            case Close(code=code, reason=reason):
+                self.metrics.inc("closes_total", code=str(code))
+                await conn.ws.close(code, reason)
+                return False
+            case Connect(user_id=user_id):
+                status, visibility = await self._call(self.router.shard_of_user(user_id), ("connect", user_id, sid))
+                conn.connected = True
+                self._send(conn, orjson.dumps(s.connected(status, visibility).frame).decode())
+                self._release(conn)
+            case Subscribe(user_ids=ids):
+                conn.hold += 1
+                try:
+                    answers = await self._gather_by_shard(ids, lambda targets: ("watch", user, sid, targets))
+                    statuses = dict(pair for answer in answers for pair in answer)
+                    users = [{"userId": u, "status": statuses[u]} for u in ids if u in statuses]
+                    self._send(conn, orjson.dumps({"type": "presence.sync", "users": users}).decode())
+                finally:
+                    self._release(conn)
+            case Unsubscribe(user_ids=ids):
+                await self._gather_by_shard(ids, lambda targets: ("unwatch", sid, targets))
+            case Query(user_ids=ids, reader_visibility=visibility):
+                answers = await self._gather_by_shard(ids, lambda targets: ("query", user, visibility, targets))
+                found = {a[0]: a for answer in answers for a in answer}
+                for u in ids:
+                    if u in found:
+                        _, status, seen = found[u]
+                        frame: dict[str, Any] = {"type": "presence.changed", "userId": u, "status": status}
+                        if seen is not None:
+                            frame["lastSeenAt"] = seen
+                        self._send(conn, orjson.dumps(frame).decode())
+            case UpdateStatus(status=status):
+                assert user is not None
+                await self._call(self.router.shard_of_user(user), ("status", user, sid, status))
+            case SetFocus(channel_id=channel):
+                assert user is not None
+                await self._call(self.router.shard_of_user(user), ("focus", user, sid, channel))
+            case UpdateSettings(visibility=visibility):
+                assert user is not None
+                await self._call(self.router.shard_of_user(user), ("settings", user, visibility))
+            case ChannelCommand(kind=kind, channel_id=channel):
+                op = CHANNEL_OPS[kind]
+                args: tuple[Any, ...]
+                if kind in ("subscribe", "voice.join"):
+                    args = (op, channel, user, sid)
+                elif kind in ("typing.start", "typing.stop"):
+                    args = (op, channel, user)
+                else:
+                    args = (op, channel, sid)
+                result = await self._call(self.router.shard_of_channel(channel), args)
+                return await self._run(conn, s.channel_result(cmd, result is not False))
+        return True
+
+    async def _gather_by_shard(self, ids: tuple[str, ...], make_op: Any) -> list[Any]:
+        groups = self.router.group_users(ids)
+        return list(await asyncio.gather(*(self._call(shard, make_op(targets)) for shard, targets in groups.items())))
+
+    async def _call(self, shard: int, op: tuple[Any, ...]) -> Any:
+        """One operation, retried while its shard restarts (Ray brings it back in seconds)."""
+        deadline = time.monotonic() + self.config.call_retry_s
+        delay = 0.1
+        while True:
+            try:
+                return await self.router.call(shard, op)
+            except (*ActorDied, ValueError, TimeoutError) as e:
+                if time.monotonic() + delay > deadline:
+                    raise ShardUnavailable(f"shard {shard} unavailable: {type(e).__name__}") from e
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _cleanup(self, conn: Conn) -> None:
+        """The socket is gone: remove it, its subscriptions and its channel state everywhere."""
+        s = conn.session
+        if not conn.connected or s.user_id is None:
+            return
+        sid = s.socket_id
+        calls: list[Awaitable[Any]] = [self._call(self.router.shard_of_user(s.user_id), ("disconnect", s.user_id, sid))]
+        for shard, targets in self.router.group_users(sorted(s.subscriptions)).items():
+            calls.append(self._call(shard, ("unwatch", sid, targets)))
+        by_shard: dict[int, list[str]] = {}
+        for channel in s.touched_channels():
+            by_shard.setdefault(self.router.shard_of_channel(channel), []).append(channel)
+        for shard, channels in by_shard.items():
+            calls.append(self._call(shard, ("drop_socket", sid, channels)))
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                # The shard is gone for longer than the retry window; when it comes back it has
+                # no memory of this socket, so there is nothing left to undo.
+                log.warning("clean-up of %s incomplete: %s", sid, result)
+
+    # ------------------------------------------------------------------ frames out
+
+    def _send(self, conn: Conn, payload: str) -> None:
+        broadcast([conn.ws], payload)
+        self.metrics.inc("frames_out_total")
+        self._check_backlog(conn)
+
+    def _release(self, conn: Conn) -> None:
+        conn.hold -= 1
+        if conn.hold == 0 and conn.held:
+            held, conn.held = conn.held, []
+            for payload in held:
+                self._send(conn, payload)
+
+    def _deliver(self, socket_ids: tuple[str, ...], payload: str) -> None:
+        """A batch item from a shard: one payload for some of this edge's sockets."""
+        ready: list[ServerConnection] = []
+        for sid in socket_ids:
+            conn = self.conns.get(sid)
+            if conn is None:
+                continue
+            if conn.hold:
+                if len(conn.held) < HELD_CAP:
+                    conn.held.append(payload)
+                continue
+            ready.append(conn.ws)
+        if ready:
+            broadcast(ready, payload)
+            self.metrics.inc("frames_out_total", n=len(ready))
+            for sid in socket_ids:
+                conn = self.conns.get(sid)
+                if conn is not None:
+                    self._check_backlog(conn)
+
+    def _check_backlog(self, conn: Conn) -> None:
+        transport = conn.ws.transport
+        if transport is not None and transport.get_write_buffer_size() > self.config.send_buffer_bytes:
+            self.metrics.inc("slow_clients_closed_total")
+            # Abort rather than close: a client that does not read would not read a close frame.
+            transport.abort()
+
+    # ------------------------------------------------------------------ background duties
+
+    async def _liveness_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            for conn in list(self.conns.values()):
+                close = conn.session.expired(now)
+                if close is not None:
+                    self.metrics.inc("closes_total", code=str(close.code))
+                    asyncio.create_task(conn.ws.close(close.code, close.reason))
+            self.metrics.set("connections", len(self.conns))
+
+    async def _register_loop(self) -> None:
+        while True:
+            try:
+                await self.router.directory.register_edge(self.edge_id, {
+                    "ws_port": self.ws_port, "internal_port": self.internal_port, "sockets": len(self.conns),
+                })
+                await self.router.refresh_map()
+            except Exception as e:  # noqa: BLE001
+                log.info("directory unreachable: %s", e)
+            await asyncio.sleep(5.0)
+
+    async def _reregister(self, shard: int) -> None:
+        """A shard restarted empty: tell it again about every live socket of ours it owns."""
+        calls: list[Awaitable[Any]] = []
+        for conn in list(self.conns.values()):
+            s = conn.session
+            if not conn.connected or s.user_id is None:
+                continue
+            user, sid = s.user_id, s.socket_id
+            if self.router.shard_of_user(user) == shard:
+                calls.append(self._call(shard, ("connect", user, sid)))
+                if s.idle:
+                    calls.append(self._call(shard, ("status", user, sid, "idle")))
+                if s.focus is not None:
+                    calls.append(self._call(shard, ("focus", user, sid, s.focus)))
+            targets = [t for t in s.subscriptions if self.router.shard_of_user(t) == shard]
+            if targets:
+                calls.append(self._call(shard, ("watch", user, sid, targets)))
+            for channel in s.channels:
+                if self.router.shard_of_channel(channel) == shard:
+                    calls.append(self._call(shard, ("ch_sub", channel, user, sid)))
+            if s.voice_channel is not None and self.router.shard_of_channel(s.voice_channel) == shard:
+                calls.append(self._call(shard, ("voice_join", s.voice_channel, user, sid)))
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.warning("re-registration on shard %d incomplete: %s", shard, result)
+
+
+class ShardUnavailable(RuntimeError):
+    pass

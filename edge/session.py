@@ -1,0 +1,277 @@
+"""Per-socket logic without I/O: authentication state, limits, and frame → command.
+
+The asyncio server feeds a `Session` the raw frames it reads and the current time, and carries
+out the commands it returns (`Reply`, `Close`, or an upstream operation). The session keeps what
+the socket has registered upstream (subscriptions, channels, voice, focus), which is what the
+edge replays when a shard restarts, and enforces every per-socket limit of the contract.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import protocol as p
+from .tokens import TokenError, verify_token
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    frame: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    user_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    user_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    user_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    user_ids: tuple[str, ...]
+    reader_visibility: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateStatus:
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetFocus:
+    channel_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelCommand:
+    kind: Literal["subscribe", "unsubscribe", "typing.start", "typing.stop", "voice.join", "voice.leave"]
+    channel_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateSettings:
+    visibility: str
+
+
+Command = (
+    Reply | Close | Connect | Subscribe | Unsubscribe | Query | UpdateStatus | SetFocus | ChannelCommand | UpdateSettings
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    identify_timeout_s: float = 10.0
+    socket_timeout_s: float = 90.0
+    max_subscriptions: int = 1_000
+    max_query_ids: int = 100
+    # Token bucket per socket: a burst of `rate_burst` frames, refilled at `rate_per_s`.
+    rate_per_s: float = 20.0
+    rate_burst: float = 60.0
+    # Frames refused in a row before the socket is closed with 1008.
+    flood_close_after: int = 100
+
+
+@dataclass
+class TokenBucket:
+    rate_per_s: float
+    burst: float
+    tokens: float
+    at: float
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate_per_s)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+def new_socket_id() -> str:
+    return "s-" + secrets.token_urlsafe(12)
+
+
+@dataclass
+class Session:
+    secret: str
+    now: float
+    limits: Limits = field(default_factory=Limits)
+    socket_id: str = field(default_factory=new_socket_id)
+    user_id: str | None = None
+    status: str = "offline"
+    visibility: str = "everyone"
+    subscriptions: set[str] = field(default_factory=set)
+    channels: set[str] = field(default_factory=set)
+    voice_channel: str | None = None
+    focus: str | None = None
+    idle: bool = False
+    connected_at: float = 0.0
+    last_frame_at: float = 0.0
+    refused_in_a_row: int = 0
+    bucket: TokenBucket = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.connected_at = self.last_frame_at = self.now
+        self.bucket = TokenBucket(self.limits.rate_per_s, self.limits.rate_burst, self.limits.rate_burst, self.now)
+
+    # ------------------------------------------------------------------ authentication
+
+    @property
+    def authenticated(self) -> bool:
+        return self.user_id is not None
+
+    def authenticate_header(self, authorization: str | None, now: float) -> list[Command]:
+        """The upgrade request's `Authorization: Bearer …`, if any. No header: wait for identify."""
+        if not authorization:
+            return []
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return [Close(p.CLOSE_AUTH, "malformed Authorization header")]
+        return self._identify(token.strip(), now)
+
+    def _identify(self, token: str, now: float) -> list[Command]:
+        try:
+            self.user_id = verify_token(token, self.secret, now=now)
+        except TokenError as e:
+            return [Close(p.CLOSE_AUTH, str(e))]
+        return [Connect(self.user_id)]
+
+    def connected(self, status: str, visibility: str) -> Reply:
+        """The shard registered the socket; the client is told who it is."""
+        self.status, self.visibility = status, visibility
+        assert self.user_id is not None
+        return Reply({
+            "type": "ready",
+            "userId": self.user_id,
+            "socketId": self.socket_id,
+            "status": status,
+            "heartbeatIntervalMs": 30_000,
+        })
+
+    def deadline(self) -> float:
+        """When this socket must be closed if nothing else happens."""
+        if not self.authenticated:
+            return self.connected_at + self.limits.identify_timeout_s
+        return self.last_frame_at + self.limits.socket_timeout_s
+
+    def expired(self, now: float) -> Close | None:
+        if now < self.deadline():
+            return None
+        if not self.authenticated:
+            return Close(p.CLOSE_AUTH, "no identify within the time allowed")
+        return Close(p.CLOSE_SILENT, "no frame within the liveness timeout")
+
+    # ------------------------------------------------------------------ frames
+
+    def receive(self, raw: str | bytes, now: float) -> list[Command]:
+        """One frame from the client."""
+        self.last_frame_at = now
+        if not self.bucket.take(now):
+            self.refused_in_a_row += 1
+            if self.refused_in_a_row >= self.limits.flood_close_after:
+                return [Close(p.CLOSE_POLICY, "sustained flood")]
+            if self.refused_in_a_row == 1 or self.refused_in_a_row % 20 == 0:
+                return [Reply(p.error_frame("rate_limited", "too many frames; slow down"))]
+            return []
+        self.refused_in_a_row = 0
+        try:
+            frame = p.parse_client_frame(raw)
+        except p.FrameError as e:
+            if not self.authenticated:
+                return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
+            return [Reply(p.error_frame("bad_frame", str(e)))]
+        if not self.authenticated:
+            if isinstance(frame, p.Identify):
+                return self._identify(frame.token, now)
+            return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
+        return self._dispatch(frame)
+
+    def _dispatch(self, frame: p.ClientFrame) -> list[Command]:  # noqa: PLR0911 - one branch per frame type
+        match frame:
+            case p.Heartbeat():
+                return [Reply({"type": "heartbeat.ack"})]
+            case p.Identify():
+                return [Reply(p.error_frame("bad_frame", "already identified"))]
+            case p.PresenceUpdate(status=status):
+                if status in ("idle", "online"):
+                    self.idle = status == "idle"
+                return [UpdateStatus(status)]
+            case p.PresenceSubscribe(userIds=ids):
+                new = tuple(u for u in dict.fromkeys(ids) if u not in self.subscriptions)
+                if len(self.subscriptions) + len(new) > self.limits.max_subscriptions:
+                    return [Reply(p.error_frame(
+                        "too_many_ids", f"a socket may subscribe to at most {self.limits.max_subscriptions} ids"))]
+                self.subscriptions.update(new)
+                # The sync answers every id of the frame, also ones subscribed before.
+                return [Subscribe(tuple(dict.fromkeys(ids)))]
+            case p.PresenceUnsubscribe(userIds=ids):
+                gone = tuple(u for u in dict.fromkeys(ids) if u in self.subscriptions)
+                self.subscriptions.difference_update(gone)
+                return [Unsubscribe(gone)] if gone else []
+            case p.PresenceQuery(userIds=ids):
+                if len(ids) > self.limits.max_query_ids:
+                    return [Reply(p.error_frame(
+                        "too_many_ids", f"a query may name at most {self.limits.max_query_ids} ids"))]
+                return [Query(tuple(dict.fromkeys(ids)), self.visibility)]
+            case p.Focus(channelId=channel):
+                self.focus = channel
+                return [SetFocus(channel)]
+            case p.ChannelSubscribe(channelId=channel):
+                return [ChannelCommand("subscribe", channel)]
+            case p.ChannelUnsubscribe(channelId=channel):
+                self.channels.discard(channel)
+                return [ChannelCommand("unsubscribe", channel)]
+            case p.TypingStart(channelId=channel):
+                return [ChannelCommand("typing.start", channel)]
+            case p.TypingStop(channelId=channel):
+                return [ChannelCommand("typing.stop", channel)]
+            case p.VoiceJoin(channelId=channel):
+                out: list[Command] = []
+                if self.voice_channel is not None and self.voice_channel != channel:
+                    out.append(ChannelCommand("voice.leave", self.voice_channel))
+                out.append(ChannelCommand("voice.join", channel))
+                return out
+            case p.VoiceLeave():
+                if self.voice_channel is None:
+                    return []
+                return [ChannelCommand("voice.leave", self.voice_channel)]
+            case p.SettingsUpdate(lastSeenVisibility=visibility):
+                self.visibility = visibility
+                return [UpdateSettings(visibility)]
+        raise AssertionError(f"unhandled frame {frame!r}")  # pragma: no cover
+
+    # ------------------------------------------------------------------ results of upstream work
+
+    def channel_result(self, cmd: ChannelCommand, allowed: bool) -> list[Command]:
+        if not allowed:
+            return [Reply(p.error_frame("not_allowed", f"not a member of the server of channel {cmd.channel_id!r}"))]
+        if cmd.kind == "subscribe":
+            self.channels.add(cmd.channel_id)
+        elif cmd.kind == "voice.join":
+            self.voice_channel = cmd.channel_id
+        elif cmd.kind == "voice.leave" and self.voice_channel == cmd.channel_id:
+            self.voice_channel = None
+        return []
+
+    def touched_channels(self) -> list[str]:
+        """Every channel this socket has state in, for clean-up when it goes."""
+        out = set(self.channels)
+        if self.voice_channel is not None:
+            out.add(self.voice_channel)
+        return sorted(out)

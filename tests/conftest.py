@@ -1,0 +1,135 @@
+"""Shared fixtures: PostgreSQL and Redis for the tests that ask for them.
+
+Servers start lazily, only when a test requests a fixture, so unit tests never pay for them.
+`pg_url` / `redis_url` are shared by the whole session and come from `PRESENCE_DATABASE_URL` /
+`PRESENCE_REDIS_URL` when set; `embedded_pg` / `embedded_redis` are always private embedded
+servers that a test may stop and restart without disturbing the shared ones.
+
+Embedded servers live in their own `mkdtemp` directories under /tmp rather than under pytest's
+tmp_path: PostgreSQL runs as another system user that must traverse the path, and pytest resets
+its base directory to 0700 at the start of every session (including a parallel one).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+
+TABLES = ("users", "friendships", "servers", "server_members", "channels")
+
+
+@pytest.fixture(scope="session")
+def embedded_dir() -> Iterator[Path]:
+    """One scratch directory under /tmp for every embedded server of the session."""
+    path = Path(tempfile.mkdtemp(prefix="presence-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_pg(data_dir: Path) -> EmbeddedPostgres:
+    from cluster.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres()
+    server.start(data_dir)
+    return server
+
+
+def _start_redis(data_dir: Path) -> EmbeddedRedis:
+    from cluster.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis()
+    server.start(data_dir)
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_url(embedded_dir: Path) -> Iterator[str]:
+    """The session's shared PostgreSQL (external when PRESENCE_DATABASE_URL is set)."""
+    if url := os.environ.get("PRESENCE_DATABASE_URL"):
+        yield url
+        return
+    server = _start_pg(embedded_dir / "shared")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(embedded_dir: Path) -> Iterator[str]:
+    """The session's shared Redis (external when PRESENCE_REDIS_URL is set)."""
+    if url := os.environ.get("PRESENCE_REDIS_URL"):
+        yield url
+        return
+    server = _start_redis(embedded_dir / "shared")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _private_pg(embedded_dir: Path) -> Iterator[EmbeddedPostgres]:
+    server = _start_pg(embedded_dir / "private")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _private_redis(embedded_dir: Path) -> Iterator[EmbeddedRedis]:
+    server = _start_redis(embedded_dir / "private")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def embedded_pg(_private_pg: EmbeddedPostgres) -> EmbeddedPostgres:
+    """A private PostgreSQL the test may stop and restart; running (same URL) at every test start."""
+    if not _private_pg.running:
+        _private_pg.restart()
+    return _private_pg
+
+
+@pytest.fixture
+def embedded_redis(_private_redis: EmbeddedRedis) -> EmbeddedRedis:
+    """A private Redis the test may stop and restart; running (same URL) at every test start."""
+    if not _private_redis.running:
+        _private_redis.restart()
+    return _private_redis
+
+
+@pytest.fixture(scope="session")
+async def migrated_pg_url(pg_url: str) -> str:
+    """The shared PostgreSQL with the schema applied (once per session)."""
+    from cluster.db import migrate
+
+    await migrate(pg_url)
+    return pg_url
+
+
+@pytest.fixture
+async def db(migrated_pg_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the migrated shared database, every table emptied first."""
+    import asyncpg
+
+    conn = await asyncpg.connect(migrated_pg_url)
+    try:
+        await conn.execute(f"TRUNCATE {', '.join(TABLES)}")
+        yield conn
+    finally:
+        await conn.close()
