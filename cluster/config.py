@@ -39,7 +39,8 @@ class Settings(BaseSettings):
     identify_timeout_s: float = 10.0
     socket_timeout_s: float = 90.0
     heartbeat_interval_ms: int = 30_000
-    # How often an edge proves to each shard that it (and so its sockets) is alive.
+    # How often an edge proves to each shard that it (and so its sockets) is alive: its long-poll
+    # for events waits at most this long. Must stay well under socket_timeout_s.
     edge_lease_refresh_s: float = 5.0
 
     # Per-socket limits.

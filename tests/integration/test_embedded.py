@@ -15,7 +15,7 @@ import psutil
 import pytest
 import redis
 
-from cluster.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from cluster.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServerError, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -126,27 +126,43 @@ def test_postgres_adopts_a_server_left_running(scratch: Path) -> None:
     assert live_processes_mentioning(str(scratch / "pg")) == []
 
 
-def test_postgres_starts_after_kill_9(scratch: Path) -> None:
+async def test_postgres_starts_after_kill_9(scratch: Path) -> None:
     server = EmbeddedPostgres()
-    server.start(scratch)
+    url = server.start(scratch)
     pid = server.pid
     assert pid is not None
-    postmaster = psutil.Process(pid)
-    tree = [postmaster, *postmaster.children(recursive=True)]
-    for proc in tree:
-        proc.send_signal(signal.SIGKILL)
-    wait_until(lambda: live_processes_mentioning(str(scratch / "pg")) == [], what="killed postgres to exit")
-    assert (scratch / "pg" / "postmaster.pid").exists()  # stale
-
-    # Make it worse: the stale pid now belongs to a live process that is not postgres.
+    client = await asyncpg.connect(url)  # a backend that outlives its postmaster for a moment
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(pid), what="the killed postmaster to exit")
+    client.terminate()
     pidfile = scratch / "pg" / "postmaster.pid"
+    assert pidfile.exists()  # stale
+    # Make it worse: the stale pid now belongs to a live process that is not postgres.
     lines = pidfile.read_text().splitlines()
     pidfile.write_text("\n".join([str(os.getpid()), *lines[1:]]) + "\n")
 
     fresh = EmbeddedPostgres()
-    fresh.start(scratch)
+    assert fresh.start(scratch).startswith("postgresql://postgres@127.0.0.1:")
     assert fresh.running and fresh.pid != pid
+    conn = await asyncpg.connect(fresh.url)
+    assert await conn.fetchval("SELECT 1") == 1
+    await conn.close()
     fresh.stop()
+    assert live_processes_mentioning(str(scratch / "pg")) == []
+
+
+def test_postgres_start_failure_shows_the_log(scratch: Path) -> None:
+    server = EmbeddedPostgres()
+    server.start(scratch)
+    server.stop()
+    port = server.port
+    assert port is not None
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with pytest.raises(EmbeddedServerError, match="Address already in use"):
+            server.start(scratch)  # the same port again, as a restart must
     assert live_processes_mentioning(str(scratch / "pg")) == []
 
 
@@ -187,6 +203,20 @@ def test_redis_stops_a_leftover_on_the_same_directory(scratch: Path) -> None:
     assert server.pid != old_pid and server.running
     server.stop()
     leftover.stop()
+    assert live_processes_mentioning(str(scratch / "redis")) == []
+
+
+def test_redis_start_failure_shows_the_log(scratch: Path) -> None:
+    server = EmbeddedRedis()
+    server.start(scratch)
+    server.stop()
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", server.port or 0))
+        squatter.listen()
+        with pytest.raises(EmbeddedServerError, match="Address already in use"):
+            server.start(scratch)
+    assert server.pid is None
     assert live_processes_mentioning(str(scratch / "redis")) == []
 
 
