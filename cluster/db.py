@@ -16,7 +16,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 import asyncpg
 from pydantic import BaseModel, ConfigDict, StrictStr, StringConstraints, ValidationError, model_validator
@@ -34,7 +34,7 @@ MAX_ID_LENGTH = 128
 CHOSEN_STATUSES = frozenset({"online", "dnd", "invisible"})
 VISIBILITIES = frozenset({"everyone", "friends", "nobody"})
 
-Queryable = asyncpg.Connection | asyncpg.Pool
+Queryable: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 
 @contextlib.asynccontextmanager
@@ -159,7 +159,7 @@ def parse_fixture(data: Mapping[str, Any] | Fixture) -> Fixture:
         for err in exc.errors():
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
             message = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{where}: {message}" if where else message)
+            problems.append(f"{where or '(top level)'}: {message}")
         raise FixtureError("invalid presence load data: " + "; ".join(problems)) from None
 
 
@@ -390,8 +390,8 @@ async def save_visibility(conn: Queryable, items: Iterable[tuple[str, str]]) -> 
 
 # -- LISTEN ----------------------------------------------------------------------------------------
 
-IdCallback = Callable[[str], object]
-ResetCallback = Callable[[], object]
+IdCallback: TypeAlias = Callable[[str], object]
+ResetCallback: TypeAlias = Callable[[], object]
 
 
 class AudienceListener:

