@@ -242,7 +242,7 @@ class FlushBuffer:
                 del pending[row.key]
                 taken.append(row)
         # Sorted keys: concurrent writers then lock rows in the same order, avoiding deadlocks.
-        taken.sort(key=lambda r: r.key)
+        
         batch = Batch(self._next_batch_id, [r.key for r in taken], [r.ts for r in taken])
         self._next_batch_id += 1
         self._in_flight = batch
@@ -287,7 +287,7 @@ class FlushBuffer:
             newer = self._pending.get(row.key)
             if newer is not None:
                 # Whichever is later wins; the older arrival keeps its place in the queue.
-                pass
+                row.ts = max(row.ts, newer.ts)
             self._pending[row.key] = row  # invalidates `newer`'s queue entry, if any
             self._order.appendleft(row)
         self._failures += 1

@@ -1,0 +1,166 @@
+"""Last-seen end to end: departures reach PostgreSQL, invisibility freezes the value, and the
+visibility rule decides every timestamp a reader receives."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import urllib.request
+from datetime import datetime
+
+import asyncpg
+import pytest
+
+from edge.server import Edge
+
+from .conftest import Cluster, Ids, internal_url, load
+from .test_presence_ws import connect
+from .wsclient import Client, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+
+def parse(ts: str) -> float:
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
+async def operator_view(edge: Edge, user: str) -> dict[str, object]:
+    def fetch() -> dict[str, object]:
+        with urllib.request.urlopen(f"{internal_url(edge)}/api/v1/internal/presence/users/{user}", timeout=2) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    return await asyncio.to_thread(fetch)
+
+
+async def stored(conn: asyncpg.Connection, user: str) -> float | None:
+    value = await conn.fetchval("SELECT last_seen_at FROM users WHERE id = $1", user)
+    return value.timestamp() if value is not None else None
+
+
+async def test_seed_verification_scenario(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+    """Connect, stay active across several intervals, disconnect: the column equals the
+    disconnect time within the flush interval, and nothing was written while connected."""
+    user = ids("u")
+    c = await connect(cluster, edge, user)
+    for _ in range(5):
+        await c.roundtrip()
+        await asyncio.sleep(0.3)  # longer than the 0.2 s flush interval each time
+    assert await stored(conn, user) is None, "a connected account must cost no last-seen write"
+    await c.roundtrip()
+    disconnected_at = time.time()
+    await c.close()
+    value = await eventually(lambda: stored(conn, user), timeout=5)
+    assert abs(value - disconnected_at) < 1.0, (value, disconnected_at)
+
+
+async def test_last_seen_freezes_while_invisible(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+    user = ids("u")
+    c = await connect(cluster, edge, user)
+    await c.roundtrip()
+    hid_at = time.time()
+    await c.send({"type": "presence.update", "status": "invisible"})
+    await c.expect(of_type("presence.self"))
+    value = await eventually(lambda: stored(conn, user), timeout=5)  # hiding is a departure
+    assert abs(value - hid_at) < 1.0
+    await asyncio.sleep(1.2)
+    view = await operator_view(edge, user)
+    assert view["status"] == "invisible"
+    assert abs(parse(str(view["lastSeenAt"])) - hid_at) < 1.0, "frozen at the moment it hid"
+    await c.close()
+    await asyncio.sleep(0.5)
+    assert abs((await stored(conn, user) or 0) - hid_at) < 1.0, "closing while invisible does not move it"
+    # Visible again: it thaws, and the next departure moves it.
+    c = await connect(cluster, edge, user)
+    await c.send({"type": "presence.update", "status": "online"})
+    await c.expect(of_type("presence.self"))
+    await asyncio.sleep(1.1)
+    left_at = time.time()
+    await c.close()
+    await eventually(lambda: _later_than(conn, user, hid_at + 1.0), timeout=5)
+    assert abs((await stored(conn, user) or 0) - left_at) < 1.0
+
+
+async def _later_than(conn: asyncpg.Connection, user: str, t: float) -> bool:
+    value = await stored(conn, user)
+    return value is not None and value > t
+
+
+async def test_visibility_matrix_over_websockets(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+    settings = ("everyone", "friends", "nobody")
+    relations = ("friend", "server", "none")
+    targets = {s: ids(f"target-{s}") for s in settings}
+    readers = {(r, s): ids(f"reader-{r}-{s}") for r, s in itertools.product(relations, settings)}
+    server = ids("g")
+    await load(conn, {
+        "users": [{"id": t, "lastSeenVisibility": s} for s, t in targets.items()] + [{"id": r} for r in readers.values()],
+        "friendships": [[reader, t] for (rel, _), reader in readers.items() if rel == "friend" for t in targets.values()],
+        "servers": [{"id": server, "members": [*targets.values(),
+                                               *(r for (rel, _), r in readers.items() if rel == "server")], "channels": []}],
+    })
+    for t in targets.values():  # give every target a last-seen time
+        c = await connect(cluster, edge, t)
+        await c.close()
+    for t in targets.values():
+        await eventually(lambda t=t: stored(conn, t), timeout=5)
+
+    for (relation, reader_setting), reader in readers.items():
+        c = await connect(cluster, edge, reader)
+        # settings.update takes effect for the very next frame of the same socket.
+        await c.send({"type": "settings.update", "lastSeenVisibility": reader_setting})
+        await c.send({"type": "presence.query", "userIds": list(targets.values())})
+        await c.roundtrip()
+        await asyncio.sleep(0.05)
+        answers = {f["userId"]: f for f in c.frames if f.get("type") == "presence.changed"}
+        for target_setting, target in targets.items():
+            case = f"reader {relation}/{reader_setting} → target {target_setting}"
+            if relation == "none":
+                assert target not in answers, f"{case}: outsiders get silence, got {answers.get(target)}"
+                continue
+            answer = answers[target]
+            assert answer["status"] == "offline", case
+            may_read = reader_setting != "nobody" and (
+                target_setting == "everyone" or (target_setting == "friends" and relation == "friend"))
+            if may_read:
+                seen = answer.get("lastSeenAt")
+                assert seen is not None, f"{case}: expected a timestamp"
+                assert parse(seen) % 60 == 0, f"{case}: others get minute precision, got {seen}"
+            else:
+                assert "lastSeenAt" not in answer, f"{case}: timestamp must be absent, got {answer}"
+        await c.close()
+    rows = await conn.fetch("SELECT id, last_seen_visibility FROM users WHERE id = ANY($1::text[])", list(readers.values()))
+    assert {r["id"]: r["last_seen_visibility"] for r in rows} == {r: s for (_, s), r in readers.items()}, "settings are durable"
+
+
+async def test_operator_view_shows_the_exact_time_whatever_the_setting(cluster: Cluster, edge: Edge,
+                                                                       conn: asyncpg.Connection, ids: Ids) -> None:
+    user = ids("hidden")
+    await load(conn, {"users": [{"id": user, "lastSeenVisibility": "nobody"}]})
+    c = await connect(cluster, edge, user)
+    await c.roundtrip()
+    left_at = time.time()
+    await c.close()
+    await eventually(lambda: stored(conn, user), timeout=5)
+    view = await operator_view(edge, user)
+    assert view["userId"] == user and view["status"] == "offline" and view["lastSeenVisibility"] == "nobody"
+    assert view["sockets"] == 0
+    # Exact to the millisecond, not truncated to the minute as any other reader would get it.
+    assert abs(parse(str(view["lastSeenAt"])) - left_at) < 1.0
+    assert abs(parse(str(view["lastSeenAt"])) - (await stored(conn, user) or 0)) < 0.002
+
+
+async def test_online_accounts_get_no_timestamp(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+    a, b = ids("a"), ids("b")
+    await load(conn, {"friendships": [[a, b]]})
+    cb = await connect(cluster, edge, b)
+    await cb.close()
+    await eventually(lambda: stored(conn, b), timeout=5)
+    ca = await connect(cluster, edge, a)
+    first = await ca.request({"type": "presence.query", "userIds": [b]}, lambda f: f.get("userId") == b)
+    assert first["status"] == "offline" and "lastSeenAt" in first
+    cb = await Client.connect(f"ws://127.0.0.1:{edge.ws_port}/ws/presence", cluster.token(b))
+    again = await ca.request({"type": "presence.query", "userIds": [b]}, lambda f: f.get("userId") == b)
+    assert again == {"type": "presence.changed", "userId": b, "status": "online"}
+    await ca.close()
+    await cb.close()
