@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable
 from dataclasses import asdict
 from typing import Any
@@ -120,7 +121,11 @@ class _Directory(SlotDirectory):
 
 
 def connect(address: str | None, namespace: str, **init_kwargs: Any) -> None:
-    """Start a local Ray instance (address None) or join the one at `address`."""
+    """Start a local Ray instance (address None) or join the one at `address`.
+
+    Joining a cluster with token authentication needs RAY_AUTH_MODE set before `ray` was
+    imported: see `cluster.runtime.prepare_to_join`.
+    """
     if ray.is_initialized():
         return
     ray.init(
@@ -135,6 +140,10 @@ def connect(address: str | None, namespace: str, **init_kwargs: Any) -> None:
 
 def gcs_address() -> str:
     return str(ray.get_runtime_context().gcs_address)
+
+
+def auth_mode() -> str | None:
+    return os.environ.get("RAY_AUTH_MODE")
 
 
 def shutdown() -> None:

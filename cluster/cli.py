@@ -24,9 +24,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
+    from cluster.runtime import prepare_to_join
+
+    settings = _settings(args, ws_port=args.ws_port, internal_port=args.internal_port)
+    prepare_to_join(settings)
     from cluster.up import edge
 
-    return edge(_settings(args, ws_port=args.ws_port, internal_port=args.internal_port))
+    return edge(settings)
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -73,9 +77,13 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from cluster.runtime import prepare_to_join
+
+    settings = _settings(args)
+    prepare_to_join(settings)
     from cluster.status import status
 
-    return status(_settings(args), as_json=args.json)
+    return status(settings, as_json=args.json)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:

@@ -27,6 +27,9 @@ class ClusterInfo:
     ws_url: str
     internal_url: str
     pid: int
+    # Ray 2.60 starts local clusters with token authentication; a process joining one must use
+    # the same mode (the token itself is in ~/.ray/auth_token on this machine).
+    ray_auth_mode: str | None = None
 
 
 def write_info(data_dir: Path, info: ClusterInfo) -> None:
@@ -94,3 +97,14 @@ def cluster_info_or_exit(settings: Settings) -> ClusterInfo:
     if settings.ray_address:
         info.ray_address = settings.ray_address
     return info
+
+
+def prepare_to_join(settings: Settings) -> None:
+    """Set what Ray reads at import time to join the cluster `presence up` started.
+
+    Must run before anything imports `ray`: Ray 2.60 fixes its authentication mode when it is
+    imported, and a local cluster started by `presence up` requires tokens.
+    """
+    info = read_info(settings.data_dir)
+    if info is not None and info.ray_auth_mode and "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = info.ray_auth_mode

@@ -156,7 +156,7 @@ def up(settings: Settings) -> int:
             ws_url = f"ws://{host}:{edge.ws_port}/ws/presence"
             internal_url = f"http://{settings.internal_host}:{edge.internal_port}"
             write_info(data_dir, ClusterInfo(database_url, redis_url, ray_api.gcs_address(), settings.ray_namespace,
-                                             ws_url, internal_url, os.getpid()))
+                                             ws_url, internal_url, os.getpid(), ray_api.auth_mode()))
             print("presence is up", flush=True)
             print(f"  websocket   {ws_url}", flush=True)
             print(f"  internal    {internal_url}  (/healthz, /metrics, /api/v1/internal/presence/…)", flush=True)

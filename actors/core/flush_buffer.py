@@ -157,8 +157,7 @@ class FlushBuffer:
         for key, ts in clean:
             row = self._pending.get(key)
             if row is not None:
-                if ts > row.ts:
-                    row.ts = ts  # keeps its arrival time: it has been waiting since then
+                row.ts = ts  # keeps its arrival time: it has been waiting since then
                 continue
             flying = self._in_flight_rows.get(key)
             if flying is not None and flying.ts >= ts:
@@ -242,7 +241,7 @@ class FlushBuffer:
                 del pending[row.key]
                 taken.append(row)
         # Sorted keys: concurrent writers then lock rows in the same order, avoiding deadlocks.
-        
+        taken.sort(key=lambda r: r.key)
         batch = Batch(self._next_batch_id, [r.key for r in taken], [r.ts for r in taken])
         self._next_batch_id += 1
         self._in_flight = batch

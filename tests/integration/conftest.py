@@ -61,7 +61,8 @@ def cluster(migrated_pg_url: str, redis_url: str, tmp_path_factory: pytest.TempP
     ray_api.start_pool(SHARDS, config, flush_interval_s=0.2, flush_max_rows=1000)
     data_dir = tmp_path_factory.mktemp("presence-data")
     (data_dir / "secret").write_text(SECRET)
-    write_info(data_dir, ClusterInfo(migrated_pg_url, redis_url, ray_api.gcs_address(), namespace, "", "", os.getpid()))
+    write_info(data_dir, ClusterInfo(migrated_pg_url, redis_url, ray_api.gcs_address(), namespace, "", "", os.getpid(),
+                                     ray_api.auth_mode()))
     try:
         yield Cluster(migrated_pg_url, redis_url, namespace, data_dir)
     finally:
