@@ -157,7 +157,8 @@ class FlushBuffer:
         for key, ts in clean:
             row = self._pending.get(key)
             if row is not None:
-                row.ts = ts  # keeps its arrival time: it has been waiting since then
+                if ts > row.ts:
+                    row.ts = ts  # keeps its arrival time: it has been waiting since then
                 continue
             flying = self._in_flight_rows.get(key)
             if flying is not None and flying.ts >= ts:

@@ -1,0 +1,78 @@
+"""The internal API's client, for other services: two seconds, then `None`.
+
+    from edge.client import PresenceClient
+    presence = PresenceClient("http://10.0.0.10:8766")
+    presence.online_count("g1")         # 12, or None
+    presence.is_focused("u1", "c1")     # True/False, or None
+    await presence.aonline_count("g1")  # the same from asyncio code
+
+An invite preview that hangs because presence is restarting is worse than one that omits the
+count, so every failure (refused, reset, timed out, a 5xx, a body that is not what we expect)
+answers `None` rather than raising. Only the standard library: importing this costs a caller
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 2.0
+
+
+class PresenceClient:
+    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _get(self, path: str, **params: str) -> Any:
+        url = f"{self.base_url}/api/v1/internal/presence/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+                if response.status != 200:
+                    return None
+                return json.loads(response.read(64 * 1024))
+        except (urllib.error.URLError, OSError, socket.timeout, ValueError, http_client_errors()):
+            return None
+
+    def online_count(self, server_id: str) -> int | None:
+        body = self._get("online", serverId=server_id)
+        value = body.get("online") if isinstance(body, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def is_focused(self, user_id: str, channel_id: str) -> bool | None:
+        body = self._get("focus", userId=user_id, channelId=channel_id)
+        value = body.get("focused") if isinstance(body, dict) else None
+        return value if isinstance(value, bool) else None
+
+    async def aonline_count(self, server_id: str) -> int | None:
+        return await self._in_thread(self.online_count, server_id)
+
+    async def ais_focused(self, user_id: str, channel_id: str) -> bool | None:
+        return await self._in_thread(self.is_focused, user_id, channel_id)
+
+    async def _in_thread(self, fn: Any, *args: str) -> Any:
+        # The blocking call has its own timeout; the outer one bounds the thread hand-off too.
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s + 0.5)
+        except (TimeoutError, asyncio.TimeoutError):
+            return None
+
+
+def http_client_errors() -> type[Exception]:
+    import http.client
+
+    return http.client.HTTPException
+
+
+def online_count(base_url: str, server_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
+    return PresenceClient(base_url, timeout_s).online_count(server_id)
+
+
+def is_focused(base_url: str, user_id: str, channel_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool | None:
+    return PresenceClient(base_url, timeout_s).is_focused(user_id, channel_id)

@@ -1,0 +1,1412 @@
+"""The pure shard state: table tests for every operation, and a model-based state machine.
+
+Everything here is checked against protocol.md, not against what the code happens to do:
+statuses and their resolution, the audience rule on every frame, `invisible` never leaving the
+account, last-seen (departures, freezing while invisible, never backwards, pending until the
+FlushActor acknowledges), liveness through edge leases (a socket is dead 90 s after its edge last
+refreshed), and presence.changed being sent exactly when the visible status changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from actors.core.audience import Relations
+from actors.core.effects import Deliver, Effect, OnlineCount, PersistChosen, PersistVisibility, SocketCount
+from actors.core.shard import AccountRow, QueryAnswer, ShardState
+
+from .conftest import T0
+
+TIMEOUT = 90.0
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def rel(friends: Iterable[str] = (), servers: Iterable[str] = (), vis: str = "everyone") -> Relations:
+    return Relations(frozenset(friends), frozenset(servers), vis)
+
+
+def delivers(effects: list[Effect]) -> list[Deliver]:
+    return [e for e in effects if isinstance(e, Deliver)]
+
+
+def frames_to(effects: list[Effect], socket_id: str) -> list[dict[str, Any]]:
+    return [e.frame for e in delivers(effects) if socket_id in e.socket_ids]
+
+
+def changed_to(effects: list[Effect], socket_id: str, about: str | None = None) -> list[str]:
+    """The statuses of the presence.changed frames a socket received (about one account)."""
+    return [
+        f["status"]
+        for f in frames_to(effects, socket_id)
+        if f["type"] == "presence.changed" and (about is None or f["userId"] == about)
+    ]
+
+
+def self_to(effects: list[Effect], socket_id: str) -> list[str]:
+    return [f["status"] for f in frames_to(effects, socket_id) if f["type"] == "presence.self"]
+
+
+def of_type(effects: list[Effect], kind: type) -> list[Any]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+class World:
+    """A shard with some accounts loaded, like the shell leaves it before an operation."""
+
+    def __init__(
+        self,
+        relations: dict[str, Relations],
+        *,
+        rows: dict[str, AccountRow] | None = None,
+        now: float = T0,
+        **kwargs: Any,
+    ) -> None:
+        self.now = now
+        self.s = ShardState(**kwargs)
+        rows = rows or {}
+        for user, r in relations.items():
+            self.s.set_relations(user, r, now)
+            self.s.load_account(user, rows.get(user, AccountRow()), now)
+        assert self.s.outbox.drain() == []
+
+    def at(self, dt: float) -> float:
+        self.now += dt
+        return self.now
+
+    def drain(self) -> list[Effect]:
+        return self.s.outbox.drain()
+
+
+def pair_world(**kwargs: Any) -> World:
+    """alice and bob share server g1; carol knows nobody; dave is alice's friend only."""
+    return World(
+        {
+            "alice": rel(friends={"dave"}, servers={"g1"}),
+            "bob": rel(servers={"g1"}),
+            "carol": rel(servers={"g9"}),
+            "dave": rel(friends={"alice"}),
+        },
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------------- connect / disconnect
+
+
+class TestConnect:
+    def test_first_socket_brings_account_online(self) -> None:
+        w = pair_world()
+        assert w.s.connect("alice", "a1", "e1", w.now) == "online"
+        assert w.s.real_status_of("alice") == "online"
+        assert w.s.visible_status_of("alice") == "online"
+        effects = w.drain()
+        assert SocketCount("alice", "a1", True) in effects
+        assert OnlineCount("alice", frozenset({"g1"}), True) in effects
+        # The connecting socket learns its status from `ready`, not from presence.self.
+        assert self_to(effects, "a1") == []
+
+    def test_second_socket_changes_nothing_visible(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        assert w.s.connect("alice", "a2", "e2", w.at(1)) == "online"
+        effects = w.drain()
+        assert effects == [SocketCount("alice", "a2", True)]
+
+    def test_reconnecting_same_socket_is_idempotent(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        assert w.s.connect("alice", "a1", "e1", w.at(1)) == "online"
+        assert w.drain() == []
+        assert w.s.live_sockets() == [("alice", "a1")]
+
+    def test_other_sockets_get_presence_self(self) -> None:
+        w = pair_world()
+        w.s.set_status("alice", "-", "dnd", w.now)
+        w.drain()
+        # Chosen dnd while offline: the first socket comes up dnd.
+        assert w.s.connect("alice", "a1", "e1", w.now) == "dnd"
+        w.s.set_status("alice", "a1", "online", w.now)
+        effects = w.drain()
+        assert self_to(effects, "a1") == ["online"]
+
+    def test_unloaded_account_is_a_shell_bug(self) -> None:
+        w = pair_world()
+        with pytest.raises(KeyError):
+            w.s.connect("nobody-loaded", "x", "e1", w.now)
+
+    def test_durable_invisible_never_shows_online(self) -> None:
+        """An account that chose invisible days ago reconnects: not one frame says online."""
+        w = pair_world(rows={"alice": AccountRow(chosen_status="invisible", last_seen_at=T0 - 86_400 * 3)})
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        assert w.s.connect("alice", "a1", "e1", w.now) == "invisible"
+        w.s.connect("alice", "a2", "e1", w.now)
+        effects = w.drain()
+        assert changed_to(effects, "b1") == []
+        assert of_type(effects, OnlineCount) == []
+        assert w.s.visible_status_of("alice") == "offline"
+        assert w.s.checkpoint(w.now) == []
+        # The other socket of the account sees the real status.
+        assert self_to(effects, "a1") == []  # nothing changed for it: it was already invisible
+
+    @pytest.mark.parametrize("stored", ["idle", "offline", "bogus", ""])
+    def test_stored_status_that_cannot_be_chosen_loads_as_online(self, stored: str) -> None:
+        w = World({"u": rel()}, rows={"u": AccountRow(chosen_status=stored)})
+        assert w.s.connect("u", "s", "e", w.now) == "online"
+
+    def test_load_account_does_not_overwrite_memory(self) -> None:
+        w = pair_world()
+        w.s.set_status("alice", "-", "invisible", w.now)
+        w.s.load_account("alice", AccountRow(chosen_status="online"), w.now)
+        assert w.s.connect("alice", "a1", "e1", w.now) == "invisible"
+
+
+class TestDisconnect:
+    def test_last_socket_going_is_a_departure(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.disconnect("alice", "a1", w.at(5))
+        effects = w.drain()
+        assert changed_to(effects, "b1") == []
+        assert "alice" not in w.s.pending_last_seen
+        w.s.disconnect("alice", "a2", w.at(5))
+        effects = w.drain()
+        assert changed_to(effects, "b1") == ["offline"]
+        assert w.s.pending_last_seen == {"alice": T0 + 10}
+        assert w.s.last_seen_to_flush() == [("alice", T0 + 10)]
+        assert OnlineCount("alice", frozenset({"g1"}), False) in effects
+        assert SocketCount("alice", "a2", False) in effects
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.last_seen_of("alice", w.at(100)) == T0 + 10
+
+    def test_unknown_socket_or_account_is_ignored(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        w.s.disconnect("alice", "zzz", w.now)
+        w.s.disconnect("ghost", "zzz", w.now)
+        assert w.drain() == []
+        assert w.s.real_status_of("alice") == "online"
+
+    def test_remaining_sockets_hear_the_status_change(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e2", w.now)
+        w.s.set_status("alice", "a1", "idle", w.now)
+        w.drain()
+        # a2 (awake) goes; the account is now all idle.
+        w.s.disconnect("alice", "a2", w.at(1))
+        effects = w.drain()
+        assert self_to(effects, "a1") == ["idle"]
+
+
+# ---------------------------------------------------------------------------- statuses
+
+
+class TestSetStatus:
+    def test_idle_only_when_every_live_socket_is_idle(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        assert w.s.set_status("alice", "a1", "idle", w.now) == "online"
+        assert changed_to(w.drain(), "b1") == []
+        assert w.s.set_status("alice", "a2", "idle", w.now) == "idle"
+        effects = w.drain()
+        assert changed_to(effects, "b1") == ["idle"]
+        assert self_to(effects, "a1") == ["idle"]
+        assert self_to(effects, "a2") == ["idle"]
+        # `online` from one socket wakes that socket (and so the account).
+        assert w.s.set_status("alice", "a2", "online", w.now) == "online"
+        assert changed_to(w.drain(), "b1") == ["online"]
+
+    def test_idle_does_not_persist_or_change_chosen(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        w.s.set_status("alice", "a1", "idle", w.now)
+        assert of_type(w.drain(), PersistChosen) == []
+
+    def test_idle_is_hidden_under_dnd_and_invisible(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.set_status("alice", "a1", "idle", w.now)
+        assert w.s.set_status("alice", "a1", "dnd", w.now) == "dnd"
+        assert w.s.set_status("alice", "a1", "invisible", w.now) == "invisible"
+        # Back to online with the socket still idle: idle (the socket never woke up).
+        assert w.s.set_status("alice", "zzz", "online", w.now) == "idle"
+
+    def test_new_awake_socket_ends_idle(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.set_status("alice", "a1", "idle", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        assert w.s.connect("alice", "a2", "e1", w.at(1)) == "online"
+        assert changed_to(w.drain(), "b1") == ["online"]
+
+    def test_idle_from_unknown_socket_is_ignored(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        assert w.s.set_status("alice", "nope", "idle", w.now) == "online"
+
+    def test_chosen_status_is_per_account_and_persisted(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e1", w.now)
+        w.drain()
+        assert w.s.set_status("alice", "a1", "dnd", w.now) == "dnd"
+        effects = w.drain()
+        assert of_type(effects, PersistChosen) == [PersistChosen("alice", "dnd")]
+        assert self_to(effects, "a1") == ["dnd"] and self_to(effects, "a2") == ["dnd"]
+        # Same again: nothing to persist, nothing to say.
+        w.s.set_status("alice", "a2", "dnd", w.now)
+        assert w.drain() == []
+
+    def test_chosen_while_offline_applies_on_connect(self) -> None:
+        w = pair_world()
+        assert w.s.set_status("alice", "-", "invisible", w.now) == "offline"
+        assert w.drain() == [PersistChosen("alice", "invisible")]
+        assert w.s.connect("alice", "a1", "e1", w.now) == "invisible"
+
+    @pytest.mark.parametrize("bad", ["offline", "away", "", "ONLINE"])
+    def test_unknown_status_raises(self, bad: str) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        with pytest.raises(ValueError):
+            w.s.set_status("alice", "a1", bad, w.now)
+        assert w.drain() == []
+
+    @pytest.mark.parametrize(
+        ("before", "after", "told"),
+        [
+            ("online", "dnd", ["dnd"]),
+            ("online", "invisible", ["offline"]),
+            ("dnd", "invisible", ["offline"]),
+            ("invisible", "online", ["online"]),
+            ("invisible", "dnd", ["dnd"]),
+            ("dnd", "online", ["online"]),
+        ],
+    )
+    def test_watchers_see_visible_status_self_sees_real(self, before: str, after: str, told: list[str]) -> None:
+        w = pair_world()
+        w.s.set_status("alice", "-", before, w.now)
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        assert w.s.set_status("alice", "a1", after, w.now) == after
+        effects = w.drain()
+        assert changed_to(effects, "b1") == told
+        assert self_to(effects, "a1") == [after]
+        assert self_to(effects, "a2") == [after]
+        for d in delivers(effects):
+            if d.frame["type"] == "presence.changed":
+                assert d.frame["status"] != "invisible"
+                assert "lastSeenAt" not in d.frame
+
+
+class TestInvisibleAndLastSeen:
+    def test_going_invisible_is_a_departure_and_freezes_last_seen(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        assert w.s.last_seen_of("alice", w.at(30)) == T0 + 30  # present: "now"
+        w.s.set_status("alice", "a1", "invisible", w.now)
+        assert w.s.pending_last_seen == {"alice": T0 + 30}
+        effects = w.drain()
+        assert OnlineCount("alice", frozenset({"g1"}), False) in effects
+        # Frozen while invisible, however long, and through the last socket going.
+        assert w.s.last_seen_of("alice", w.at(3600)) == T0 + 30
+        w.s.disconnect("alice", "a1", w.at(60))
+        assert w.s.last_seen_of("alice", w.now) == T0 + 30
+        assert w.s.pending_last_seen == {"alice": T0 + 30}
+        w.drain()
+        # Reconnecting invisible moves nothing either.
+        w.s.connect("alice", "a2", "e1", w.at(60))
+        w.s.disconnect("alice", "a2", w.at(60))
+        assert w.s.last_seen_of("alice", w.now) == T0 + 30
+
+    def test_last_seen_thaws_when_a_visible_status_is_chosen(self) -> None:
+        w = pair_world()
+        w.s.set_status("alice", "-", "invisible", w.now)
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.set_status("alice", "a1", "dnd", w.at(100))
+        assert w.s.last_seen_of("alice", w.at(5)) == T0 + 105
+        w.s.disconnect("alice", "a1", w.at(5))
+        assert w.s.last_seen_of("alice", w.at(5)) == T0 + 110
+        assert w.s.pending_last_seen == {"alice": T0 + 110}
+
+    def test_last_seen_never_moves_backwards_past_stored_value(self) -> None:
+        # The stored column is later than this shard's clock (another writer, a skewed node).
+        w = pair_world(rows={"alice": AccountRow(last_seen_at=T0 + 500)})
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.disconnect("alice", "a1", w.at(10))
+        assert w.s.last_seen_of("alice", w.now) == T0 + 500
+        assert w.s.pending_last_seen["alice"] == T0 + 500
+
+    def test_invisible_never_reaches_anybody_else(self) -> None:
+        w = pair_world()
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.set_status("alice", "a1", "invisible", w.now)
+        w.s.connect("alice", "a2", "e1", w.now)
+        w.s.set_status("alice", "a2", "idle", w.now)
+        w.s.disconnect("alice", "a1", w.now)
+        w.s.disconnect("alice", "a2", w.now)
+        for d in delivers(w.drain()):
+            if d.frame["status"] == "invisible":
+                assert d.frame["type"] == "presence.self"
+                assert set(d.socket_ids) <= {"a1", "a2"}
+        assert w.s.watch("bob", "b1", "e2", ["alice"], w.now) == [("alice", "offline")]
+
+
+# ---------------------------------------------------------------------------- liveness
+
+
+class TestEdgeLeases:
+    def test_sockets_die_with_their_edges_lease(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.refresh_edge("e2", w.at(60))
+        w.s.sweep(w.at(30))  # 90 s exactly since e1 last refreshed: still alive
+        assert w.s.real_status_of("alice") == "online"
+        w.s.refresh_edge("e2", w.now)
+        w.s.sweep(w.at(0.5))
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.live_sockets() == []
+        assert "e1" not in w.s.edges
+        effects = w.drain()
+        assert changed_to(effects, "b1") == ["offline"]
+        assert SocketCount("alice", "a1", False) in effects
+
+    def test_refresh_keeps_sockets_alive(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        for _ in range(20):
+            w.s.refresh_edge("e1", w.at(80))
+        w.s.sweep(w.now)
+        assert w.s.real_status_of("alice") == "online"
+
+    def test_departure_time_is_when_the_lease_ran_out(self) -> None:
+        """A clock jump far past the timeout: last-seen is when the socket died, not when noticed."""
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        w.s.sweep(w.at(10_000))
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.pending_last_seen == {"alice": T0 + TIMEOUT}
+        assert w.s.last_seen_of("alice", w.now) == T0 + TIMEOUT
+
+    def test_departure_is_the_last_socket_to_die(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e2", w.now)  # e2 first in insertion order ...
+        w.s.connect("alice", "a2", "e1", w.at(10))  # ... and e1 refreshed later
+        w.s.refresh_edge("e2", w.at(20))  # e2 now the later lease: T0 + 30
+        w.drain()
+        w.s.sweep(w.at(10_000))
+        assert w.s.pending_last_seen == {"alice": T0 + 30 + TIMEOUT}
+
+    @pytest.mark.parametrize("op", ["connect", "disconnect", "set_status", "watch", "query", "refresh_edge", "is_focused"])
+    def test_every_timed_operation_expires_dead_edges_first(self, op: str) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("bob", "b1", "e2", w.now)
+        w.drain()
+        now = w.at(TIMEOUT + 1)
+        w.s.refresh_edge("e2", now) if op != "refresh_edge" else None
+        {
+            "connect": lambda: w.s.connect("bob", "b2", "e2", now),
+            "disconnect": lambda: w.s.disconnect("bob", "b1", now),
+            "set_status": lambda: w.s.set_status("bob", "b1", "dnd", now),
+            "watch": lambda: w.s.watch("bob", "b1", "e2", ["alice"], now),
+            "query": lambda: w.s.query("bob", None, ["alice"], now),
+            "refresh_edge": lambda: w.s.refresh_edge("e2", now),
+            "is_focused": lambda: w.s.is_focused("alice", "c", now),
+        }[op]()
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.pending_last_seen["alice"] == T0 + TIMEOUT
+
+    def test_checkpoint_does_not_count_sockets_of_dead_edges(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("bob", "b1", "e2", w.now)
+        w.s.refresh_edge("e2", w.at(80))
+        assert w.s.checkpoint(w.at(20)) == [("bob", T0 + 100)]
+
+    def test_late_refresh_does_not_resurrect_sockets(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.refresh_edge("e1", w.at(TIMEOUT + 5))
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.edges == {"e1": T0 + TIMEOUT + 5}
+
+    def test_dead_edge_takes_its_watches_and_channel_state(self) -> None:
+        w = pair_world()
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.s.channels.load_channel("c1", "g1")
+        assert w.s.channels.subscribe("c1", "bob", "b1", "e2")
+        assert w.s.channels.voice_join("c1", "bob", "b1", "e2")
+        w.s.connect("alice", "a1", "e1", w.at(TIMEOUT + 1))
+        assert w.s.watchers == {}
+        assert w.s.channels.roster("c1") == []
+        assert changed_to(w.drain(), "b1") == []
+
+    def test_drop_edge_is_like_closing_every_socket(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e2", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.drop_edge("e1", w.at(3))
+        assert w.s.real_status_of("alice") == "online"
+        w.s.drop_edge("e2", w.at(3))
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.pending_last_seen == {"alice": T0 + 6}
+        # bob's watch was on e2 too: gone before alice's departure was announced.
+        assert changed_to(w.drain(), "b1") == []
+
+
+class TestSweepEviction:
+    def test_idle_offline_accounts_are_evicted_after_flush(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.disconnect("alice", "a1", w.at(1))
+        w.s.sweep(w.at(10_000))
+        assert w.s.has_account("alice"), "an unflushed departure must keep the account in memory"
+        w.s.last_seen_flushed(w.s.last_seen_to_flush())
+        w.s.sweep(w.now)
+        assert not w.s.has_account("alice")
+        assert not w.s.has_account("bob")  # loaded, never used
+        assert w.s.last_seen_of("alice", w.now) is None
+
+    def test_accounts_with_sockets_are_never_evicted(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        for _ in range(20):
+            w.s.refresh_edge("e1", w.at(60))
+            w.s.sweep(w.now)
+        assert w.s.has_account("alice")
+
+    def test_recent_accounts_are_kept(self) -> None:
+        w = pair_world()
+        w.s.sweep(w.at(599))
+        assert w.s.has_account("bob")
+
+
+# ---------------------------------------------------------------------------- watching and audience
+
+
+class TestWatch:
+    def test_sync_answers_only_the_audience(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        ans = w.s.watch("bob", "b1", "e2", ["alice", "carol", "dave", "alice"], w.now)
+        assert ans == [("alice", "online")]  # server in common; carol and dave are outsiders
+        ans = w.s.watch("dave", "d1", "e2", ["alice", "bob"], w.now)
+        assert ans == [("alice", "online")]  # friend; bob is nothing to dave
+        assert w.drain() == []
+
+    def test_sync_reports_invisible_as_offline(self) -> None:
+        w = pair_world()
+        w.s.set_status("alice", "-", "invisible", w.now)
+        w.s.connect("alice", "a1", "e1", w.now)
+        assert w.s.watch("bob", "b1", "e2", ["alice"], w.now) == [("alice", "offline")]
+
+    def test_sync_of_unloaded_target_is_offline(self) -> None:
+        w = World({"a": rel(servers={"g"}), "b": rel(servers={"g"})})
+        w.s.sweep(w.at(10_000))  # evicts both accounts
+        assert w.s.watch("a", "s", "e", ["b"], w.now) == [("b", "offline")]
+
+    def test_outsiders_hear_nothing_and_every_socket_of_insiders_hears(self) -> None:
+        w = pair_world()
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.s.watch("bob", "b2", "e3", ["alice"], w.now)
+        w.s.watch("carol", "c1", "e2", ["alice"], w.now)
+        w.s.connect("alice", "a1", "e1", w.now)
+        effects = w.drain()
+        assert changed_to(effects, "b1") == ["online"]
+        assert changed_to(effects, "b2") == ["online"]
+        assert changed_to(effects, "c1") == []
+        # One Deliver per edge, the frame without lastSeenAt.
+        ds = [d for d in delivers(effects) if d.frame["type"] == "presence.changed"]
+        assert sorted(d.edge_id for d in ds) == ["e2", "e3"]
+        assert all(d.frame == {"type": "presence.changed", "userId": "alice", "status": "online"} for d in ds)
+
+    def test_unwatch_stops_changes(self) -> None:
+        w = pair_world()
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.s.unwatch("b1", "e2", ["alice", "never-watched"])
+        w.s.connect("alice", "a1", "e1", w.now)
+        assert changed_to(w.drain(), "b1") == []
+        assert w.s.watchers == {}
+
+    def test_unwatch_from_another_edge_is_ignored(self) -> None:
+        w = pair_world()
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.s.unwatch("b1", "e9", ["alice"])
+        w.s.connect("alice", "a1", "e1", w.now)
+        assert changed_to(w.drain(), "b1") == ["online"]
+
+    def test_watch_registers_outsiders_so_a_later_friendship_takes_effect(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        assert w.s.watch("carol", "c1", "e2", ["alice"], w.now) == []
+        w.drain()
+        w.s.set_relations("alice", rel(friends={"dave", "carol"}, servers={"g1"}), w.now)
+        w.s.set_relations("carol", rel(friends={"alice"}, servers={"g9"}), w.now)
+        effects = w.drain()
+        assert changed_to(effects, "c1") == ["online"]  # told the status once it may know it
+        w.s.set_status("alice", "a1", "dnd", w.now)
+        assert changed_to(w.drain(), "c1") == ["dnd"]
+
+    def test_new_audience_of_offline_account_is_told_nothing(self) -> None:
+        w = pair_world()
+        w.s.watch("carol", "c1", "e2", ["alice"], w.now)
+        w.s.set_relations("carol", rel(servers={"g9", "g1"}), w.now)
+        assert changed_to(w.drain(), "c1") == []
+
+    def test_leaving_the_audience_is_silent_and_stops_changes(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.set_relations("bob", rel(servers=set()), w.now)
+        assert changed_to(w.drain(), "b1") == []
+        w.s.set_status("alice", "a1", "dnd", w.now)
+        w.s.disconnect("alice", "a1", w.now)
+        assert changed_to(w.drain(), "b1") == []
+
+    def test_target_leaving_the_server_stops_changes(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.s.watch("dave", "d1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.set_relations("alice", rel(friends={"dave"}, servers={"g2"}), w.now)
+        effects = w.drain()
+        assert OnlineCount("alice", frozenset({"g1"}), False) in effects
+        assert OnlineCount("alice", frozenset({"g2"}), True) in effects
+        w.s.set_status("alice", "a1", "dnd", w.now)
+        effects = w.drain()
+        assert changed_to(effects, "b1") == []
+        assert changed_to(effects, "d1") == ["dnd"]  # still a friend
+
+    def test_friendship_is_read_from_the_target_side(self) -> None:
+        """Friendships are stored on both sides; the shard asks the target's own friend set."""
+        w = World({"t": rel(friends={"r"}), "r": rel()})
+        assert w.s.audience_of_query("r", ["t"]) == ["t"]
+        assert w.s.audience_of_query("t", ["r"]) == []
+
+    def test_unchanged_relations_do_nothing(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.set_relations("alice", rel(friends={"dave"}, servers={"g1"}), w.now)
+        assert w.drain() == []
+
+    def test_missing_relations(self) -> None:
+        w = pair_world()
+        assert w.s.missing_relations(["zed", "alice", "zed", "yan"]) == ["zed", "yan"]
+
+
+# ---------------------------------------------------------------------------- queries
+
+
+class TestQuery:
+    def test_online_answer_has_no_timestamp(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        assert w.s.query("bob", None, ["alice"], w.at(5)) == [QueryAnswer("alice", "online", None)]
+
+    def test_offline_answer_truncated_to_the_minute(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.disconnect("alice", "a1", w.at(83.5))
+        (a,) = w.s.query("bob", None, ["alice"], w.at(1))
+        assert a.status == "offline"
+        assert a.last_seen_at == math.floor((T0 + 83.5) / 60) * 60
+        assert a.last_seen_at is not None and a.last_seen_at % 60 == 0
+
+    def test_configured_precision(self) -> None:
+        w = pair_world(last_seen_precision_s=1)
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.disconnect("alice", "a1", w.at(83.25))
+        (a,) = w.s.query("bob", None, ["alice"], w.now)
+        assert a.last_seen_at == T0 + 83.25
+
+    def test_invisible_answers_offline_with_frozen_time(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.set_status("alice", "a1", "invisible", w.at(120))
+        (a,) = w.s.query("bob", None, ["alice"], w.at(600))
+        assert a == QueryAnswer("alice", "offline", T0 + 120)
+
+    def test_outsiders_are_left_out_not_refused(self) -> None:
+        w = pair_world()
+        assert w.s.query("carol", None, ["alice", "bob", "dave"], w.now) == []
+        assert w.s.audience_of_query("carol", ["alice", "bob", "dave"]) == []
+
+    def test_answers_in_order_without_duplicates(self) -> None:
+        w = pair_world()
+        got = w.s.query("alice", None, ["bob", "dave", "bob", "carol"], w.now)
+        assert [a.user_id for a in got] == ["bob", "dave"]
+
+    def test_never_seen_has_no_timestamp(self) -> None:
+        w = pair_world()
+        assert w.s.query("bob", None, ["alice"], w.now) == [QueryAnswer("alice", "offline", None)]
+
+    def test_stored_last_seen_is_used(self) -> None:
+        w = pair_world(rows={"alice": AccountRow(last_seen_at=T0 - 3600 + 7)})
+        assert w.s.query("bob", None, ["alice"], w.now) == [QueryAnswer("alice", "offline", T0 - 3600)]
+
+    @pytest.mark.parametrize(
+        ("setting", "bob_sees", "dave_sees"),
+        [("everyone", True, True), ("friends", False, True), ("nobody", False, False)],
+    )
+    def test_target_setting(self, setting: str, bob_sees: bool, dave_sees: bool) -> None:
+        w = pair_world(rows={"alice": AccountRow(last_seen_at=T0 - 120)})
+        w.s.set_visibility("alice", setting, w.now)
+        (for_bob,) = w.s.query("bob", None, ["alice"], w.now)
+        (for_dave,) = w.s.query("dave", None, ["alice"], w.now)
+        assert (for_bob.last_seen_at is not None) is bob_sees
+        assert (for_dave.last_seen_at is not None) is dave_sees
+        assert for_bob.status == for_dave.status == "offline"  # the status is never withheld
+
+    def test_nobody_is_reciprocal_and_session_setting_wins(self) -> None:
+        w = pair_world(rows={"alice": AccountRow(last_seen_at=T0 - 120)})
+        (a,) = w.s.query("bob", "nobody", ["alice"], w.now)
+        assert a.last_seen_at is None
+        w.s.set_visibility("bob", "nobody", w.now)
+        (a,) = w.s.query("bob", None, ["alice"], w.now)
+        assert a.last_seen_at is None
+        # The session knows better (a settings.update not yet reloaded): effective at once.
+        (a,) = w.s.query("bob", "everyone", ["alice"], w.now)
+        assert a.last_seen_at == T0 - 120
+        (a,) = w.s.query("bob", "friends", ["alice"], w.now)
+        assert a.last_seen_at == T0 - 120  # narrowing to friends costs nothing
+
+    def test_query_of_account_not_loaded_is_a_shell_bug(self) -> None:
+        w = World({"a": rel(servers={"g"}), "b": rel(servers={"g"})})
+        w.s.sweep(w.at(10_000))
+        with pytest.raises(KeyError):
+            w.s.query("a", None, ["b"], w.now)
+
+
+class TestSettingsAndFocus:
+    def test_set_visibility_persists_once(self) -> None:
+        w = pair_world()
+        w.s.set_visibility("alice", "friends", w.now)
+        w.s.set_visibility("alice", "friends", w.now)
+        assert w.drain() == [PersistVisibility("alice", "friends")]
+        r = w.s.relations["alice"]
+        assert (r.friends, r.servers, r.last_seen_visibility) == (frozenset({"dave"}), frozenset({"g1"}), "friends")
+
+    @pytest.mark.parametrize("bad", ["", "all", "Friends", "public"])
+    def test_unknown_visibility_raises(self, bad: str) -> None:
+        w = pair_world()
+        with pytest.raises(ValueError):
+            w.s.set_visibility("alice", bad, w.now)
+
+    def test_focus_of_any_live_socket(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e2", w.now)
+        w.s.set_focus("alice", "a1", "c1")
+        w.s.set_focus("alice", "ghost", "c2")
+        assert w.s.is_focused("alice", "c1", w.now)
+        assert not w.s.is_focused("alice", "c2", w.now)
+        assert not w.s.is_focused("bob", "c1", w.now)
+        w.s.set_focus("alice", "a1", None)
+        assert not w.s.is_focused("alice", "c1", w.now)
+        w.s.set_focus("alice", "a2", "c1")
+        w.s.refresh_edge("e1", w.at(TIMEOUT + 1))
+        assert not w.s.is_focused("alice", "c1", w.now), "a2's edge died: its focus went with it"
+
+
+class TestLastSeenDurability:
+    def test_flushed_keeps_newer_pending_value(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.disconnect("alice", "a1", w.at(1))
+        batch = w.s.last_seen_to_flush()
+        assert batch == [("alice", T0 + 1)]
+        # Back and gone again while the batch is being written.
+        w.s.connect("alice", "a2", "e1", w.at(1))
+        w.s.disconnect("alice", "a2", w.at(1))
+        w.s.last_seen_flushed(batch)
+        assert w.s.last_seen_to_flush() == [("alice", T0 + 3)]
+        w.s.last_seen_flushed([("alice", T0 + 3)])
+        assert w.s.last_seen_to_flush() == []
+
+    def test_flushed_ignores_unknown_and_replays(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.disconnect("alice", "a1", w.at(1))
+        w.s.last_seen_flushed([("bob", T0), ("alice", T0)])  # older than pending: kept
+        assert w.s.last_seen_to_flush() == [("alice", T0 + 1)]
+        w.s.last_seen_flushed([("alice", T0 + 1)])
+        w.s.last_seen_flushed([("alice", T0 + 1)])
+        assert w.s.last_seen_to_flush() == []
+
+    def test_to_flush_is_sorted_and_one_per_account(self) -> None:
+        w = pair_world()
+        for user, sock in (("dave", "d"), ("alice", "a"), ("bob", "b")):
+            w.s.connect(user, sock, "e1", w.now)
+        for user, sock in (("bob", "b"), ("dave", "d"), ("alice", "a")):
+            w.s.disconnect(user, sock, w.at(1))
+        w.s.connect("bob", "b2", "e1", w.now)
+        w.s.disconnect("bob", "b2", w.at(1))
+        assert w.s.last_seen_to_flush() == [("alice", T0 + 3), ("bob", T0 + 4), ("dave", T0 + 2)]
+
+    def test_checkpoint_lists_visibly_present_accounts(self) -> None:
+        w = pair_world()
+        w.s.connect("bob", "b1", "e1", w.now)
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.set_status("alice", "a1", "idle", w.now)
+        w.s.connect("dave", "d1", "e1", w.now)
+        w.s.set_status("dave", "d1", "invisible", w.now)
+        w.s.connect("carol", "c1", "e1", w.now)
+        w.s.set_status("carol", "c1", "dnd", w.now)
+        assert w.s.checkpoint(w.at(5)) == [("alice", T0 + 5), ("bob", T0 + 5), ("carol", T0 + 5)]
+        assert sorted(w.s.present_accounts()) == [
+            ("alice", frozenset({"g1"})),
+            ("bob", frozenset({"g1"})),
+            ("carol", frozenset({"g9"})),
+        ]
+        assert w.s.socket_count() == 4
+
+
+# ---------------------------------------------------------------------------- self-view (xfail)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="protocol.md: 'The account's own sockets see its real status'; a query about oneself "
+    "answers the visible status (offline) while presence.self says invisible",
+)
+def test_query_about_oneself_reports_real_status() -> None:
+    w = pair_world()
+    w.s.set_status("alice", "-", "invisible", w.now)
+    w.s.connect("alice", "a1", "e1", w.now)
+    (a,) = w.s.query("alice", None, ["alice"], w.now)
+    assert a.status == "invisible"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="protocol.md: 'The account's own sockets see its real status'; a sync about oneself "
+    "answers offline for an invisible account",
+)
+def test_sync_about_oneself_reports_real_status() -> None:
+    w = pair_world()
+    w.s.set_status("alice", "-", "invisible", w.now)
+    w.s.connect("alice", "a1", "e1", w.now)
+    assert w.s.watch("alice", "a1", "e1", ["alice"], w.now) == [("alice", "invisible")]
+
+
+# ---------------------------------------------------------------------------- audience re-entry (xfail)
+
+
+def _reentry_world() -> World:
+    w = pair_world()
+    w.s.connect("alice", "a1", "e1", w.now)
+    assert w.s.watch("bob", "b1", "e2", ["alice"], w.now) == [("alice", "online")]
+    w.s.set_relations("bob", rel(servers=set()), w.now)  # bob leaves g1: out of alice's audience
+    w.drain()
+    return w
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a watcher told 'online' that leaves the audience, misses the account going offline and "
+    "comes back into the audience is never told 'offline': its view stays 'online' until the next change",
+)
+def test_watcher_back_in_audience_learns_account_went_offline() -> None:
+    w = _reentry_world()
+    w.s.disconnect("alice", "a1", w.at(10))
+    w.drain()
+    w.s.set_relations("bob", rel(servers={"g1"}), w.now)
+    assert changed_to(w.drain(), "b1", about="alice") == ["offline"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a watcher re-entering the audience of an account whose status it already knows is told the "
+    "same status again: two consecutive presence.changed with the same status (no change happened)",
+)
+def test_watcher_back_in_audience_gets_no_duplicate() -> None:
+    w = _reentry_world()
+    w.s.set_relations("bob", rel(servers={"g1"}), w.now)
+    assert changed_to(w.drain(), "b1", about="alice") == []
+
+
+# ---------------------------------------------------------------------------- the state machine
+
+USERS = ("u0", "u1", "u2", "u3")
+SERVERS = ("g0", "g1")
+EDGES = ("e0", "e1")
+PAIRS = tuple(frozenset((a, b)) for i, a in enumerate(USERS) for b in USERS[i + 1 :])
+SOCKETS = {f"{u}/s{k}": (u, EDGES[k % 2]) for u in USERS for k in range(3)}  # s0, s2 on e0; s1 on e1
+OWNER = {s: u for s, (u, _) in SOCKETS.items()}
+EDGE_OF = {s: e for s, (_, e) in SOCKETS.items()}
+UNKNOWN = "?"  # what a watcher knows after it left the audience (it was told nothing)
+VISIBILITY = ("everyone", "friends", "nobody")
+
+dts = st.sampled_from([0.0, 0.0, 0.0, 0.0, 0.5, 1.0, 10.0, 45.0, 89.0, 90.0, 90.5, 91.0, 150.0, 700.0])
+users = st.sampled_from(USERS)
+sockets = st.sampled_from(sorted(SOCKETS))
+chosen_st = st.sampled_from(["online", "dnd", "invisible"])
+
+
+class ShardMachine(RuleBasedStateMachine):
+    """A model of the contract beside the real state; every operation is applied to both.
+
+    The model is written from protocol.md: a socket is live while its edge's lease is under 90 s
+    old; the real status follows from the chosen status and the live sockets' idle flags; a
+    departure (visibly present → not) happens at the moment the last socket died or the account
+    hid, and stamps last-seen. The shell is emulated too: every operation from an edge starts with
+    that edge refreshing its lease (or with the operation itself, which expires dead edges
+    first), accounts evicted from memory are reloaded from the "database" before use.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = ShardState(socket_timeout_s=TIMEOUT)
+        self.now = T0
+        self.lease: dict[str, float] = {}
+        self.conn: dict[str, bool] = {}  # live socket → idle flag
+        self.focus: dict[str, str] = {}
+        self.chosen: dict[str, str] = {}
+        self.db_chosen: dict[str, str] = {}
+        self.db_vis: dict[str, str] = {}
+        self.rel: dict[str, Relations] = {}  # what the shard has been told, in lock-step
+        self.watches: set[tuple[str, str]] = set()  # (socket, target)
+        self.told: dict[tuple[str, str], str] = {}  # what each watch was last told
+        self.self_told: dict[str, str] = {}  # what each live socket was last told of its own status
+        self.expected_ls: dict[str, float | None] = {}
+        self.db_ls: dict[str, float | None] = {}
+        self.pending: dict[str, float] = {}
+        self.inflight: list[tuple[str, float]] = []
+        self.online: dict[str, set[str]] = {g: set() for g in SERVERS}
+        self.counted_sockets: set[tuple[str, str]] = set()
+        self.last_reading: dict[str, float] = {}
+        self._sub_start()
+
+    # ---------------------------------------------------------------- the model
+
+    def real(self, u: str) -> str:
+        flags = [idle for s, idle in self.conn.items() if OWNER[s] == u]
+        if not flags:
+            return "offline"
+        if self.chosen[u] in ("invisible", "dnd"):
+            return self.chosen[u]
+        return "idle" if all(flags) else "online"
+
+    def visible(self, u: str) -> str:
+        r = self.real(u)
+        return "offline" if r == "invisible" else r
+
+    def present(self, u: str) -> bool:
+        return self.real(u) in ("online", "idle", "dnd")
+
+    def aud(self, target: str, reader: str) -> bool:
+        """protocol.md: shares a server or has an accepted friendship (as the shard knows it)."""
+        if target == reader:
+            return True
+        t, r = self.rel[target], self.rel[reader]
+        return reader in t.friends or bool(set(t.servers) & set(r.servers))
+
+    def event(self, t: float, mutate: Any) -> None:
+        """Apply a change that happens at time `t`, recording departures and visible statuses."""
+        before = {u: self.present(u) for u in USERS}
+        mutate()
+        for u in USERS:
+            if before[u] and not self.present(u):
+                seen = self.expected_ls[u]
+                self.expected_ls[u] = t if seen is None else max(seen, t)
+                self.pending[u] = max(self.pending.get(u, -math.inf), self.expected_ls[u])  # type: ignore[arg-type]
+            v = self.visible(u)
+            if self.history[u][-1] != v:
+                self.history[u].append(v)
+
+    def model_expire(self) -> None:
+        """Edges whose lease ran out die, in the order they died, at the moment they died."""
+        for edge, refreshed in sorted(self.lease.items(), key=lambda kv: kv[1]):
+            if self.now - refreshed <= TIMEOUT:
+                continue
+
+            def drop(edge: str = edge) -> None:
+                for s, target in list(self.watches):
+                    if EDGE_OF[s] == edge:
+                        self.watches.discard((s, target))
+                        self.told.pop((s, target), None)
+                for s in [s for s in self.conn if EDGE_OF[s] == edge]:
+                    del self.conn[s]
+                    self.focus.pop(s, None)
+                    self.self_told.pop(s, None)
+                del self.lease[edge]
+
+            self.event(refreshed + TIMEOUT, drop)
+
+    def load(self, u: str) -> None:
+        """What the shell does before an operation that needs the account in memory."""
+        if not self.state.has_account(u):
+            assert self.db_ls[u] == self.expected_ls[u], "evicted with a last-seen the database does not have"
+            row = AccountRow(self.db_chosen[u], self.db_vis[u], self.db_ls[u])
+            self.state.load_account(u, row, self.now)
+
+    def begin(self, dt: float) -> None:
+        self.now += dt
+
+    def _sub_start(self) -> None:
+        self.watches_at_start = set(self.watches)
+        self.conn_at_start = set(self.conn)
+        self.history: dict[str, list[str]] = {u: [self.visible(u)] for u in USERS} if self.chosen else {}
+
+    def drain_check(self, audience_changed: bool = False) -> None:
+        """Check every effect of the last operation against the model, then start a new sub-step."""
+        per_watch: Counter[tuple[str, str]] = Counter()
+        for e in self.state.outbox.drain():
+            if isinstance(e, Deliver):
+                assert e.socket_ids, "a Deliver without recipients"
+                assert len(set(e.socket_ids)) == len(e.socket_ids)
+                for s in e.socket_ids:
+                    assert EDGE_OF[s] == e.edge_id, f"{s} addressed through the wrong edge"
+                kind = e.frame["type"]
+                if kind == "presence.changed":
+                    assert set(e.frame) == {"type", "userId", "status"}, "a broadcast never carries lastSeenAt"
+                    target, status = e.frame["userId"], e.frame["status"]
+                    assert status in ("online", "idle", "dnd", "offline"), "invisible reached a watcher"
+                    for s in e.socket_ids:
+                        watcher = OWNER[s]
+                        assert watcher != target  # the machine never watches itself
+                        assert (s, target) in self.watches_at_start, f"{s} does not watch {target}"
+                        assert self.aud(target, watcher), f"{target} told to {watcher}, outside its audience"
+                        prev = self.told.get((s, target))
+                        if prev not in (None, UNKNOWN):
+                            assert status != prev, f"duplicate presence.changed {status} of {target} to {s}"
+                        self.told[(s, target)] = status
+                        per_watch[(s, target)] += 1
+                elif kind == "presence.self":
+                    assert set(e.frame) == {"type", "status"}
+                    for s in e.socket_ids:
+                        assert s in self.conn_at_start or s in self.conn, "presence.self to a socket not connected"
+                        self.self_told[s] = e.frame["status"]
+                else:
+                    raise AssertionError(f"unexpected frame {e.frame}")
+            elif isinstance(e, PersistChosen):
+                assert e.status in ("online", "dnd", "invisible")
+                self.db_chosen[e.user_id] = e.status
+            elif isinstance(e, PersistVisibility):
+                self.db_vis[e.user_id] = e.visibility
+            elif isinstance(e, OnlineCount):
+                for g in e.servers:
+                    if e.present:
+                        assert e.user_id not in self.online[g], "counted online twice"
+                        self.online[g].add(e.user_id)
+                    else:
+                        assert e.user_id in self.online[g], "uncounted while not counted"
+                        self.online[g].discard(e.user_id)
+            elif isinstance(e, SocketCount):
+                key = (e.user_id, e.socket_id)
+                if e.alive:
+                    assert key not in self.counted_sockets
+                    self.counted_sockets.add(key)
+                else:
+                    assert key in self.counted_sockets
+                    self.counted_sockets.discard(key)
+        # (7) No more frames than the visible status changed (+1 for a new audience's first word).
+        for (s, target), n in per_watch.items():
+            changes = len(self.history[target]) - 1
+            assert n <= changes + int(audience_changed), f"{n} frames for {changes} changes of {target} to {s}"
+        # A watcher outside the audience is told nothing, so afterwards it knows nothing for sure.
+        for s, target in self.watches:
+            if not self.aud(target, OWNER[s]):
+                self.told[(s, target)] = UNKNOWN
+        self._sub_start()
+
+    # ---------------------------------------------------------------- set-up
+
+    @initialize(
+        friendships=st.sets(st.sampled_from(PAIRS)),
+        members=st.fixed_dictionaries({u: st.sets(st.sampled_from(SERVERS)) for u in USERS}),
+        vis=st.fixed_dictionaries({u: st.sampled_from(VISIBILITY) for u in USERS}),
+        chosen=st.fixed_dictionaries({u: chosen_st for u in USERS}),
+        seen=st.fixed_dictionaries({u: st.none() | st.floats(T0 - 10**6, T0) for u in USERS}),
+    )
+    def setup(
+        self,
+        friendships: set[frozenset[str]],
+        members: dict[str, set[str]],
+        vis: dict[str, str],
+        chosen: dict[str, str],
+        seen: dict[str, float | None],
+    ) -> None:
+        for u in USERS:
+            friends = {v for pair in friendships if u in pair for v in pair if v != u}
+            self.rel[u] = rel(friends, members[u], vis[u])
+            self.state.set_relations(u, self.rel[u], self.now)
+        self.chosen, self.db_chosen, self.db_vis = dict(chosen), dict(chosen), dict(vis)
+        self.expected_ls, self.db_ls = dict(seen), dict(seen)
+        self._sub_start()
+        self.drain_check()
+
+    # ---------------------------------------------------------------- sockets
+
+    @rule(dt=dts, s=sockets, refresh=st.booleans())
+    def connect(self, dt: float, s: str, refresh: bool) -> None:
+        self.begin(dt)
+        u, edge = SOCKETS[s]
+        if refresh:
+            self.state.refresh_edge(edge, self.now)
+        self.model_expire()
+        self.load(u)
+        status = self.state.connect(u, s, edge, self.now)
+        self.lease[edge] = self.now
+
+        def add() -> None:
+            if s not in self.conn:
+                self.conn[s] = False
+                self.focus.pop(s, None)
+
+        self.event(self.now, add)
+        assert status == self.real(u)
+        self.drain_check()
+        self.self_told[s] = status  # `ready`
+
+    @rule(dt=dts, s=sockets, refresh=st.booleans(), close=st.booleans())
+    def disconnect(self, dt: float, s: str, refresh: bool, close: bool) -> None:
+        """A socket closes; with `close` the edge also unwatches everything it watched."""
+        self.begin(dt)
+        u, edge = SOCKETS[s]
+        if refresh:
+            self.state.refresh_edge(edge, self.now)
+        self.model_expire()
+        if refresh:
+            self.lease[edge] = self.now
+        self.state.disconnect(u, s, self.now)
+
+        def remove() -> None:
+            self.conn.pop(s, None)
+            self.focus.pop(s, None)
+            self.self_told.pop(s, None)
+
+        self.event(self.now, remove)
+        if close:
+            targets = sorted(t for w, t in self.watches if w == s)
+            self.state.unwatch(s, edge, targets)
+            for t in targets:
+                self.watches.discard((s, t))
+                self.told.pop((s, t), None)
+        self.drain_check()
+
+    @rule(dt=dts, s=sockets, status=st.sampled_from(["online", "idle", "dnd", "invisible"]), refresh=st.booleans())
+    def set_status(self, dt: float, s: str, status: str, refresh: bool) -> None:
+        self.begin(dt)
+        u, edge = SOCKETS[s]
+        if refresh:
+            self.state.refresh_edge(edge, self.now)
+        self.model_expire()
+        if refresh:
+            self.lease[edge] = self.now
+        self.load(u)
+        got = self.state.set_status(u, s, status, self.now)
+
+        def change() -> None:
+            if status == "idle":
+                if s in self.conn:
+                    self.conn[s] = True
+            else:
+                if status == "online" and s in self.conn:
+                    self.conn[s] = False
+                self.chosen[u] = status
+
+        self.event(self.now, change)
+        assert got == self.real(u)
+        self.drain_check()
+
+    @rule(dt=dts, e=st.sampled_from(EDGES))
+    def refresh_edge(self, dt: float, e: str) -> None:
+        self.begin(dt)
+        self.state.refresh_edge(e, self.now)
+        self.model_expire()
+        self.lease[e] = self.now
+        self.drain_check()
+
+    @rule(dt=dts)
+    def sweep(self, dt: float) -> None:
+        self.begin(dt)
+        self.state.sweep(self.now)
+        self.model_expire()
+        self.drain_check()
+
+    @rule(dt=dts, s=sockets, channel=st.none() | st.sampled_from(["c1", "c2"]))
+    def focus_and_ask(self, dt: float, s: str, channel: str | None) -> None:
+        self.begin(dt)
+        u, edge = SOCKETS[s]
+        self.state.refresh_edge(edge, self.now)
+        self.model_expire()
+        self.lease[edge] = self.now
+        self.state.set_focus(u, s, channel)
+        if s in self.conn and channel is not None:
+            self.focus[s] = channel
+        else:
+            self.focus.pop(s, None)
+        for c in ("c1", "c2"):
+            expected = any(self.focus.get(x) == c for x in self.conn if OWNER[x] == u)
+            assert self.state.is_focused(u, c, self.now) == expected
+        self.drain_check()
+
+    # ---------------------------------------------------------------- watching and querying
+
+    @rule(dt=dts, s=sockets, ids=st.lists(users, max_size=4), refresh=st.booleans())
+    def watch(self, dt: float, s: str, ids: list[str], refresh: bool) -> None:
+        self.begin(dt)
+        watcher, edge = SOCKETS[s]
+        targets = [t for t in ids if t != watcher]
+        if refresh:
+            self.state.refresh_edge(edge, self.now)
+        self.model_expire()
+        answer = self.state.watch(watcher, s, edge, targets, self.now)
+        self.lease[edge] = self.now
+        expected = [(t, self.visible(t)) for t in dict.fromkeys(targets) if self.aud(t, watcher)]
+        assert answer == expected
+        for t in targets:
+            self.watches.add((s, t))
+        for t, status in answer:
+            self.told[(s, t)] = status
+        self.drain_check()
+
+    @rule(dt=dts, s=sockets, ids=st.lists(users, max_size=4))
+    def unwatch(self, dt: float, s: str, ids: list[str]) -> None:
+        targets = ids
+        self.begin(dt)
+        edge = EDGE_OF[s]
+        self.state.refresh_edge(edge, self.now)
+        self.model_expire()
+        self.lease[edge] = self.now
+        self.state.unwatch(s, edge, targets)
+        for t in targets:
+            self.watches.discard((s, t))
+            self.told.pop((s, t), None)
+        self.drain_check()
+
+    @rule(
+        dt=dts,
+        s=sockets,
+        ids=st.lists(users, max_size=5),
+        override=st.none() | st.sampled_from(VISIBILITY),
+        refresh=st.booleans(),
+    )
+    def query(self, dt: float, s: str, ids: list[str], override: str | None, refresh: bool) -> None:
+        self.begin(dt)
+        reader, edge = SOCKETS[s]
+        targets = [t for t in ids if t != reader]
+        if refresh:
+            self.state.refresh_edge(edge, self.now)
+        in_aud = self.state.audience_of_query(reader, targets)
+        assert in_aud == [t for t in dict.fromkeys(targets) if self.aud(t, reader)]
+        for t in in_aud:
+            self.load(t)
+        answers = self.state.query(reader, override, targets, self.now)
+        self.model_expire()
+        if refresh:
+            self.lease[edge] = self.now
+        reader_vis = override or self.rel[reader].last_seen_visibility
+        expected = []
+        for t in in_aud:
+            seen = None
+            ls = self.expected_ls[t]
+            trel = self.rel[t]
+            if (
+                not self.present(t)
+                and ls is not None
+                and reader_vis != "nobody"
+                and trel.last_seen_visibility != "nobody"
+                and (trel.last_seen_visibility == "everyone" or reader in trel.friends)
+            ):
+                seen = math.floor(ls / 60) * 60.0
+            expected.append(QueryAnswer(t, self.visible(t), seen))
+        assert answers == expected
+        self.drain_check()
+
+    @rule(dt=dts, s=sockets, vis=st.sampled_from(VISIBILITY))
+    def settings_update(self, dt: float, s: str, vis: str) -> None:
+        self.begin(dt)
+        u, edge = SOCKETS[s]
+        self.state.refresh_edge(edge, self.now)
+        self.model_expire()
+        self.lease[edge] = self.now
+        self.state.set_visibility(u, vis, self.now)
+        r = self.rel[u]
+        self.rel[u] = Relations(r.friends, r.servers, vis)
+        self.drain_check()
+        assert self.db_vis[u] == vis
+
+    # ---------------------------------------------------------------- audience changes
+
+    def _set_rel(self, u: str, new: Relations) -> None:
+        self.rel[u] = new
+        self.state.set_relations(u, new, self.now)
+        self.drain_check(audience_changed=True)
+
+    @rule(dt=dts, pair=st.sampled_from(PAIRS), flip=st.booleans(), sweep_first=st.booleans())
+    def toggle_friendship(self, dt: float, pair: frozenset[str], flip: bool, sweep_first: bool) -> None:
+        self.begin(dt)
+        if sweep_first:
+            self.state.sweep(self.now)
+        self.model_expire()
+        if sweep_first:
+            self.drain_check()
+        a, b = sorted(pair, reverse=flip)
+        adding = b not in self.rel[a].friends
+        for x, y in ((a, b), (b, a)):
+            r = self.rel[x]
+            friends = r.friends | {y} if adding else r.friends - {y}
+            self._set_rel(x, Relations(friends, r.servers, r.last_seen_visibility))
+
+    @rule(dt=dts, u=users, g=st.sampled_from(SERVERS), sweep_first=st.booleans())
+    def toggle_membership(self, dt: float, u: str, g: str, sweep_first: bool) -> None:
+        self.begin(dt)
+        if sweep_first:
+            self.state.sweep(self.now)
+        self.model_expire()
+        if sweep_first:
+            self.drain_check()
+        r = self.rel[u]
+        servers = r.servers - {g} if g in r.servers else r.servers | {g}
+        self._set_rel(u, Relations(r.friends, servers, r.last_seen_visibility))
+
+    # ---------------------------------------------------------------- durability
+
+    @rule()
+    def flush_begin(self) -> None:
+        entries = self.state.last_seen_to_flush()
+        assert entries == sorted(self.pending.items())
+        self.inflight = entries  # a batch still in flight is forgotten: as if its write failed
+
+    @precondition(lambda self: bool(self.inflight))
+    @rule()
+    def flush_ack(self) -> None:
+        self.state.last_seen_flushed(self.inflight)
+        for u, ts in self.inflight:
+            self.db_ls[u] = ts if self.db_ls[u] is None else max(self.db_ls[u], ts)  # type: ignore[type-var]
+            if self.pending.get(u, math.inf) <= ts:
+                del self.pending[u]
+        self.inflight = []
+
+    @rule(dt=dts)
+    def checkpoint(self, dt: float) -> None:
+        self.begin(dt)
+        entries = self.state.checkpoint(self.now)
+        self.model_expire()
+        assert entries == sorted((u, self.now) for u in USERS if self.present(u))
+        for u, ts in entries:
+            self.db_ls[u] = ts if self.db_ls[u] is None else max(self.db_ls[u], ts)  # type: ignore[type-var]
+        self.drain_check()
+
+    # ---------------------------------------------------------------- invariants
+
+    @invariant()
+    def statuses_follow_live_sockets(self) -> None:
+        if not self.chosen:
+            return
+        # (1) offline iff no live socket; a socket is live iff its edge's lease is fresh.
+        assert sorted(self.state.live_sockets()) == sorted((OWNER[s], s) for s in self.conn)
+        assert self.state.edges == self.lease
+        for s in self.conn:
+            assert self.now - self.lease[EDGE_OF[s]] <= TIMEOUT
+        for u in USERS:
+            real = self.state.real_status_of(u)
+            assert real == self.real(u), f"{u}: shard says {real}, contract says {self.real(u)}"
+            assert (real == "offline") == (not any(OWNER[s] == u for s in self.conn))
+            # (5) idle only when every live socket is idle and the chosen status is online.
+            if real == "idle":
+                assert self.chosen[u] == "online"
+                assert all(idle for s, idle in self.conn.items() if OWNER[s] == u)
+            if self.state.has_account(u):
+                assert self.state.accounts[u].chosen == self.chosen[u]
+        # The durable copy follows every choice.
+        assert self.db_chosen == self.chosen
+
+    @invariant()
+    def last_seen(self) -> None:
+        if not self.chosen:
+            return
+        # (6) pending holds every departure not yet acknowledged, with its time.
+        assert self.state.pending_last_seen == self.pending
+        for u in USERS:
+            memory = self.state.last_seen_of(u, self.now)
+            if self.present(u):
+                assert memory == self.now
+                reading = self.now
+            else:
+                values = [v for v in (memory, self.db_ls[u]) if v is not None]
+                reading = max(values) if values else None
+                assert reading == self.expected_ls[u], f"{u}: last-seen {reading}, expected {self.expected_ls[u]}"
+            if reading is not None:
+                assert reading >= self.last_reading.get(u, -math.inf), "last-seen moved backwards"
+                self.last_reading[u] = reading
+
+    @invariant()
+    def counts(self) -> None:
+        if not self.chosen:
+            return
+        for g in SERVERS:
+            assert self.online[g] == {u for u in USERS if self.present(u) and g in self.rel[u].servers}
+        assert self.counted_sockets == {(OWNER[s], s) for s in self.conn}
+
+    @invariant()
+    def watchers_are_up_to_date(self) -> None:
+        """(7) A watcher in the audience knows the current visible status (never a stale one)."""
+        for s, target in self.watches:
+            if not self.aud(target, OWNER[s]):
+                continue
+            known = self.told.get((s, target))
+            if self.visible(target) != "offline":
+                assert known == self.visible(target), f"{s} thinks {target} is {known}"
+            else:
+                assert known in (None, UNKNOWN, "offline"), f"{s} thinks {target} is {known}"
+        for s in self.conn:
+            assert self.self_told.get(s) == self.real(OWNER[s]), f"{s} was not told its own status"
+
+
+ShardMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestShardMachine = ShardMachine.TestCase
+
+
+def test_state_is_copyable() -> None:
+    """The resize path exports state; a deep copy must be an independent, equal shard."""
+    w = pair_world()
+    w.s.connect("alice", "a1", "e1", w.now)
+    clone = copy.deepcopy(w.s)
+    clone.disconnect("alice", "a1", w.now)
+    assert w.s.real_status_of("alice") == "online"
+    assert clone.real_status_of("alice") == "offline"
