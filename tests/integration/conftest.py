@@ -7,6 +7,7 @@ healing happen within a test's patience; the rules are the same as in production
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ import pytest
 from actors import ray_api
 from actors.presence import ShardConfig
 from cluster import db
+from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
 from cluster.runtime import ClusterInfo, write_info
 from edge.server import Edge, EdgeConfig
 from edge.session import Limits
@@ -36,6 +38,14 @@ class Cluster:
     redis_url: str
     namespace: str
     data_dir: Path
+    # The servers themselves, for fault tests that stop and restart them (None when external).
+    pg: EmbeddedPostgres | None = None
+    redis: EmbeddedRedis | None = None
+
+    def require_servers(self) -> tuple[EmbeddedPostgres, EmbeddedRedis]:
+        if self.pg is None or self.redis is None:
+            pytest.skip("fault injection needs the embedded servers (PRESENCE_*_URL point elsewhere)")
+        return self.pg, self.redis
 
     def token(self, user: str, ttl_s: int = 3600) -> str:
         return mint_token(user, SECRET, ttl_s=ttl_s)
@@ -50,7 +60,18 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(migrated_pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    pg: EmbeddedPostgres | None = None
+    rd: EmbeddedRedis | None = None
+    migrated_pg_url = os.environ.get("PRESENCE_DATABASE_URL")
+    redis_url = os.environ.get("PRESENCE_REDIS_URL")
+    if migrated_pg_url is None:
+        pg = EmbeddedPostgres()
+        migrated_pg_url = pg.start(embedded_dir / "cluster")
+    if redis_url is None:
+        rd = EmbeddedRedis()
+        redis_url = rd.start(embedded_dir / "cluster")
+    asyncio.run(db.migrate(migrated_pg_url))
     namespace = f"presence-test-{uuid.uuid4().hex[:8]}"
     ray_api.connect(os.environ.get("RAY_ADDRESS"), namespace)
     config = ShardConfig(
@@ -64,10 +85,16 @@ def cluster(migrated_pg_url: str, redis_url: str, tmp_path_factory: pytest.TempP
     write_info(data_dir, ClusterInfo(migrated_pg_url, redis_url, ray_api.gcs_address(), namespace, "", "", os.getpid(),
                                      ray_api.auth_mode()))
     try:
-        yield Cluster(migrated_pg_url, redis_url, namespace, data_dir)
+        yield Cluster(migrated_pg_url, redis_url, namespace, data_dir, pg, rd)
     finally:
+        for server in (pg, rd):
+            if server is not None and not server.running:
+                server.restart()
         ray_api.stop_pool(drain_timeout_s=5)
         ray_api.shutdown()
+        for server in (rd, pg):
+            if server is not None:
+                server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ statement per batch, and a database that goes away while writes are pending."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -101,7 +102,9 @@ async def test_null_column_takes_the_value_and_unknown_ids_do_not_block(
     assert stats["rows_written"] == 2 and stats["rows_updated"] == 1
 
 
-async def test_write_returns_only_after_commit(db: asyncpg.Connection, actors: Callable[..., FlushActor]) -> None:
+async def test_write_returns_only_after_commit(
+    db: asyncpg.Connection, actors: Callable[..., FlushActor]
+) -> None:
     actor = actors(interval_s=0.3)
     await make_users(db, ["a"])
     t = time.time()
@@ -142,7 +145,7 @@ async def test_bad_timestamp_is_refused_and_nothing_is_buffered(actors: Callable
 
 
 async def test_two_actors_racing_and_replays_never_move_time_backwards(
-    db: asyncpg.Connection, actors: Callable[..., FlushActor]
+    db: asyncpg.Connection, actors: Callable[..., FlushActor], migrated_pg_url: str
 ) -> None:
     rng = random.Random(7)
     ids = [f"race-{i:03}" for i in range(300)]
@@ -164,7 +167,7 @@ async def test_two_actors_racing_and_replays_never_move_time_backwards(
     done = asyncio.Event()
 
     async def watcher() -> None:
-        conn = await asyncpg.connect(a._url)
+        conn = await asyncpg.connect(migrated_pg_url)
         try:
             while not done.is_set():
                 snapshots.append(await stored(conn, ids))
@@ -185,10 +188,11 @@ async def test_two_actors_racing_and_replays_never_move_time_backwards(
     snapshots.append(await stored(db, ids))
 
     assert len(snapshots) >= 3
-    for before, after in zip(snapshots, snapshots[1:], strict=False):
+    for before, after in itertools.pairwise(snapshots):
         for uid in ids:
-            if before[uid] is not None:
-                assert after[uid] is not None and after[uid] >= before[uid], uid  # type: ignore[operator]
+            old, new = before[uid], after[uid]
+            if old is not None:
+                assert new is not None and new >= old, uid
     final = snapshots[-1]
     for uid, ts in history.items():
         assert close(final[uid], ts[-1]), uid
@@ -199,7 +203,9 @@ async def test_two_actors_racing_and_replays_never_move_time_backwards(
 # ---------------------------------------------------------------------------- clamping
 
 
-async def test_future_timestamps_are_clamped(db: asyncpg.Connection, actors: Callable[..., FlushActor]) -> None:
+async def test_future_timestamps_are_clamped(
+    db: asyncpg.Connection, actors: Callable[..., FlushActor]
+) -> None:
     await make_users(db, ["future", "skewed"])
     # The actor's own clamp: a departure an hour ahead of the actor's clock.
     actor = actors(interval_s=0.02)

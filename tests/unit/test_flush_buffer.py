@@ -371,7 +371,7 @@ class TestOverload:
         buf.add([(f"v{i:04}", T0) for i in range(50)], T0)
         assert buf.overloaded
         assert buf.pending_count == 150
-        now, batches = drain_all(buf, T0)
+        _, batches = drain_all(buf, T0)
         assert sum(len(b) for b in batches) == 150
         assert all(len(b) <= 10 for b in batches)
         assert not buf.overloaded

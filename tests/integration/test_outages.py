@@ -1,0 +1,163 @@
+"""Outages and crashes under a live pool: nothing lost, presence keeps working, counts heal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import asyncpg
+import pytest
+
+from actors import ray_api
+from actors.core.slots import SlotMap
+from edge.server import Edge
+
+from .conftest import SHARDS, Cluster, Ids, internal_url, load
+from .test_presence_ws import connect, social
+from .wsclient import changed, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+
+async def online_count(edge: Edge, server: str) -> object:
+    def fetch() -> object:
+        with urllib.request.urlopen(f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}",
+                                    timeout=2) as r:
+            return json.loads(r.read())["online"]
+
+    return await asyncio.to_thread(fetch)
+
+
+async def count_is(edge: Edge, server: str, expected: object) -> bool:
+    return await online_count(edge, server) == expected
+
+
+async def stored(url: str, users: list[str]) -> dict[str, float]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT id, last_seen_at FROM users WHERE id = ANY($1::text[])", users)
+    finally:
+        await conn.close()
+    return {r["id"]: r["last_seen_at"].timestamp() for r in rows if r["last_seen_at"] is not None}
+
+
+async def test_redis_away_counts_unknown_presence_unaffected(cluster: Cluster, edge: Edge,
+                                                             conn: asyncpg.Connection, ids: Ids) -> None:
+    _, redis = cluster.require_servers()
+    alice, bob, carol, *_ = await social(conn, ids)
+    server = ids("g")
+    a = await connect(cluster, edge, alice)
+    await a.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
+    await eventually(lambda: count_is(edge, server, 1), timeout=10)
+    redis.stop()
+    try:
+        assert await online_count(edge, server) is None
+        b = await connect(cluster, edge, bob)
+        await a.expect(changed(bob, "online"))
+        await b.send({"type": "presence.update", "status": "dnd"})
+        await a.expect(changed(bob, "dnd"))
+        c = await connect(cluster, edge, carol)
+    finally:
+        redis.restart()
+    # The shards rewrite every member within one refresh period of Redis coming back.
+    await eventually(lambda: count_is(edge, server, 3), timeout=10)
+    for client in (a, b, c):
+        await client.close()
+
+
+async def test_postgres_away_30s_every_departure_stored(cluster: Cluster, edge: Edge,
+                                                        conn: asyncpg.Connection, ids: Ids) -> None:
+    pg, _ = cluster.require_servers()
+    alice, bob, *_ = await social(conn, ids)
+    users = [ids(f"leaver{i}") for i in range(8)]
+    await load(conn, {"friendships": [[alice, u] for u in users]})
+    watcher = await connect(cluster, edge, alice)
+    await watcher.request({"type": "presence.subscribe", "userIds": users}, of_type("presence.sync"))
+    clients = [await connect(cluster, edge, u) for u in users]
+    for u in users:
+        await watcher.expect(changed(u, "online"))
+    await conn.close()
+    pg.stop()
+    departed: dict[str, float] = {}
+    outage_started = time.monotonic()
+    try:
+        for u, c in zip(users, clients, strict=True):
+            departed[u] = time.time()
+            await c.close()
+            await watcher.expect(changed(u, "offline"))  # presence keeps working
+            await asyncio.sleep(2.5)
+        await asyncio.sleep(max(0.0, 30 - (time.monotonic() - outage_started)))
+    finally:
+        pg.restart()
+    got = await eventually(lambda: _all_stored(cluster.database_url, users), timeout=60)
+    for u in users:
+        assert abs(got[u] - departed[u]) < 1.0, (u, got[u], departed[u])
+    await watcher.close()
+
+
+async def _all_stored(url: str, users: list[str]) -> dict[str, float] | None:
+    try:
+        got = await stored(url, users)
+    except (OSError, asyncpg.PostgresError):
+        return None
+    return got if len(got) == len(users) else None
+
+
+async def test_shard_killed_edges_register_again(cluster: Cluster, edge: Edge, second_edge: Edge,
+                                                 conn: asyncpg.Connection, ids: Ids) -> None:
+    alice, bob, carol, *_ = await social(conn, ids)
+    server = ids("g")
+    owner = SlotMap.even(SHARDS).shard_of(bob)
+    watcher = await connect(cluster, edge, alice)
+    await watcher.request({"type": "presence.subscribe", "userIds": [bob, carol]}, of_type("presence.sync"))
+    b = await connect(cluster, second_edge, bob)
+    c = await connect(cluster, edge, carol)
+    await b.send({"type": "presence.update", "status": "idle"})
+    await watcher.expect(changed(bob, "idle"))
+    await eventually(lambda: count_is(edge, server, 3), timeout=10)
+
+    ray_api.kill(ray_api.find_shard(owner), restart=True)
+
+    # Within a few seconds the restarted shard knows bob's socket again (re-registered by the
+    # edge that holds it), with its idle flag; a query says so and changes flow again.
+    async def bob_is_idle() -> bool:
+        watcher.frames.clear()
+        await watcher.send({"type": "presence.query", "userIds": [bob]})
+        try:
+            answer = await watcher.expect(lambda f: f.get("userId") == bob, timeout=2)
+        except AssertionError:
+            return False
+        return answer["status"] == "idle"
+
+    await eventually(bob_is_idle, timeout=20, interval=0.5)
+    await b.send({"type": "presence.update", "status": "dnd"})
+    await watcher.expect(changed(bob, "dnd"), timeout=10)
+    await eventually(lambda: count_is(edge, server, 3), timeout=15)
+    await b.close()
+    await watcher.expect(changed(bob, "offline"), timeout=10)
+    await c.close()
+    await watcher.close()
+
+
+async def test_flush_actor_killed_with_departures_pending(cluster: Cluster, edge: Edge,
+                                                          conn: asyncpg.Connection, ids: Ids) -> None:
+    pg, _ = cluster.require_servers()
+    users = [ids(f"u{i}") for i in range(5)]
+    clients = [await connect(cluster, edge, u) for u in users]
+    await conn.close()
+    pg.stop()  # departures pile up in the FlushActor and, unacknowledged, in the shards
+    try:
+        departed = {}
+        for u, c in zip(users, clients, strict=True):
+            departed[u] = time.time()
+            await c.close()
+        await asyncio.sleep(1.0)
+        ray_api.kill(ray_api.flush_actor(), restart=True)
+        await asyncio.sleep(1.0)
+    finally:
+        pg.restart()
+    got = await eventually(lambda: _all_stored(cluster.database_url, users), timeout=60)
+    for u in users:
+        assert abs(got[u] - departed[u]) < 1.0
