@@ -36,7 +36,9 @@ def server_key(server_id: str) -> str:
 
 def connect(url: str) -> aioredis.Redis:
     # Short timeouts: a Redis that hangs must cost a count, never a presence operation.
-    return aioredis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0, health_check_interval=10)
+    return aioredis.Redis.from_url(
+        url, socket_timeout=1.0, socket_connect_timeout=1.0, health_check_interval=10
+    )
 
 
 class OnlineCounts:
@@ -85,7 +87,9 @@ class OnlineCounts:
             # Dropped on purpose: the next refresh rewrites every live member.
             self._note_failure(e)
 
-    async def refresh(self, present: list[tuple[str, frozenset[str]]], sockets: list[tuple[str, str]]) -> None:
+    async def refresh(
+        self, present: list[tuple[str, frozenset[str]]], sockets: list[tuple[str, str]]
+    ) -> None:
         """Rewrite every member this shard owns with a fresh score; trim members past the TTL."""
         if self.redis is None:
             return

@@ -42,7 +42,9 @@ def _labels(labels: list[tuple[str, str]] | tuple[tuple[str, str], ...], extra: 
     items = [*labels, *extra.items()]
     if not items:
         return ""
-    body = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in items)
+    body = ",".join(
+        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in items
+    )
     return "{" + body + "}"
 
 

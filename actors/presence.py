@@ -9,6 +9,7 @@ here decides presence; `actors.core.shard` does. No Ray either: `actors.ray_api`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -59,7 +60,9 @@ class ShardConfig:
 
 
 class PresenceShard:
-    def __init__(self, config: ShardConfig, flush_write: FlushWrite, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, config: ShardConfig, flush_write: FlushWrite, clock: Callable[[], float] = time.time
+    ) -> None:
         self.config = config
         self.clock = clock
         self.flush_write = flush_write
@@ -94,8 +97,14 @@ class PresenceShard:
             on_reset=self._reload_everything,
         )
         await self._listener.start()
-        for loop in (self._sweep_loop, self._flush_loop, self._persist_loop, self._count_loop,
-                     self._checkpoint_loop, self._reload_loop):
+        for loop in (
+            self._sweep_loop,
+            self._flush_loop,
+            self._persist_loop,
+            self._count_loop,
+            self._checkpoint_loop,
+            self._reload_loop,
+        ):
             self._tasks.append(asyncio.create_task(self._forever(loop)))
 
     async def stop(self) -> None:
@@ -150,10 +159,8 @@ class PresenceShard:
             box.items.popleft()
         if not box.items and wait_s > 0:
             box.event.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(box.event.wait(), wait_s)
-            except TimeoutError:
-                pass
             self.state.refresh_edge(edge_id, self.clock())
         items = [(sockets, payload) for _, sockets, payload in list(box.items)[:PULL_BATCH]]
         last = box.items[min(len(box.items), PULL_BATCH) - 1][0] if box.items else acked_seq
@@ -177,7 +184,9 @@ class PresenceShard:
             "userId": user_id,
             "status": self.state.real_status_of(user_id),
             "lastSeenAt": iso_ms(max(candidates)) if candidates else None,
-            "lastSeenVisibility": rel.last_seen_visibility if rel else (row.last_seen_visibility if row else "everyone"),
+            "lastSeenVisibility": rel.last_seen_visibility
+            if rel
+            else (row.last_seen_visibility if row else "everyone"),
             "sockets": len(acc.sockets) if acc is not None else 0,
             "chosenStatus": acc.chosen if acc is not None else (row.chosen_status if row else "online"),
         }
@@ -246,13 +255,17 @@ class PresenceShard:
             if missing_acc:
                 rows = await db.fetch_accounts(conn, missing_acc)
                 for user_id, row in rows.items():
-                    self.state.load_account(user_id, AccountRow(row.chosen_status, row.last_seen_visibility, row.last_seen_at), now)
+                    self.state.load_account(
+                        user_id,
+                        AccountRow(row.chosen_status, row.last_seen_visibility, row.last_seen_at),
+                        now,
+                    )
             missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
             if missing_ch:
                 for channel_id, server_id in (await db.fetch_channel_servers(conn, missing_ch)).items():
                     self.state.channels.load_channel(channel_id, server_id)
 
-    def _apply_one(self, edge_id: str, op: tuple[Any, ...], now: float) -> Any:  # noqa: PLR0911, PLR0912
+    def _apply_one(self, edge_id: str, op: tuple[Any, ...], now: float) -> Any:
         kind = op[0]
         s = self.state
         self.metrics.inc("shard_ops_total", op=kind)
@@ -271,8 +284,10 @@ class PresenceShard:
             s.unwatch(op[1], edge_id, op[2])
             return None
         if kind == "query":
-            return [(a.user_id, a.status, iso_ms(a.last_seen_at) if a.last_seen_at is not None else None)
-                    for a in s.query(op[1], op[2], op[3], now)]
+            return [
+                (a.user_id, a.status, iso_ms(a.last_seen_at) if a.last_seen_at is not None else None)
+                for a in s.query(op[1], op[2], op[3], now)
+            ]
         if kind == "focus":
             s.set_focus(op[1], op[2], op[3])
             return None
@@ -365,9 +380,13 @@ class PresenceShard:
             try:
                 await self._flush_once()
                 backoff = 0.5
-            except Exception as e:  # noqa: BLE001 - any failure means "try again later"
-                log.warning("shard %s: last-seen flush failed (%s); retrying in %.1f s",
-                            self.config.shard_index, type(e).__name__, backoff)
+            except Exception as e:
+                log.warning(
+                    "shard %s: last-seen flush failed (%s); retrying in %.1f s",
+                    self.config.shard_index,
+                    type(e).__name__,
+                    backoff,
+                )
                 self.metrics.inc("last_seen_flush_failures_total")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
@@ -396,8 +415,12 @@ class PresenceShard:
                     if visibility:
                         await db.save_visibility(conn, sorted(visibility.items()))
                 backoff = 0.5
-            except Exception as e:  # noqa: BLE001
-                log.warning("shard %s: saving statuses failed (%s); retrying", self.config.shard_index, type(e).__name__)
+            except Exception as e:
+                log.warning(
+                    "shard %s: saving statuses failed (%s); retrying",
+                    self.config.shard_index,
+                    type(e).__name__,
+                )
                 # Newer values that arrived meanwhile win over the ones being retried.
                 self.persist_status = {**status, **self.persist_status}
                 self.persist_visibility = {**visibility, **self.persist_visibility}

@@ -175,7 +175,7 @@ def stop_pool(drain_timeout_s: float = 30.0) -> int:
     left = 0
     try:
         _, _, count = ray.get(directory().get_map.remote(), timeout=10)
-    except Exception:  # noqa: BLE001 - nothing to drain without a directory
+    except Exception:
         count = 0
     shards = [h for h in (find_shard(i) for i in range(count)) if h is not None]
     try:
@@ -183,7 +183,7 @@ def stop_pool(drain_timeout_s: float = 30.0) -> int:
         flush = find(FLUSH)
         if flush is not None:
             left += ray.get(flush.drain.remote(drain_timeout_s), timeout=drain_timeout_s + 5)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         log.error("draining last-seen failed: %s", e)
         left = -1
     for name in [DIRECTORY, FLUSH, *(shard_name(i) for i in range(count))]:
@@ -242,7 +242,7 @@ class ShardClient:
         try:
             ref = getattr(self._h(), method).remote(*args)
             return await (ref if timeout_s is None else asyncio.wait_for(ref, timeout_s))
-        except (*ActorDied, ValueError, asyncio.TimeoutError):
+        except (TimeoutError, *ActorDied, ValueError):
             self._handle = None
             raise
 

@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--data-dir", default=None, help="where the service keeps its state (default ./.presence)")
+        p.add_argument(
+            "--data-dir", default=None, help="where the service keeps its state (default ./.presence)"
+        )
         return p
 
     p = add("up", "run the whole service on this machine")

@@ -58,7 +58,9 @@ def token_secret(settings: Settings, create: bool = True) -> str:
     if path.exists():
         return path.read_text().strip()
     if not create:
-        raise SystemExit(f"no token secret: set PRESENCE_TOKEN_SECRET or run `presence up --data-dir {settings.data_dir}`")
+        raise SystemExit(
+            f"no token secret: set PRESENCE_TOKEN_SECRET or run `presence up --data-dir {settings.data_dir}`"
+        )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     secret = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -73,7 +75,8 @@ def database_url(settings: Settings) -> str:
     info = read_info(settings.data_dir)
     if info is None:
         raise SystemExit(
-            f"no database: set PRESENCE_DATABASE_URL or start the service with `presence up --data-dir {settings.data_dir}`"
+            "no database: set PRESENCE_DATABASE_URL or start the service with "
+            f"`presence up --data-dir {settings.data_dir}`"
         )
     return info.database_url
 
@@ -82,13 +85,21 @@ def cluster_info_or_exit(settings: Settings) -> ClusterInfo:
     info = read_info(settings.data_dir)
     if info is None and not settings.ray_address:
         raise SystemExit(
-            f"no running service found in {settings.data_dir}: start one with `presence up` or set RAY_ADDRESS"
+            f"no running service found in {settings.data_dir}: "
+            "start one with `presence up` or set RAY_ADDRESS"
         )
     if info is None:
         if not settings.database_url:
             raise SystemExit("RAY_ADDRESS is set but PRESENCE_DATABASE_URL is not")
-        return ClusterInfo(settings.database_url, settings.redis_url, settings.ray_address or "", settings.ray_namespace,
-                           "", "", 0)
+        return ClusterInfo(
+            settings.database_url,
+            settings.redis_url,
+            settings.ray_address or "",
+            settings.ray_namespace,
+            "",
+            "",
+            0,
+        )
     # Environment overrides what the file says.
     if settings.database_url:
         info.database_url = settings.database_url

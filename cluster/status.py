@@ -21,11 +21,11 @@ async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
     for i in range(count):
         try:
             shards.append(await ray_api.ShardClient(i).stats(timeout_s=5))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             shards.append({"shard": i, "error": type(e).__name__})
     try:
         flush = await ray_api.flush_stats(timeout_s=5)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         flush = {"error": type(e).__name__}
     edges = await directory.list_edges()
     reader = CountReader(redis_url)
@@ -38,11 +38,17 @@ async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
         await conn.fetchval("SELECT 1")
         await conn.close()
         pg_ok = True
-    except Exception:  # noqa: BLE001
+    except Exception:
         pg_ok = False
     return {
-        "map_version": version, "shards": shards, "flush": flush, "edges": edges,
-        "redis": redis_ok, "postgres": pg_ok, "accounts_online": accounts, "sockets_online": sockets,
+        "map_version": version,
+        "shards": shards,
+        "flush": flush,
+        "edges": edges,
+        "redis": redis_ok,
+        "postgres": pg_ok,
+        "accounts_online": accounts,
+        "sockets_online": sockets,
     }
 
 
@@ -57,7 +63,9 @@ def status(settings: Settings, as_json: bool = False) -> int:
         print(json.dumps(report, indent=2, default=str))
         return 0
     print(f"slot map version {report['map_version']}")
-    print(f"{'shard':>5} {'slots':>6} {'accounts':>9} {'online':>7} {'sockets':>8} {'edges':>6} {'pending':>8}")
+    print(
+        f"{'shard':>5} {'slots':>6} {'accounts':>9} {'online':>7} {'sockets':>8} {'edges':>6} {'pending':>8}"
+    )
     from actors.core.slots import SLOT_COUNT
 
     count = len(report["shards"])
@@ -66,16 +74,21 @@ def status(settings: Settings, as_json: bool = False) -> int:
             print(f"{st['shard']:>5} unavailable ({st['error']})")
             continue
         slots = sum(1 for s in range(SLOT_COUNT) if s % count == st["shard"])
-        print(f"{st['shard']:>5} {slots:>6} {st['accounts']:>9} {st['online']:>7} {st['sockets']:>8} "
-              f"{st['edges']:>6} {st['pending_last_seen']:>8}")
+        print(
+            f"{st['shard']:>5} {slots:>6} {st['accounts']:>9} {st['online']:>7} {st['sockets']:>8} "
+            f"{st['edges']:>6} {st['pending_last_seen']:>8}"
+        )
     print(f"edges: {len(report['edges'])}")
     for edge_id, e in report["edges"].items():
-        print(f"  {edge_id}  ws :{e.get('ws_port')}  internal :{e.get('internal_port')}  sockets {e.get('sockets')}")
+        ports = f"ws :{e.get('ws_port')}  internal :{e.get('internal_port')}"
+        print(f"  {edge_id}  {ports}  sockets {e.get('sockets')}")
     total_sockets = sum(st.get("sockets", 0) for st in report["shards"])
     total_online = sum(st.get("online", 0) for st in report["shards"])
     print(f"sockets: {total_sockets}   accounts online: {total_online}")
     fl = report["flush"]
-    print(f"pending last-seen writes: shards {sum(st.get('pending_last_seen', 0) for st in report['shards'])}, "
-          f"flusher {fl.get('pending', fl.get('error', '?'))}")
-    print(f"postgres: {'ok' if report['postgres'] else 'UNREACHABLE'}   redis: {'ok' if report['redis'] else 'UNREACHABLE'}")
+    in_shards = sum(st.get("pending_last_seen", 0) for st in report["shards"])
+    in_flusher = fl["error"] if "error" in fl else fl.get("pending_rows", 0) + fl.get("in_flight_rows", 0)
+    print(f"pending last-seen writes: shards {in_shards}, flusher {in_flusher}")
+    health = {name: "ok" if report[name] else "UNREACHABLE" for name in ("postgres", "redis")}
+    print(f"postgres: {health['postgres']}   redis: {health['redis']}")
     return 0

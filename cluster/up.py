@@ -110,7 +110,7 @@ def _cleanup(label: str, fn: Callable[[], Any]) -> Iterator[None]:
         try:
             print(f"  stopping {label} …", flush=True)
             fn()
-        except Exception as e:  # noqa: BLE001 - keep tearing down the rest
+        except Exception as e:
             print(f"  stopping {label} failed: {e}", file=sys.stderr, flush=True)
 
 
@@ -134,12 +134,20 @@ def up(settings: Settings) -> int:
             stack.enter_context(_cleanup("Redis", rd.stop))
         step("applying the schema", lambda: asyncio.run(db.migrate(database_url)))
         secret = token_secret(settings)
-        step("starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
-             lambda: ray_api.connect(settings.ray_address, settings.ray_namespace))
+        step(
+            "starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
+            lambda: ray_api.connect(settings.ray_address, settings.ray_namespace),
+        )
         stack.enter_context(_cleanup("Ray", ray_api.shutdown))
-        step(f"starting {settings.shards} PresenceActor shards and the FlushActor",
-             lambda: ray_api.start_pool(settings.shards, shard_config(settings, database_url, redis_url),
-                                        settings.flush_interval_s, settings.flush_max_rows))
+        step(
+            f"starting {settings.shards} PresenceActor shards and the FlushActor",
+            lambda: ray_api.start_pool(
+                settings.shards,
+                shard_config(settings, database_url, redis_url),
+                settings.flush_interval_s,
+                settings.flush_max_rows,
+            ),
+        )
 
         def drain() -> None:
             left = ray_api.stop_pool()
@@ -155,11 +163,24 @@ def up(settings: Settings) -> int:
             host = "127.0.0.1" if settings.ws_host in ("0.0.0.0", "::") else settings.ws_host
             ws_url = f"ws://{host}:{edge.ws_port}/ws/presence"
             internal_url = f"http://{settings.internal_host}:{edge.internal_port}"
-            write_info(data_dir, ClusterInfo(database_url, redis_url, ray_api.gcs_address(), settings.ray_namespace,
-                                             ws_url, internal_url, os.getpid(), ray_api.auth_mode()))
+            write_info(
+                data_dir,
+                ClusterInfo(
+                    database_url,
+                    redis_url,
+                    ray_api.gcs_address(),
+                    settings.ray_namespace,
+                    ws_url,
+                    internal_url,
+                    os.getpid(),
+                    ray_api.auth_mode(),
+                ),
+            )
             print("presence is up", flush=True)
             print(f"  websocket   {ws_url}", flush=True)
-            print(f"  internal    {internal_url}  (/healthz, /metrics, /api/v1/internal/presence/…)", flush=True)
+            print(
+                f"  internal    {internal_url}  (/healthz, /metrics, /api/v1/internal/presence/…)", flush=True
+            )
             print(f"  database    {database_url}", flush=True)
             print(f"  redis       {redis_url}", flush=True)
             print(f"  tokens      presence token USER --data-dir {data_dir}", flush=True)

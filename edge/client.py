@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,7 +36,7 @@ class PresenceClient:
                 if response.status != 200:
                     return None
                 return json.loads(response.read(64 * 1024))
-        except (urllib.error.URLError, OSError, socket.timeout, ValueError, http_client_errors()):
+        except (TimeoutError, urllib.error.URLError, OSError, ValueError, http_client_errors()):
             return None
 
     def online_count(self, server_id: str) -> int | None:
@@ -60,7 +59,7 @@ class PresenceClient:
         # The blocking call has its own timeout; the outer one bounds the thread hand-off too.
         try:
             return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s + 0.5)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             return None
 
 
@@ -74,5 +73,7 @@ def online_count(base_url: str, server_id: str, timeout_s: float = DEFAULT_TIMEO
     return PresenceClient(base_url, timeout_s).online_count(server_id)
 
 
-def is_focused(base_url: str, user_id: str, channel_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool | None:
+def is_focused(
+    base_url: str, user_id: str, channel_id: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> bool | None:
     return PresenceClient(base_url, timeout_s).is_focused(user_id, channel_id)

@@ -44,47 +44,47 @@ class PresenceUpdate(_Frame):
 
 class PresenceSubscribe(_Frame):
     type: Literal["presence.subscribe"]
-    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]  # noqa: N815 - wire name
+    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]
 
 
 class PresenceUnsubscribe(_Frame):
     type: Literal["presence.unsubscribe"]
-    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]  # noqa: N815
+    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]
 
 
 class PresenceQuery(_Frame):
     type: Literal["presence.query"]
-    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]  # noqa: N815
+    userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]
 
 
 class Focus(_Frame):
     type: Literal["focus"]
-    channelId: Id | None  # noqa: N815
+    channelId: Id | None
 
 
 class ChannelSubscribe(_Frame):
     type: Literal["channel.subscribe"]
-    channelId: Id  # noqa: N815
+    channelId: Id
 
 
 class ChannelUnsubscribe(_Frame):
     type: Literal["channel.unsubscribe"]
-    channelId: Id  # noqa: N815
+    channelId: Id
 
 
 class TypingStart(_Frame):
     type: Literal["typing.start"]
-    channelId: Id  # noqa: N815
+    channelId: Id
 
 
 class TypingStop(_Frame):
     type: Literal["typing.stop"]
-    channelId: Id  # noqa: N815
+    channelId: Id
 
 
 class VoiceJoin(_Frame):
     type: Literal["voice.join"]
-    channelId: Id  # noqa: N815
+    channelId: Id
 
 
 class VoiceLeave(_Frame):
@@ -93,7 +93,7 @@ class VoiceLeave(_Frame):
 
 class SettingsUpdate(_Frame):
     type: Literal["settings.update"]
-    lastSeenVisibility: Visibility  # noqa: N815
+    lastSeenVisibility: Visibility
 
 
 ClientFrame = Annotated[
@@ -153,10 +153,10 @@ def _describe(e: ValidationError) -> str:
 
 class Ready(_Frame):
     type: Literal["ready"] = "ready"
-    userId: str  # noqa: N815
-    socketId: str  # noqa: N815
+    userId: str
+    socketId: str
     status: Status
-    heartbeatIntervalMs: int  # noqa: N815
+    heartbeatIntervalMs: int
 
 
 class HeartbeatAck(_Frame):
@@ -164,7 +164,7 @@ class HeartbeatAck(_Frame):
 
 
 class UserStatus(_Frame):
-    userId: str  # noqa: N815
+    userId: str
     status: Status
 
 
@@ -175,9 +175,9 @@ class PresenceSync(_Frame):
 
 class PresenceChanged(_Frame):
     type: Literal["presence.changed"] = "presence.changed"
-    userId: str  # noqa: N815
+    userId: str
     status: Status
-    lastSeenAt: str | None = Field(default=None, description="only in query answers; see the visibility rule")  # noqa: N815
+    lastSeenAt: str | None = Field(default=None, description="only in query answers; see the visibility rule")
 
 
 class PresenceSelf(_Frame):
@@ -187,14 +187,14 @@ class PresenceSelf(_Frame):
 
 class TypingEvent(_Frame):
     type: Literal["typing"] = "typing"
-    channelId: str  # noqa: N815
-    userId: str  # noqa: N815
+    channelId: str
+    userId: str
 
 
 class VoiceRoster(_Frame):
     type: Literal["voice.roster"] = "voice.roster"
-    channelId: str  # noqa: N815
-    userIds: list[str]  # noqa: N815
+    channelId: str
+    userIds: list[str]
 
 
 ErrorCode = Literal["bad_frame", "too_many_ids", "rate_limited", "not_allowed"]
@@ -207,11 +207,30 @@ class Error(_Frame):
 
 
 SERVER_FRAMES: tuple[type[_Frame], ...] = (
-    Ready, HeartbeatAck, PresenceSync, PresenceChanged, PresenceSelf, TypingEvent, VoiceRoster, Error,
+    Ready,
+    HeartbeatAck,
+    PresenceSync,
+    PresenceChanged,
+    PresenceSelf,
+    TypingEvent,
+    VoiceRoster,
+    Error,
 )
 CLIENT_FRAMES: tuple[type[_Frame], ...] = (
-    Identify, Heartbeat, PresenceUpdate, PresenceSubscribe, PresenceUnsubscribe, PresenceQuery, Focus,
-    ChannelSubscribe, ChannelUnsubscribe, TypingStart, TypingStop, VoiceJoin, VoiceLeave, SettingsUpdate,
+    Identify,
+    Heartbeat,
+    PresenceUpdate,
+    PresenceSubscribe,
+    PresenceUnsubscribe,
+    PresenceQuery,
+    Focus,
+    ChannelSubscribe,
+    ChannelUnsubscribe,
+    TypingStart,
+    TypingStop,
+    VoiceJoin,
+    VoiceLeave,
+    SettingsUpdate,
 )
 
 

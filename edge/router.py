@@ -123,7 +123,7 @@ class Router:
         self.metrics.observe("edge_batch_ops", len(batch))
         try:
             incarnation, results = await self.shards[shard].apply(self.edge_id, [op for op, _ in batch])
-        except Exception as e:  # noqa: BLE001 - every caller hears about the failure
+        except Exception as e:
             self.metrics.inc("edge_call_errors_total", shard=str(shard))
             for _, fut in batch:
                 if not fut.done():
@@ -140,7 +140,12 @@ class Router:
         known = self.incarnations.get(shard)
         self.incarnations[shard] = incarnation
         if known is not None and known != incarnation:
-            log.warning("shard %d restarted (incarnation %s → %s); registering sockets again", shard, known, incarnation)
+            log.warning(
+                "shard %d restarted (incarnation %s → %s); registering sockets again",
+                shard,
+                known,
+                incarnation,
+            )
             self.metrics.inc("edge_shard_restarts_total", shard=str(shard))
             await self.on_restart(shard)
 
@@ -152,10 +157,12 @@ class Router:
         backoff = 0.2
         while not self._closed:
             try:
-                incarnation, last, items = await self.shards[shard].pull(self.edge_id, seen, acked, self.pull_wait_s)
+                incarnation, last, items = await self.shards[shard].pull(
+                    self.edge_id, seen, acked, self.pull_wait_s
+                )
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - a shard restarting; keep trying
+            except Exception as e:
                 log.info("pull from shard %d failed (%s); retrying", shard, type(e).__name__)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

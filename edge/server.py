@@ -23,8 +23,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from actors.counts import CountReader
-from actors.ray_api import ActorDied
 from actors.metrics import Metrics
+from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.http import InternalApi, json_response
 from edge.router import Router
@@ -95,8 +95,13 @@ class Edge:
         self.edge_id = "edge-" + secrets.token_hex(6)
         self.metrics = Metrics()
         self.router = Router(
-            self.edge_id, self._deliver, self._reregister, self.metrics,
-            window_ms=config.batch_window_ms, max_ops=config.batch_max_ops, pull_wait_s=config.pull_wait_s,
+            self.edge_id,
+            self._deliver,
+            self._reregister,
+            self.metrics,
+            window_ms=config.batch_window_ms,
+            max_ops=config.batch_max_ops,
+            pull_wait_s=config.pull_wait_s,
         )
         self.conns: dict[str, Conn] = {}
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
@@ -104,20 +109,32 @@ class Edge:
         self._servers: list[Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._closing: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         await self.router.start()
-        self._servers.append(await serve(
-            self._handle, self.config.ws_host, self.config.ws_port,
-            process_request=self._public_request, max_size=self.config.max_frame_bytes,
-            compression=None, ping_interval=None, max_queue=16,
-        ))
-        self._servers.append(await serve(
-            self._never, self.config.internal_host, self.config.internal_port,
-            process_request=self.api.handle,
-        ))
+        self._servers.append(
+            await serve(
+                self._handle,
+                self.config.ws_host,
+                self.config.ws_port,
+                process_request=self._public_request,
+                max_size=self.config.max_frame_bytes,
+                compression=None,
+                ping_interval=None,
+                max_queue=16,
+            )
+        )
+        self._servers.append(
+            await serve(
+                self._never,
+                self.config.internal_host,
+                self.config.internal_port,
+                process_request=self.api.handle,
+            )
+        )
         self._tasks.append(asyncio.create_task(self._liveness_loop()))
         self._tasks.append(asyncio.create_task(self._register_loop()))
 
@@ -148,7 +165,9 @@ class Edge:
         path = request.path.split("?", 1)[0]
         if path == WS_PATH:
             return None
-        return json_response(connection, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"})
+        return json_response(
+            connection, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"}
+        )
 
     async def _never(self, ws: ServerConnection) -> None:  # the internal port never upgrades
         await ws.close(1008, "not a websocket endpoint")
@@ -202,7 +221,7 @@ class Edge:
                 return False
         return True
 
-    async def _execute(self, conn: Conn, cmd: Command) -> bool:  # noqa: PLR0911, PLR0912
+    async def _execute(self, conn: Conn, cmd: Command) -> bool:
         s = conn.session
         sid = s.socket_id
         user = s.user_id
@@ -214,7 +233,9 @@ class Edge:
                 await conn.ws.close(code, reason)
                 return False
             case Connect(user_id=user_id):
-                status, visibility = await self._call(self.router.shard_of_user(user_id), ("connect", user_id, sid))
+                status, visibility = await self._call(
+                    self.router.shard_of_user(user_id), ("connect", user_id, sid)
+                )
                 conn.connected = True
                 self._send(conn, orjson.dumps(s.connected(status, visibility).frame).decode())
                 self._release(conn)
@@ -230,7 +251,9 @@ class Edge:
             case Unsubscribe(user_ids=ids):
                 await self._gather_by_shard(ids, lambda targets: ("unwatch", sid, targets))
             case Query(user_ids=ids, reader_visibility=visibility):
-                answers = await self._gather_by_shard(ids, lambda targets: ("query", user, visibility, targets))
+                answers = await self._gather_by_shard(
+                    ids, lambda targets: ("query", user, visibility, targets)
+                )
                 found = {a[0]: a for answer in answers for a in answer}
                 for u in ids:
                     if u in found:
@@ -263,7 +286,9 @@ class Edge:
 
     async def _gather_by_shard(self, ids: tuple[str, ...], make_op: Any) -> list[Any]:
         groups = self.router.group_users(ids)
-        return list(await asyncio.gather(*(self._call(shard, make_op(targets)) for shard, targets in groups.items())))
+        return list(
+            await asyncio.gather(*(self._call(shard, make_op(targets)) for shard, targets in groups.items()))
+        )
 
     async def _call(self, shard: int, op: tuple[Any, ...]) -> Any:
         """One operation, retried while its shard restarts (Ray brings it back in seconds)."""
@@ -284,7 +309,9 @@ class Edge:
         if not conn.connected or s.user_id is None:
             return
         sid = s.socket_id
-        calls: list[Awaitable[Any]] = [self._call(self.router.shard_of_user(s.user_id), ("disconnect", s.user_id, sid))]
+        calls: list[Awaitable[Any]] = [
+            self._call(self.router.shard_of_user(s.user_id), ("disconnect", s.user_id, sid))
+        ]
         for shard, targets in self.router.group_users(sorted(s.subscriptions)).items():
             calls.append(self._call(shard, ("unwatch", sid, targets)))
         by_shard: dict[int, list[str]] = {}
@@ -349,17 +376,24 @@ class Edge:
                 close = conn.session.expired(now)
                 if close is not None:
                     self.metrics.inc("closes_total", code=str(close.code))
-                    asyncio.create_task(conn.ws.close(close.code, close.reason))
+                    task = asyncio.create_task(conn.ws.close(close.code, close.reason))
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
             self.metrics.set("connections", len(self.conns))
 
     async def _register_loop(self) -> None:
         while True:
             try:
-                await self.router.directory.register_edge(self.edge_id, {
-                    "ws_port": self.ws_port, "internal_port": self.internal_port, "sockets": len(self.conns),
-                })
+                await self.router.directory.register_edge(
+                    self.edge_id,
+                    {
+                        "ws_port": self.ws_port,
+                        "internal_port": self.internal_port,
+                        "sockets": len(self.conns),
+                    },
+                )
                 await self.router.refresh_map()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 log.info("directory unreachable: %s", e)
             await asyncio.sleep(5.0)
 

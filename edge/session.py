@@ -70,7 +70,16 @@ class UpdateSettings:
 
 
 Command = (
-    Reply | Close | Connect | Subscribe | Unsubscribe | Query | UpdateStatus | SetFocus | ChannelCommand | UpdateSettings
+    Reply
+    | Close
+    | Connect
+    | Subscribe
+    | Unsubscribe
+    | Query
+    | UpdateStatus
+    | SetFocus
+    | ChannelCommand
+    | UpdateSettings
 )
 
 
@@ -128,7 +137,9 @@ class Session:
 
     def __post_init__(self) -> None:
         self.connected_at = self.last_frame_at = self.now
-        self.bucket = TokenBucket(self.limits.rate_per_s, self.limits.rate_burst, self.limits.rate_burst, self.now)
+        self.bucket = TokenBucket(
+            self.limits.rate_per_s, self.limits.rate_burst, self.limits.rate_burst, self.now
+        )
 
     # ------------------------------------------------------------------ authentication
 
@@ -156,13 +167,15 @@ class Session:
         """The shard registered the socket; the client is told who it is."""
         self.status, self.visibility = status, visibility
         assert self.user_id is not None
-        return Reply({
-            "type": "ready",
-            "userId": self.user_id,
-            "socketId": self.socket_id,
-            "status": status,
-            "heartbeatIntervalMs": 30_000,
-        })
+        return Reply(
+            {
+                "type": "ready",
+                "userId": self.user_id,
+                "socketId": self.socket_id,
+                "status": status,
+                "heartbeatIntervalMs": 30_000,
+            }
+        )
 
     def deadline(self) -> float:
         """When this socket must be closed if nothing else happens."""
@@ -202,7 +215,7 @@ class Session:
             return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
         return self._dispatch(frame)
 
-    def _dispatch(self, frame: p.ClientFrame) -> list[Command]:  # noqa: PLR0911 - one branch per frame type
+    def _dispatch(self, frame: p.ClientFrame) -> list[Command]:
         match frame:
             case p.Heartbeat():
                 return [Reply({"type": "heartbeat.ack"})]
@@ -215,8 +228,14 @@ class Session:
             case p.PresenceSubscribe(userIds=ids):
                 new = tuple(u for u in dict.fromkeys(ids) if u not in self.subscriptions)
                 if len(self.subscriptions) + len(new) > self.limits.max_subscriptions:
-                    return [Reply(p.error_frame(
-                        "too_many_ids", f"a socket may subscribe to at most {self.limits.max_subscriptions} ids"))]
+                    return [
+                        Reply(
+                            p.error_frame(
+                                "too_many_ids",
+                                f"a socket may subscribe to at most {self.limits.max_subscriptions} ids",
+                            )
+                        )
+                    ]
                 self.subscriptions.update(new)
                 # The sync answers every id of the frame, also ones subscribed before.
                 return [Subscribe(tuple(dict.fromkeys(ids)))]
@@ -226,8 +245,13 @@ class Session:
                 return [Unsubscribe(gone)] if gone else []
             case p.PresenceQuery(userIds=ids):
                 if len(ids) > self.limits.max_query_ids:
-                    return [Reply(p.error_frame(
-                        "too_many_ids", f"a query may name at most {self.limits.max_query_ids} ids"))]
+                    return [
+                        Reply(
+                            p.error_frame(
+                                "too_many_ids", f"a query may name at most {self.limits.max_query_ids} ids"
+                            )
+                        )
+                    ]
                 return [Query(tuple(dict.fromkeys(ids)), self.visibility)]
             case p.Focus(channelId=channel):
                 self.focus = channel
@@ -260,7 +284,11 @@ class Session:
 
     def channel_result(self, cmd: ChannelCommand, allowed: bool) -> list[Command]:
         if not allowed:
-            return [Reply(p.error_frame("not_allowed", f"not a member of the server of channel {cmd.channel_id!r}"))]
+            return [
+                Reply(
+                    p.error_frame("not_allowed", f"not a member of the server of channel {cmd.channel_id!r}")
+                )
+            ]
         if cmd.kind == "subscribe":
             self.channels.add(cmd.channel_id)
         elif cmd.kind == "voice.join":

@@ -40,6 +40,11 @@ def verify_token(token: str, secret: str, now: float | None = None) -> str:
     if not isinstance(exp, int | float) or exp <= current:
         raise TokenError("token expired")
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not sub or len(sub) > 128 or any(ord(c) < 32 or ord(c) == 127 for c in sub):
+    if (
+        not isinstance(sub, str)
+        or not sub
+        or len(sub) > 128
+        or any(ord(c) < 32 or ord(c) == 127 for c in sub)
+    ):
         raise TokenError("token names no valid account")
     return sub

@@ -35,7 +35,9 @@ class Channel:
 
 
 class ChannelState:
-    def __init__(self, outbox: Outbox, relations: dict[str, Relations], *, typing_lapse_s: float = 10.0) -> None:
+    def __init__(
+        self, outbox: Outbox, relations: dict[str, Relations], *, typing_lapse_s: float = 10.0
+    ) -> None:
         self.outbox = outbox
         self.relations = relations
         self.typing_lapse_s = typing_lapse_s
@@ -86,7 +88,9 @@ class ChannelState:
             t.expires_at = now + self.typing_lapse_s
             return True
         ch.typing[user_id] = Typing(expires_at=now + self.typing_lapse_s, broadcast_at=now)
-        self._to_subscribers(ch, {"type": "typing", "channelId": channel_id, "userId": user_id}, exclude_user=user_id)
+        self._to_subscribers(
+            ch, {"type": "typing", "channelId": channel_id, "userId": user_id}, exclude_user=user_id
+        )
         return True
 
     def typing_stop(self, channel_id: str, user_id: str) -> None:
@@ -160,7 +164,10 @@ class ChannelState:
         for socket_id, m in ch.subscribers.items():
             if m.user_id == exclude_user:
                 continue
-            if ch.server_id is None or ch.server_id not in self.relations.get(m.user_id, NO_RELATIONS).servers:
+            if (
+                ch.server_id is None
+                or ch.server_id not in self.relations.get(m.user_id, NO_RELATIONS).servers
+            ):
                 continue
             recipients.setdefault(m.edge_id, []).append(socket_id)
         self.outbox.deliver(recipients, frame)

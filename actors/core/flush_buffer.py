@@ -223,9 +223,10 @@ class FlushBuffer:
             at = now
         else:
             at = front.arrived + self.interval_s
-        until = self._backoff_until(now)
-        if until is not None and until > at:
-            at = until
+        # The backoff counts at the moment we would act, not at `now`: after a backwards clock
+        # jump `now` may precede the failure while the interval's end does not.
+        if self._failed_at is not None and max(at, now) >= self._failed_at:
+            at = max(at, self._failed_at + self._retry_delay)
         return at
 
     # ------------------------------------------------------------------ batches

@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from .audience import NO_RELATIONS, Relations, in_audience
 from .channels import ChannelState
 from .effects import OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
-from .status import CHOSEN_STATUSES, VISIBILITIES, ChosenStatus, Status, is_visibly_present, real_status, visible_status
+from .status import (
+    CHOSEN_STATUSES,
+    VISIBILITIES,
+    ChosenStatus,
+    Status,
+    as_chosen,
+    is_visibly_present,
+    real_status,
+    visible_status,
+)
 from .visibility import last_seen_for_reader
 
 
@@ -106,9 +115,8 @@ class ShardState:
         """Install an account read from the database; a no-op if it is already in memory."""
         if user_id in self.accounts:
             return
-        chosen = row.chosen_status if row.chosen_status in CHOSEN_STATUSES else "online"
         self.accounts[user_id] = Account(
-            user_id, chosen=chosen, last_seen_at=row.last_seen_at, touched_at=now  # type: ignore[arg-type]
+            user_id, chosen=as_chosen(row.chosen_status), last_seen_at=row.last_seen_at, touched_at=now
         )
 
     def missing_relations(self, user_ids: Iterable[str]) -> list[str]:
@@ -122,14 +130,20 @@ class ShardState:
         it are told nothing, since any frame would tell an outsider something.
         """
         old = self.relations.get(user_id)
+        if old is not None and old != rel:
+            # Sockets that died before this change die under the relations they had then.
+            self._expire(now)
         self.relations[user_id] = rel
         if old is None or old == rel:
             return
-        self._expire(now)
         # Accounts owned here whose audience may have changed: the account itself, and every
         # account it watches (their audience test involves its servers and their friend sets).
         affected = [user_id] if user_id in self.watchers or user_id in self.accounts else []
-        affected += [t for t, ws in self.watchers.items() if t != user_id and any(w.user_id == user_id for w in ws.values())]
+        affected += [
+            t
+            for t, ws in self.watchers.items()
+            if t != user_id and any(w.user_id == user_id for w in ws.values())
+        ]
         for target in affected:
             self._announce_to_new_audience(target, changed_user=user_id, old=old)
         acc = self.accounts.get(user_id)
@@ -164,10 +178,14 @@ class ShardState:
         self.edges[edge_id] = now
 
     def _expire(self, now: float) -> None:
-        """Drop every socket and watch of edges whose lease has run out."""
-        for edge_id, refreshed in list(self.edges.items()):
+        """Drop every socket and watch of edges whose lease has run out.
+
+        Each edge goes at the moment its lease ran out (not when this call noticed), in that
+        order, so that a departure is stamped with the time the account's last socket died.
+        """
+        for edge_id, refreshed in sorted(self.edges.items(), key=lambda kv: kv[1]):
             if now - refreshed > self.socket_timeout_s:
-                self.drop_edge(edge_id, now)
+                self.drop_edge(edge_id, refreshed + self.socket_timeout_s)
 
     def drop_edge(self, edge_id: str, now: float) -> None:
         """Everything an edge registered goes, as if each of its sockets had closed."""
@@ -233,7 +251,7 @@ class ShardState:
             if status == "online" and sock is not None:
                 sock.idle = False  # `online` also wakes this socket
             if acc.chosen != status:
-                acc.chosen = status  # type: ignore[assignment]
+                acc.chosen = as_chosen(status)
                 self.outbox.add(PersistChosen(user_id, status))
         else:
             raise ValueError(f"not a status a client may choose: {status!r}")
@@ -270,7 +288,9 @@ class ShardState:
         if was_present and not is_present:
             # The moment last-seen stops moving: the last socket went, or the account hid.
             acc.last_seen_at = max(now, acc.last_seen_at or now)
-            self.pending_last_seen[acc.user_id] = max(acc.last_seen_at, self.pending_last_seen.get(acc.user_id, 0.0))
+            self.pending_last_seen[acc.user_id] = max(
+                acc.last_seen_at, self.pending_last_seen.get(acc.user_id, 0.0)
+            )
         if was_present != is_present:
             servers = self.relations.get(acc.user_id, NO_RELATIONS).servers
             self.outbox.add(OnlineCount(acc.user_id, servers, is_present))
@@ -316,7 +336,9 @@ class ShardState:
 
     # ------------------------------------------------------------------ watching
 
-    def watch(self, watcher: str, socket_id: str, edge_id: str, targets: Iterable[str], now: float) -> list[tuple[str, Status]]:
+    def watch(
+        self, watcher: str, socket_id: str, edge_id: str, targets: Iterable[str], now: float
+    ) -> list[tuple[str, Status]]:
         """Register a socket's interest; answer the visible status of the targets in its audience.
 
         Every target is registered, in the audience or not: the audience is applied on every
@@ -348,7 +370,9 @@ class ShardState:
 
     # ------------------------------------------------------------------ querying
 
-    def query(self, reader: str, reader_visibility: str | None, targets: Iterable[str], now: float) -> list[QueryAnswer]:
+    def query(
+        self, reader: str, reader_visibility: str | None, targets: Iterable[str], now: float
+    ) -> list[QueryAnswer]:
         """`presence.query`: status and, where the visibility rule allows, last-seen.
 
         Targets outside the reader's audience are left out (silence). Accounts of targets in the
@@ -398,6 +422,7 @@ class ShardState:
     def checkpoint(self, now: float) -> list[tuple[str, float]]:
         """Accounts visibly present right now, with `now` as their last-seen: bounds what a crash of
         the whole cluster can lose for accounts that stay online for days."""
+        self._expire(now)
         return sorted((u, now) for u, acc in self.accounts.items() if is_visibly_present(acc.real))
 
     # ------------------------------------------------------------------ counts (Redis refresh)

@@ -18,6 +18,15 @@ CHOSEN_STATUSES: frozenset[str] = frozenset({"online", "dnd", "invisible"})
 VISIBILITIES: frozenset[str] = frozenset({"everyone", "friends", "nobody"})
 
 
+def as_chosen(value: str) -> ChosenStatus:
+    """A stored chosen status, read defensively: anything unknown counts as `online`."""
+    if value == "dnd":
+        return "dnd"
+    if value == "invisible":
+        return "invisible"
+    return "online"
+
+
 def real_status(chosen: ChosenStatus, idle_flags: Iterable[bool]) -> Status:
     """The account's own view. `idle_flags` has one entry per live socket."""
     flags = list(idle_flags)

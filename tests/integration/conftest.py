@@ -52,8 +52,13 @@ class Cluster:
 
     def edge_config(self, **overrides: object) -> EdgeConfig:
         base: dict[str, object] = {
-            "secret": SECRET, "redis_url": self.redis_url, "ws_host": "127.0.0.1", "ws_port": 0,
-            "internal_port": 0, "pull_wait_s": PULL_WAIT_S, "count_ttl_s": 4.0,
+            "secret": SECRET,
+            "redis_url": self.redis_url,
+            "ws_host": "127.0.0.1",
+            "ws_port": 0,
+            "internal_port": 0,
+            "pull_wait_s": PULL_WAIT_S,
+            "count_ttl_s": 4.0,
             "limits": Limits(),
         }
         return EdgeConfig(**{**base, **overrides})  # type: ignore[arg-type]
@@ -75,15 +80,31 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     namespace = f"presence-test-{uuid.uuid4().hex[:8]}"
     ray_api.connect(os.environ.get("RAY_ADDRESS"), namespace)
     config = ShardConfig(
-        shard_index=0, database_url=migrated_pg_url, redis_url=redis_url,
-        socket_timeout_s=SOCKET_TIMEOUT_S, count_refresh_s=1.0, count_ttl_s=4.0,
-        checkpoint_interval_s=3600.0, sweep_interval_s=0.2,
+        shard_index=0,
+        database_url=migrated_pg_url,
+        redis_url=redis_url,
+        socket_timeout_s=SOCKET_TIMEOUT_S,
+        count_refresh_s=1.0,
+        count_ttl_s=4.0,
+        checkpoint_interval_s=3600.0,
+        sweep_interval_s=0.2,
     )
     ray_api.start_pool(SHARDS, config, flush_interval_s=0.2, flush_max_rows=1000)
     data_dir = tmp_path_factory.mktemp("presence-data")
     (data_dir / "secret").write_text(SECRET)
-    write_info(data_dir, ClusterInfo(migrated_pg_url, redis_url, ray_api.gcs_address(), namespace, "", "", os.getpid(),
-                                     ray_api.auth_mode()))
+    write_info(
+        data_dir,
+        ClusterInfo(
+            migrated_pg_url,
+            redis_url,
+            ray_api.gcs_address(),
+            namespace,
+            "",
+            "",
+            os.getpid(),
+            ray_api.auth_mode(),
+        ),
+    )
     try:
         yield Cluster(migrated_pg_url, redis_url, namespace, data_dir, pg, rd)
     finally:
@@ -129,7 +150,7 @@ async def conn(cluster: Cluster) -> AsyncIterator[asyncpg.Connection]:
 
 
 @pytest.fixture
-def ids() -> "Ids":
+def ids() -> Ids:
     return Ids()
 
 

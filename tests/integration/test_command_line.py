@@ -38,13 +38,31 @@ def children_of(pid: int) -> list[psutil.Process]:
 def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     ws_port, internal_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS")}
-    log = open(tmp_path / "up.log", "w+")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS")
+    }
+    log = (tmp_path / "up.log").open("w+")
     started = time.monotonic()
-    up = subprocess.Popen([*presence(), "up", "--shards", "2", "--ws-port", str(ws_port),
-                           "--internal-port", str(internal_port), "--data-dir", str(data_dir)],
-                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    up = subprocess.Popen(
+        [
+            *presence(),
+            "up",
+            "--shards",
+            "2",
+            "--ws-port",
+            str(ws_port),
+            "--internal-port",
+            str(internal_port),
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while "presence is up" not in (tmp_path / "up.log").read_text():
@@ -59,25 +77,38 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         assert descendants, "Ray, PostgreSQL and Redis run as children of presence up"
 
         def cli(*args: str) -> str:
-            out = subprocess.run([*presence(), *args, "--data-dir", str(data_dir)],
-                                 capture_output=True, text=True, timeout=60, env=env)
+            out = subprocess.run(
+                [*presence(), *args, "--data-dir", str(data_dir)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            )
             assert out.returncode == 0, out.stderr
             return out.stdout
 
         token = cli("token", "alice").strip().splitlines()[-1]
         assert token.count(".") == 2
         graph = tmp_path / "graph.json"
-        graph.write_text(json.dumps({"users": [{"id": "alice"}], "servers": [{"id": "g1", "members": ["alice"]}]}))
+        graph.write_text(
+            json.dumps({"users": [{"id": "alice"}], "servers": [{"id": "g1", "members": ["alice"]}]})
+        )
         assert "loaded" in cli("load", str(graph))
         status = cli("status")
         assert "shard" in status and "postgres: ok" in status and "redis: ok" in status
 
-        bad = subprocess.run([*presence(), "load", str(tmp_path / "missing.json"), "--data-dir", str(data_dir)],
-                             capture_output=True, text=True, timeout=60, env=env)
+        bad = subprocess.run(
+            [*presence(), "load", str(tmp_path / "missing.json"), "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert bad.returncode == 2 and "cannot read" in bad.stderr
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(90)
+    log.close()
     output = (tmp_path / "up.log").read_text()
     assert code == 0, output
     assert "last-seen drained" in output
@@ -91,8 +122,13 @@ def test_shared_conformance_suite_passes() -> None:
     exe = shutil.which("presence")
     if exe is None:
         pytest.skip("the presence command is not installed (pip install -e .)")
-    out = subprocess.run([sys.executable, str(CONFORMANCE), "--presence", exe],
-                         capture_output=True, text=True, timeout=600, cwd=CONFORMANCE.parent)
+    out = subprocess.run(
+        [sys.executable, str(CONFORMANCE), "--presence", exe],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=CONFORMANCE.parent,
+    )
     print(out.stdout[-3000:])
     last = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 0 and last.endswith("0 failed"), out.stdout[-3000:] + out.stderr[-2000:]

@@ -29,9 +29,22 @@ def start_edge_process(cluster: Cluster) -> tuple[subprocess.Popen[str], str]:
     """`presence edge` as its own OS process, joining the test cluster through the data directory."""
     env = {**os.environ, "PRESENCE_EDGE_LEASE_REFRESH_S": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster.cli", "edge", "--data-dir", str(cluster.data_dir),
-         "--ws-port", "0", "--internal-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "edge",
+            "--data-dir",
+            str(cluster.data_dir),
+            "--ws-port",
+            "0",
+            "--internal-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
@@ -48,12 +61,16 @@ def start_edge_process(cluster: Cluster) -> tuple[subprocess.Popen[str], str]:
     raise AssertionError("presence edge did not come up:\n" + "".join(lines))
 
 
-async def test_edge_killed_with_sigkill_ages_out(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_edge_killed_with_sigkill_ages_out(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, carol, *_ = await social(conn, ids)
     proc, url = start_edge_process(cluster)
     try:
         watcher = await connect(cluster, edge, alice)
-        await watcher.request({"type": "presence.subscribe", "userIds": [bob, carol]}, of_type("presence.sync"))
+        await watcher.request(
+            {"type": "presence.subscribe", "userIds": [bob, carol]}, of_type("presence.sync")
+        )
         bob_there = await Client.connect(url, cluster.token(bob))
         carol_there = await Client.connect(url, cluster.token(carol))
         carol_here = await connect(cluster, edge, carol)  # carol also has a socket on a surviving edge
@@ -78,7 +95,9 @@ async def test_edge_killed_with_sigkill_ages_out(cluster: Cluster, edge: Edge, c
             proc.kill()
 
 
-async def test_silent_socket_is_closed_and_goes_offline(cluster: Cluster, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_silent_socket_is_closed_and_goes_offline(
+    cluster: Cluster, conn: asyncpg.Connection, ids: Ids
+) -> None:
     from edge.session import Limits
 
     alice, bob, *_ = await social(conn, ids)
@@ -101,8 +120,9 @@ async def test_silent_socket_is_closed_and_goes_offline(cluster: Cluster, conn: 
         await quick.stop()
 
 
-async def test_online_counts_span_shards_and_heal_after_flushall(cluster: Cluster, edge: Edge,
-                                                                 conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_online_counts_span_shards_and_heal_after_flushall(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     import urllib.request
 
     members = [ids(f"m{i}") for i in range(6)]
@@ -110,7 +130,9 @@ async def test_online_counts_span_shards_and_heal_after_flushall(cluster: Cluste
     await load(conn, {"servers": [{"id": server, "members": members, "channels": []}]})
 
     def fetch() -> object:
-        with urllib.request.urlopen(f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}", timeout=2) as r:
+        with urllib.request.urlopen(
+            f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}", timeout=2
+        ) as r:
             return json.loads(r.read())["online"]
 
     async def count() -> object:

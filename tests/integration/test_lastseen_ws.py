@@ -28,7 +28,9 @@ def parse(ts: str) -> float:
 
 async def operator_view(edge: Edge, user: str) -> dict[str, object]:
     def fetch() -> dict[str, object]:
-        with urllib.request.urlopen(f"{internal_url(edge)}/api/v1/internal/presence/users/{user}", timeout=2) as r:
+        with urllib.request.urlopen(
+            f"{internal_url(edge)}/api/v1/internal/presence/users/{user}", timeout=2
+        ) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
     return await asyncio.to_thread(fetch)
@@ -39,7 +41,9 @@ async def stored(conn: asyncpg.Connection, user: str) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-async def test_seed_verification_scenario(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_seed_verification_scenario(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     """Connect, stay active across several intervals, disconnect: the column equals the
     disconnect time within the flush interval, and nothing was written while connected."""
     user = ids("u")
@@ -55,7 +59,9 @@ async def test_seed_verification_scenario(cluster: Cluster, edge: Edge, conn: as
     assert abs(value - disconnected_at) < 1.0, (value, disconnected_at)
 
 
-async def test_last_seen_freezes_while_invisible(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_last_seen_freezes_while_invisible(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     user = ids("u")
     c = await connect(cluster, edge, user)
     await c.roundtrip()
@@ -87,18 +93,37 @@ async def _later_than(conn: asyncpg.Connection, user: str, t: float) -> bool:
     return value is not None and value > t
 
 
-async def test_visibility_matrix_over_websockets(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_visibility_matrix_over_websockets(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     settings = ("everyone", "friends", "nobody")
     relations = ("friend", "server", "none")
     targets = {s: ids(f"target-{s}") for s in settings}
     readers = {(r, s): ids(f"reader-{r}-{s}") for r, s in itertools.product(relations, settings)}
     server = ids("g")
-    await load(conn, {
-        "users": [{"id": t, "lastSeenVisibility": s} for s, t in targets.items()] + [{"id": r} for r in readers.values()],
-        "friendships": [[reader, t] for (rel, _), reader in readers.items() if rel == "friend" for t in targets.values()],
-        "servers": [{"id": server, "members": [*targets.values(),
-                                               *(r for (rel, _), r in readers.items() if rel == "server")], "channels": []}],
-    })
+    await load(
+        conn,
+        {
+            "users": [{"id": t, "lastSeenVisibility": s} for s, t in targets.items()]
+            + [{"id": r} for r in readers.values()],
+            "friendships": [
+                [reader, t]
+                for (rel, _), reader in readers.items()
+                if rel == "friend"
+                for t in targets.values()
+            ],
+            "servers": [
+                {
+                    "id": server,
+                    "members": [
+                        *targets.values(),
+                        *(r for (rel, _), r in readers.items() if rel == "server"),
+                    ],
+                    "channels": [],
+                }
+            ],
+        },
+    )
     for t in targets.values():  # give every target a last-seen time
         c = await connect(cluster, edge, t)
         await c.close()
@@ -121,7 +146,8 @@ async def test_visibility_matrix_over_websockets(cluster: Cluster, edge: Edge, c
             answer = answers[target]
             assert answer["status"] == "offline", case
             may_read = reader_setting != "nobody" and (
-                target_setting == "everyone" or (target_setting == "friends" and relation == "friend"))
+                target_setting == "everyone" or (target_setting == "friends" and relation == "friend")
+            )
             if may_read:
                 seen = answer.get("lastSeenAt")
                 assert seen is not None, f"{case}: expected a timestamp"
@@ -129,12 +155,17 @@ async def test_visibility_matrix_over_websockets(cluster: Cluster, edge: Edge, c
             else:
                 assert "lastSeenAt" not in answer, f"{case}: timestamp must be absent, got {answer}"
         await c.close()
-    rows = await conn.fetch("SELECT id, last_seen_visibility FROM users WHERE id = ANY($1::text[])", list(readers.values()))
-    assert {r["id"]: r["last_seen_visibility"] for r in rows} == {r: s for (_, s), r in readers.items()}, "settings are durable"
+    rows = await conn.fetch(
+        "SELECT id, last_seen_visibility FROM users WHERE id = ANY($1::text[])", list(readers.values())
+    )
+    assert {r["id"]: r["last_seen_visibility"] for r in rows} == {r: s for (_, s), r in readers.items()}, (
+        "settings are durable"
+    )
 
 
-async def test_operator_view_shows_the_exact_time_whatever_the_setting(cluster: Cluster, edge: Edge,
-                                                                       conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_operator_view_shows_the_exact_time_whatever_the_setting(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     user = ids("hidden")
     await load(conn, {"users": [{"id": user, "lastSeenVisibility": "nobody"}]})
     c = await connect(cluster, edge, user)
@@ -150,7 +181,9 @@ async def test_operator_view_shows_the_exact_time_whatever_the_setting(cluster: 
     assert abs(parse(str(view["lastSeenAt"])) - (await stored(conn, user) or 0)) < 0.002
 
 
-async def test_online_accounts_get_no_timestamp(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_online_accounts_get_no_timestamp(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     a, b = ids("a"), ids("b")
     await load(conn, {"friendships": [[a, b]]})
     cb = await connect(cluster, edge, b)

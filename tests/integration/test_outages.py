@@ -23,8 +23,9 @@ pytestmark = pytest.mark.integration
 
 async def online_count(edge: Edge, server: str) -> object:
     def fetch() -> object:
-        with urllib.request.urlopen(f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}",
-                                    timeout=2) as r:
+        with urllib.request.urlopen(
+            f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}", timeout=2
+        ) as r:
             return json.loads(r.read())["online"]
 
     return await asyncio.to_thread(fetch)
@@ -43,8 +44,9 @@ async def stored(url: str, users: list[str]) -> dict[str, float]:
     return {r["id"]: r["last_seen_at"].timestamp() for r in rows if r["last_seen_at"] is not None}
 
 
-async def test_redis_away_counts_unknown_presence_unaffected(cluster: Cluster, edge: Edge,
-                                                             conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_redis_away_counts_unknown_presence_unaffected(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     _, redis = cluster.require_servers()
     alice, bob, carol, *_ = await social(conn, ids)
     server = ids("g")
@@ -67,10 +69,11 @@ async def test_redis_away_counts_unknown_presence_unaffected(cluster: Cluster, e
         await client.close()
 
 
-async def test_postgres_away_30s_every_departure_stored(cluster: Cluster, edge: Edge,
-                                                        conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_postgres_away_30s_every_departure_stored(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     pg, _ = cluster.require_servers()
-    alice, bob, *_ = await social(conn, ids)
+    alice, *_ = await social(conn, ids)
     users = [ids(f"leaver{i}") for i in range(8)]
     await load(conn, {"friendships": [[alice, u] for u in users]})
     watcher = await connect(cluster, edge, alice)
@@ -105,8 +108,9 @@ async def _all_stored(url: str, users: list[str]) -> dict[str, float] | None:
     return got if len(got) == len(users) else None
 
 
-async def test_shard_killed_edges_register_again(cluster: Cluster, edge: Edge, second_edge: Edge,
-                                                 conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_shard_killed_edges_register_again(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, carol, *_ = await social(conn, ids)
     server = ids("g")
     owner = SlotMap.even(SHARDS).shard_of(bob)
@@ -141,8 +145,9 @@ async def test_shard_killed_edges_register_again(cluster: Cluster, edge: Edge, s
     await watcher.close()
 
 
-async def test_flush_actor_killed_with_departures_pending(cluster: Cluster, edge: Edge,
-                                                          conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_flush_actor_killed_with_departures_pending(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     pg, _ = cluster.require_servers()
     users = [ids(f"u{i}") for i in range(5)]
     clients = [await connect(cluster, edge, u) for u in users]

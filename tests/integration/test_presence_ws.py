@@ -19,11 +19,14 @@ pytestmark = pytest.mark.integration
 async def social(conn: asyncpg.Connection, ids: Ids) -> tuple[str, str, str, str, str]:
     """alice, bob and carol share a server; alice and dave are friends; eve knows nobody."""
     alice, bob, carol, dave, eve = (ids(n) for n in ("alice", "bob", "carol", "dave", "eve"))
-    await load(conn, {
-        "users": [{"id": u} for u in (alice, bob, carol, dave, eve)],
-        "friendships": [[alice, dave]],
-        "servers": [{"id": ids("g"), "members": [alice, bob, carol], "channels": [ids("c")]}],
-    })
+    await load(
+        conn,
+        {
+            "users": [{"id": u} for u in (alice, bob, carol, dave, eve)],
+            "friendships": [[alice, dave]],
+            "servers": [{"id": ids("g"), "members": [alice, bob, carol], "channels": [ids("c")]}],
+        },
+    )
     return alice, bob, carol, dave, eve
 
 
@@ -77,8 +80,13 @@ async def test_no_identify_in_time_closes_4001(cluster: Cluster) -> None:
 
 async def test_heartbeat_ack_and_bad_frames_keep_the_socket(cluster: Cluster, edge: Edge, ids: Ids) -> None:
     c = await connect(cluster, edge, ids("u"))
-    for junk in ("{not json", '{"type": "no.such"}', '{"type": "presence.update", "status": "sleepy"}',
-                 '{"type": "heartbeat", "extra": 1}', '{"type": "presence.subscribe", "userIds": [""]}'):
+    for junk in (
+        "{not json",
+        '{"type": "no.such"}',
+        '{"type": "presence.update", "status": "sleepy"}',
+        '{"type": "heartbeat", "extra": 1}',
+        '{"type": "presence.subscribe", "userIds": [""]}',
+    ):
         await c.send(junk)
         err = await c.expect(of_type("error"))
         assert err["code"] == "bad_frame", err
@@ -86,7 +94,9 @@ async def test_heartbeat_ack_and_bad_frames_keep_the_socket(cluster: Cluster, ed
     await c.close()
 
 
-async def test_subscriber_sees_online_idle_dnd_offline(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_subscriber_sees_online_idle_dnd_offline(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, *_ = await social(conn, ids)
     a = await connect(cluster, edge, alice)
     sync = await a.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
@@ -103,8 +113,9 @@ async def test_subscriber_sees_online_idle_dnd_offline(cluster: Cluster, edge: E
     await a.close()
 
 
-async def test_account_offline_only_when_its_last_socket_goes(cluster: Cluster, edge: Edge, second_edge: Edge,
-                                                              conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_account_offline_only_when_its_last_socket_goes(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, *_ = await social(conn, ids)
     a = await connect(cluster, edge, alice)
     await a.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
@@ -120,8 +131,9 @@ async def test_account_offline_only_when_its_last_socket_goes(cluster: Cluster, 
     await a.close()
 
 
-async def test_change_on_one_edge_reaches_subscriber_on_another(cluster: Cluster, edge: Edge, second_edge: Edge,
-                                                                 conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_change_on_one_edge_reaches_subscriber_on_another(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, *_ = await social(conn, ids)
     a = await connect(cluster, edge, alice)
     await a.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
@@ -134,7 +146,9 @@ async def test_change_on_one_edge_reaches_subscriber_on_another(cluster: Cluster
     await a.close()
 
 
-async def test_idle_only_when_every_socket_is_idle(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_idle_only_when_every_socket_is_idle(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, *_ = await social(conn, ids)
     a = await connect(cluster, edge, alice)
     await a.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
@@ -148,12 +162,18 @@ async def test_idle_only_when_every_socket_is_idle(cluster: Cluster, edge: Edge,
     await b1.expect(lambda f: f == {"type": "presence.self", "status": "idle"})
     await b2.send({"type": "presence.update", "status": "online"})
     await a.expect(changed(bob, "online"))
-    assert [f["status"] for f in a.about(bob) if f["type"] == "presence.changed"] == ["online", "idle", "online"]
+    assert [f["status"] for f in a.about(bob) if f["type"] == "presence.changed"] == [
+        "online",
+        "idle",
+        "online",
+    ]
     for c in (a, b1, b2):
         await c.close()
 
 
-async def test_invisible_is_durable_and_never_leaks(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_invisible_is_durable_and_never_leaks(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, *_ = await social(conn, ids)
     a = await connect(cluster, edge, alice)
     await a.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
@@ -173,14 +193,20 @@ async def test_invisible_is_durable_and_never_leaks(cluster: Cluster, edge: Edge
     query = await a.request({"type": "presence.query", "userIds": [bob]}, lambda f: f.get("userId") == bob)
     assert query["status"] == "offline"
     assert all(f.get("status") != "invisible" for f in a.log), a.log
-    assert [f["status"] for f in a.about(bob) if f["type"] == "presence.changed"] == ["online", "offline", "offline"]
+    assert [f["status"] for f in a.about(bob) if f["type"] == "presence.changed"] == [
+        "online",
+        "offline",
+        "offline",
+    ]
     await b2.send({"type": "presence.update", "status": "online"})
     await a.expect(changed(bob, "online"))
     await a.close()
     await b2.close()
 
 
-async def test_outsiders_get_silence_and_no_errors(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_outsiders_get_silence_and_no_errors(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     alice, bob, _, _, eve = await social(conn, ids)
     b = await connect(cluster, edge, bob)
     e = await connect(cluster, edge, eve)
@@ -198,7 +224,9 @@ async def test_outsiders_get_silence_and_no_errors(cluster: Cluster, edge: Edge,
 
 async def test_subscription_cap_and_query_cap(cluster: Cluster, edge: Edge, ids: Ids) -> None:
     c = await connect(cluster, edge, ids("u"))
-    err = await c.request({"type": "presence.query", "userIds": [f"x{i}" for i in range(101)]}, of_type("error"))
+    err = await c.request(
+        {"type": "presence.query", "userIds": [f"x{i}" for i in range(101)]}, of_type("error")
+    )
     assert err["code"] == "too_many_ids"
     many = [f"x{i}" for i in range(1001)]
     err = await c.request({"type": "presence.subscribe", "userIds": many}, of_type("error"))
@@ -209,8 +237,9 @@ async def test_subscription_cap_and_query_cap(cluster: Cluster, edge: Edge, ids:
     await c.close()
 
 
-async def test_new_friendship_takes_effect_for_existing_subscription(cluster: Cluster, edge: Edge,
-                                                                     conn: asyncpg.Connection, ids: Ids) -> None:
+async def test_new_friendship_takes_effect_for_existing_subscription(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
     _, _, carol, _, eve = await social(conn, ids)
     e = await connect(cluster, edge, eve)
     sync = await e.request({"type": "presence.subscribe", "userIds": [carol]}, of_type("presence.sync"))

@@ -68,8 +68,12 @@ class Client:
         await self.request({"type": "heartbeat"}, lambda f: f.get("type") == "heartbeat.ack")
 
     def about(self, user: str) -> list[Frame]:
-        return [f for f in self.log if f.get("userId") == user or any(
-            isinstance(u, dict) and u.get("userId") == user for u in f.get("users", []))]
+        return [
+            f
+            for f in self.log
+            if f.get("userId") == user
+            or any(isinstance(u, dict) and u.get("userId") == user for u in f.get("users", []))
+        ]
 
     async def closed(self, timeout: float = 15.0) -> int | None:
         await asyncio.wait_for(asyncio.shield(self._reader), timeout)
@@ -81,7 +85,9 @@ class Client:
 
 
 def changed(user: str, status: str) -> Callable[[Frame], bool]:
-    return lambda f: f.get("type") == "presence.changed" and f.get("userId") == user and f.get("status") == status
+    return lambda f: (
+        f.get("type") == "presence.changed" and f.get("userId") == user and f.get("status") == status
+    )
 
 
 def of_type(kind: str) -> Callable[[Frame], bool]:

@@ -349,11 +349,13 @@ class TestInvisibleAndLastSeen:
         w = pair_world()
         w.s.set_status("alice", "-", "invisible", w.now)
         w.s.connect("alice", "a1", "e1", w.now)
-        w.s.set_status("alice", "a1", "dnd", w.at(100))
-        assert w.s.last_seen_of("alice", w.at(5)) == T0 + 105
+        w.s.refresh_edge("e1", w.at(60))
+        w.s.set_status("alice", "a1", "dnd", w.at(20))
+        assert w.s.pending_last_seen == {}
+        assert w.s.last_seen_of("alice", w.at(5)) == T0 + 85
         w.s.disconnect("alice", "a1", w.at(5))
-        assert w.s.last_seen_of("alice", w.at(5)) == T0 + 110
-        assert w.s.pending_last_seen == {"alice": T0 + 110}
+        assert w.s.last_seen_of("alice", w.at(5)) == T0 + 90
+        assert w.s.pending_last_seen == {"alice": T0 + 90}
 
     def test_last_seen_never_moves_backwards_past_stored_value(self) -> None:
         # The stored column is later than this shard's clock (another writer, a skewed node).
@@ -521,6 +523,7 @@ class TestWatch:
     def test_sync_answers_only_the_audience(self) -> None:
         w = pair_world()
         w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
         ans = w.s.watch("bob", "b1", "e2", ["alice", "carol", "dave", "alice"], w.now)
         assert ans == [("alice", "online")]  # server in common; carol and dave are outsiders
         ans = w.s.watch("dave", "d1", "e2", ["alice", "bob"], w.now)
@@ -618,6 +621,15 @@ class TestWatch:
         assert w.s.audience_of_query("r", ["t"]) == ["t"]
         assert w.s.audience_of_query("t", ["r"]) == []
 
+    def test_relations_change_after_a_dead_edge_counts_under_the_old_servers(self) -> None:
+        """The socket died before the account left g1: g1's count must lose it."""
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        w.s.set_relations("alice", rel(friends={"dave"}, servers={"g2"}), w.at(TIMEOUT + 1))
+        counts = of_type(w.drain(), OnlineCount)
+        assert counts == [OnlineCount("alice", frozenset({"g1"}), False)]
+
     def test_unchanged_relations_do_nothing(self) -> None:
         w = pair_world()
         w.s.connect("alice", "a1", "e1", w.now)
@@ -659,7 +671,11 @@ class TestQuery:
     def test_invisible_answers_offline_with_frozen_time(self) -> None:
         w = pair_world()
         w.s.connect("alice", "a1", "e1", w.now)
-        w.s.set_status("alice", "a1", "invisible", w.at(120))
+        w.s.refresh_edge("e1", w.at(60))
+        w.s.set_status("alice", "a1", "invisible", w.at(60))
+        (a,) = w.s.query("bob", None, ["alice"], w.at(1))
+        assert a == QueryAnswer("alice", "offline", T0 + 120)
+        # Still frozen once the socket is long gone.
         (a,) = w.s.query("bob", None, ["alice"], w.at(600))
         assert a == QueryAnswer("alice", "offline", T0 + 120)
 
