@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from actors.core.audience import Relations
 from actors.core.effects import Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.shard import AccountRow, ShardState
 from actors.counts import OnlineCounts
@@ -458,6 +459,10 @@ class PresenceShard:
                 raise
             now = self.clock()
             for user_id, rel in rels.items():
+                pending = self.persist_visibility.get(user_id)
+                if pending is not None:
+                    # Not yet saved: the database still has the older value.
+                    rel = Relations(rel.friends, rel.servers, pending)
                 self.state.set_relations(user_id, rel, now)
             for channel_id, server_id in chans.items():
                 self.state.channels.load_channel(channel_id, server_id)

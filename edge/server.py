@@ -22,6 +22,7 @@ from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from actors.core.shard import INTERNAL_SETTINGS
 from actors.counts import CountReader
 from actors.metrics import Metrics
 from actors.ray_api import ActorDied
@@ -56,6 +57,7 @@ CHANNEL_OPS = {
     "voice.leave": "voice_leave",
 }
 HELD_CAP = 1_000
+INTERNAL_PREFIX = '{"type":"_'  # how orjson spells an internal frame's start
 
 
 @dataclass(eq=False)
@@ -197,8 +199,9 @@ class Edge:
             if not await self._run(conn, commands):
                 return
             async for raw in ws:
-                self.metrics.inc("frames_in_total")
-                if not await self._run(conn, session.receive(raw, time.time())):
+                commands = session.receive(raw, time.time())
+                self.metrics.inc("frames_in_total", type=session.last_frame_type or "refused")
+                if not await self._run(conn, commands):
                     return
         except ConnectionClosed:
             pass
@@ -227,6 +230,7 @@ class Edge:
         user = s.user_id
         match cmd:
             case Reply(frame=frame):
+                self.metrics.inc("replies_total", type=str(frame.get("type")))
                 self._send(conn, orjson.dumps(frame).decode())
             case Close(code=code, reason=reason):
                 self.metrics.inc("closes_total", code=str(code))
@@ -341,6 +345,9 @@ class Edge:
 
     def _deliver(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets."""
+        if payload.startswith(INTERNAL_PREFIX):
+            self._internal(socket_ids, payload)
+            return
         ready: list[ServerConnection] = []
         for sid in socket_ids:
             conn = self.conns.get(sid)
@@ -358,6 +365,15 @@ class Edge:
                 conn = self.conns.get(sid)
                 if conn is not None:
                     self._check_backlog(conn)
+
+    def _internal(self, socket_ids: tuple[str, ...], payload: str) -> None:
+        """Frames from the shards meant for the edge itself, never for clients."""
+        frame = orjson.loads(payload)
+        if frame.get("type") == INTERNAL_SETTINGS:
+            for sid in socket_ids:
+                conn = self.conns.get(sid)
+                if conn is not None:
+                    conn.session.visibility = frame["lastSeenVisibility"]
 
     def _check_backlog(self, conn: Conn) -> None:
         transport = conn.ws.transport

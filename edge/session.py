@@ -133,6 +133,7 @@ class Session:
     connected_at: float = 0.0
     last_frame_at: float = 0.0
     refused_in_a_row: int = 0
+    last_frame_type: str = ""
     bucket: TokenBucket = field(init=False)
 
     def __post_init__(self) -> None:
@@ -195,6 +196,7 @@ class Session:
     def receive(self, raw: str | bytes, now: float) -> list[Command]:
         """One frame from the client."""
         self.last_frame_at = now
+        self.last_frame_type = ""
         if not self.bucket.take(now):
             self.refused_in_a_row += 1
             if self.refused_in_a_row >= self.limits.flood_close_after:
@@ -205,7 +207,9 @@ class Session:
         self.refused_in_a_row = 0
         try:
             frame = p.parse_client_frame(raw)
+            self.last_frame_type = frame.type
         except p.FrameError as e:
+            self.last_frame_type = "invalid"
             if not self.authenticated:
                 return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
             return [Reply(p.error_frame("bad_frame", str(e)))]

@@ -37,6 +37,8 @@ from .status import (
 )
 from .visibility import last_seen_for_reader
 
+INTERNAL_SETTINGS = "_settings"
+
 
 @dataclass(slots=True)
 class Socket:
@@ -266,6 +268,11 @@ class ShardState:
         if rel.last_seen_visibility != visibility:
             self.relations[user_id] = Relations(rel.friends, rel.servers, visibility)
             self.outbox.add(PersistVisibility(user_id, visibility))
+            acc = self.accounts.get(user_id)
+            if acc is not None:
+                # Internal frame: the edges keep each socket's own setting (the reader's side of
+                # the reciprocal `nobody` rule) and never forward frames whose type starts with _.
+                self._tell_self(acc, {"type": INTERNAL_SETTINGS, "lastSeenVisibility": visibility})
 
     def set_focus(self, user_id: str, socket_id: str, channel_id: str | None) -> None:
         acc = self.accounts.get(user_id)

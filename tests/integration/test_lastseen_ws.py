@@ -197,3 +197,32 @@ async def test_online_accounts_get_no_timestamp(
     assert again == {"type": "presence.changed", "userId": b, "status": "online"}
     await ca.close()
     await cb.close()
+
+
+async def test_settings_from_one_socket_apply_to_the_accounts_other_sockets(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    reader, friend = ids("reader"), ids("friend")
+    await load(conn, {"friendships": [[reader, friend]]})
+    f = await connect(cluster, edge, friend)
+    await f.close()
+    await eventually(lambda: stored(conn, friend), timeout=5)
+    here = await connect(cluster, edge, reader)
+    there = await Client.connect(f"ws://127.0.0.1:{second_edge.ws_port}/ws/presence", cluster.token(reader))
+    first = await there.request(
+        {"type": "presence.query", "userIds": [friend]}, lambda m: m.get("userId") == friend
+    )
+    assert "lastSeenAt" in first
+    await here.send({"type": "settings.update", "lastSeenVisibility": "nobody"})
+    await here.roundtrip()
+
+    async def hidden_from_the_other_socket() -> bool:
+        answer = await there.request(
+            {"type": "presence.query", "userIds": [friend]}, lambda m: m.get("userId") == friend
+        )
+        return "lastSeenAt" not in answer
+
+    # `nobody` is reciprocal for every socket of the account, on every edge, within moments.
+    await eventually(hidden_from_the_other_socket, timeout=3, interval=0.1)
+    await here.close()
+    await there.close()
