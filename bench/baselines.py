@@ -112,9 +112,15 @@ class RespClient:
         parts = urlsplit(url)
         if parts.scheme != "redis":
             raise ValueError(f"only redis:// URLs are supported by the benchmark client, got {url!r}")
-        self._reader, self._writer = await asyncio.open_connection(parts.hostname or "127.0.0.1", parts.port or 6379)
+        self._reader, self._writer = await asyncio.open_connection(
+            parts.hostname or "127.0.0.1", parts.port or 6379
+        )
         if parts.password is not None:
-            auth = [unquote(parts.username), unquote(parts.password)] if parts.username else [unquote(parts.password)]
+            auth = (
+                [unquote(parts.username), unquote(parts.password)]
+                if parts.username
+                else [unquote(parts.password)]
+            )
             await self.call("AUTH", *auth)
         db = parts.path.lstrip("/")
         if db and db != "0":
@@ -335,7 +341,9 @@ class CoarseRedisBatched:
             pass
 
     async def _flush_once(self) -> int:
-        ids_reply = await self.redis.call("SPOP", self.dirty_key, self.flush_batch)  # atomically claim a batch
+        ids_reply = await self.redis.call(
+            "SPOP", self.dirty_key, self.flush_batch
+        )  # atomically claim a batch
         self.counts.flush_passes += 1
         assert isinstance(ids_reply, list)
         ids = [i.decode() for i in ids_reply if isinstance(i, bytes)]

@@ -24,7 +24,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 
 def usage() -> str:
-    lines = ["usage: presence bench NAME [options]   (presence bench NAME --help for its options)", "", "benchmarks:"]
+    lines = [
+        "usage: presence bench NAME [options]   (presence bench NAME --help for its options)",
+        "",
+        "benchmarks:",
+    ]
     width = max(len(n) for n in BENCHMARKS)
     lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in BENCHMARKS.items()]
     return "\n".join(lines)
@@ -37,7 +41,9 @@ def run_bench(argv: list[str], settings: Settings) -> int:
     name, rest = argv[0], argv[1:]
     entry = BENCHMARKS.get(name)
     if entry is None:
-        print(f"presence bench: unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        print(
+            f"presence bench: unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}", file=sys.stderr
+        )
         print(usage(), file=sys.stderr)
         return 2
     module = importlib.import_module(entry[0])

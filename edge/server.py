@@ -27,6 +27,7 @@ from actors.counts import CountReader
 from actors.metrics import Metrics
 from actors.ray_api import ActorDied
 from edge import protocol as p
+from edge.demo import DemoSite
 from edge.http import InternalApi, json_response
 from edge.router import Router
 from edge.session import (
@@ -85,6 +86,8 @@ class EdgeConfig:
     batch_window_ms: float = 2.0
     batch_max_ops: int = 500
     count_ttl_s: float = 90.0
+    # Demo mode: serve the demo page at / and mint tokens for the demo accounts only.
+    demo: bool = False
     call_retry_s: float = 10.0
     # How long a pull waits for mail; also the longest gap between lease renewals, so it must
     # stay well under the shards' socket timeout.
@@ -108,6 +111,7 @@ class Edge:
         self.conns: dict[str, Conn] = {}
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
         self.api = InternalApi(self)
+        self.demo = DemoSite(config.secret) if config.demo else None
         self._servers: list[Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -167,6 +171,10 @@ class Edge:
         path = request.path.split("?", 1)[0]
         if path == WS_PATH:
             return None
+        if self.demo is not None:
+            response = self.demo.handle(request)
+            if response is not None:
+                return response
         return json_response(
             connection, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"}
         )

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from actors.core.audience import Relations
 from actors.core.effects import Deliver, Effect, OnlineCount, PersistChosen, PersistVisibility, SocketCount
-from actors.core.shard import AccountRow, QueryAnswer, ShardState
+from actors.core.shard import INTERNAL_SETTINGS, AccountRow, QueryAnswer, ShardState
 
 from .conftest import T0
 
@@ -735,9 +735,24 @@ class TestSettingsAndFocus:
         w = pair_world()
         w.s.set_visibility("alice", "friends", w.now)
         w.s.set_visibility("alice", "friends", w.now)
-        assert w.drain() == [PersistVisibility("alice", "friends")]
+        assert w.drain() == [PersistVisibility("alice", "friends")]  # no socket to tell
         r = w.s.relations["alice"]
         assert (r.friends, r.servers, r.last_seen_visibility) == (frozenset({"dave"}), frozenset({"g1"}), "friends")
+
+    def test_set_visibility_tells_only_the_accounts_own_sockets(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e2", w.now)
+        w.s.connect("bob", "b1", "e1", w.now)
+        w.s.watch("bob", "b1", "e1", ["alice"], w.now)
+        w.drain()
+        w.s.set_visibility("alice", "nobody", w.now)
+        effects = w.drain()
+        internal = [d for d in delivers(effects) if d.frame["type"] == INTERNAL_SETTINGS]
+        assert sorted(s for d in internal for s in d.socket_ids) == ["a1", "a2"]
+        assert all(d.frame == {"type": INTERNAL_SETTINGS, "lastSeenVisibility": "nobody"} for d in internal)
+        assert INTERNAL_SETTINGS.startswith("_"), "the edge forwards no frame whose type starts with _"
+        assert frames_to(effects, "b1") == []
 
     @pytest.mark.parametrize("bad", ["", "all", "Friends", "public"])
     def test_unknown_visibility_raises(self, bad: str) -> None:
@@ -880,11 +895,11 @@ def test_watcher_back_in_audience_gets_no_duplicate() -> None:
 
 # ---------------------------------------------------------------------------- the state machine
 
-USERS = ("u0", "u1", "u2", "u3")
+USERS = ("u0", "u1", "u2")
 SERVERS = ("g0", "g1")
 EDGES = ("e0", "e1")
 PAIRS = tuple(frozenset((a, b)) for i, a in enumerate(USERS) for b in USERS[i + 1 :])
-SOCKETS = {f"{u}/s{k}": (u, EDGES[k % 2]) for u in USERS for k in range(3)}  # s0, s2 on e0; s1 on e1
+SOCKETS = {f"{u}/s{k}": (u, EDGES[k]) for u in USERS for k in range(2)}  # s0 on e0, s1 on e1
 OWNER = {s: u for s, (u, _) in SOCKETS.items()}
 EDGE_OF = {s: e for s, (_, e) in SOCKETS.items()}
 UNKNOWN = "?"  # what a watcher knows after it left the audience (it was told nothing)
@@ -1036,6 +1051,12 @@ class ShardMachine(RuleBasedStateMachine):
                     for s in e.socket_ids:
                         assert s in self.conn_at_start or s in self.conn, "presence.self to a socket not connected"
                         self.self_told[s] = e.frame["status"]
+                elif kind == INTERNAL_SETTINGS:
+                    # Internal (never forwarded by the edge): the account's own sockets learn its setting.
+                    assert set(e.frame) == {"type", "lastSeenVisibility"}
+                    for s in e.socket_ids:
+                        assert s in self.conn, "internal settings frame to a socket not connected"
+                        assert e.frame["lastSeenVisibility"] == self.rel[OWNER[s]].last_seen_visibility
                 else:
                     raise AssertionError(f"unexpected frame {e.frame}")
             elif isinstance(e, PersistChosen):
@@ -1082,6 +1103,8 @@ class ShardMachine(RuleBasedStateMachine):
         vis=st.fixed_dictionaries({u: st.sampled_from(VISIBILITY) for u in USERS}),
         chosen=st.fixed_dictionaries({u: chosen_st for u in USERS}),
         seen=st.fixed_dictionaries({u: st.none() | st.floats(T0 - 10**6, T0) for u in USERS}),
+        watching=st.fixed_dictionaries({s: st.sets(users) for s in sorted(SOCKETS)}),
+        connected=st.sets(sockets),
     )
     def setup(
         self,
@@ -1090,6 +1113,8 @@ class ShardMachine(RuleBasedStateMachine):
         vis: dict[str, str],
         chosen: dict[str, str],
         seen: dict[str, float | None],
+        watching: dict[str, set[str]],
+        connected: set[str],
     ) -> None:
         for u in USERS:
             friends = {v for pair in friendships if u in pair for v in pair if v != u}
@@ -1098,7 +1123,17 @@ class ShardMachine(RuleBasedStateMachine):
         self.chosen, self.db_chosen, self.db_vis = dict(chosen), dict(chosen), dict(vis)
         self.expected_ls, self.db_ls = dict(seen), dict(seen)
         self._sub_start()
+        for s, targets in watching.items():
+            watcher, edge = SOCKETS[s]
+            targets = sorted(targets - {watcher})
+            answer = self.state.watch(watcher, s, edge, targets, self.now)
+            self.lease[edge] = self.now
+            assert answer == [(t, "offline") for t in targets if self.aud(t, watcher)]
+            self.watches.update((s, t) for t in targets)
+            self.told.update(((s, t), "offline") for t, _ in answer)
         self.drain_check()
+        for s in sorted(connected):
+            self.connect(0.0, s, refresh=False)
 
     # ---------------------------------------------------------------- sockets
 
@@ -1174,6 +1209,12 @@ class ShardMachine(RuleBasedStateMachine):
         assert got == self.real(u)
         self.drain_check()
 
+    # The operations that change statuses twice as likely as the others.
+    connect_again = rule(dt=dts, s=sockets, refresh=st.booleans())(lambda self, dt, s, refresh: self.connect(dt, s, refresh))
+    set_status_again = rule(
+        dt=dts, s=sockets, status=st.sampled_from(["online", "idle", "dnd", "invisible"]), refresh=st.booleans()
+    )(lambda self, dt, s, status, refresh: self.set_status(dt, s, status, refresh))
+
     @rule(dt=dts, e=st.sampled_from(EDGES))
     def refresh_edge(self, dt: float, e: str) -> None:
         self.begin(dt)
@@ -1214,7 +1255,7 @@ class ShardMachine(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------- watching and querying
 
-    @rule(dt=dts, s=sockets, ids=st.lists(users, max_size=4), refresh=st.booleans())
+    @rule(dt=dts, s=sockets, ids=st.lists(users, min_size=1, max_size=4), refresh=st.booleans())
     def watch(self, dt: float, s: str, ids: list[str], refresh: bool) -> None:
         self.begin(dt)
         watcher, edge = SOCKETS[s]

@@ -1,0 +1,71 @@
+"""The demo site served on the public port in demo mode: plain files from `edge/static/`, and
+tokens for the demo accounts (and only those), so two browser windows can show dots moving.
+
+No build step: the files are served as they are.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from edge.tokens import mint_token
+
+STATIC = Path(__file__).with_name("static")
+DEMO_ACCOUNTS = ("ada", "grace", "linus", "margaret", "ken")
+DEMO_SERVER = "demo"
+DEMO_CHANNEL = "demo-general"
+DEMO_GRAPH = {
+    "users": [{"id": u} for u in DEMO_ACCOUNTS],
+    "servers": [{"id": DEMO_SERVER, "members": list(DEMO_ACCOUNTS), "channels": [DEMO_CHANNEL]}],
+}
+
+
+def _response(status: int, body: bytes, content_type: str) -> Response:
+    headers = Headers(
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+            ("Connection", "close"),
+        ]
+    )
+    import http
+
+    return Response(status, http.HTTPStatus(status).phrase, headers, body)
+
+
+class DemoSite:
+    def __init__(self, secret: str, static: Path = STATIC) -> None:
+        self.secret = secret
+        self.static = static.resolve()
+
+    def handle(self, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        if url.path == "/demo/token":
+            user = parse_qs(url.query).get("user", [""])[0]
+            if user not in DEMO_ACCOUNTS:
+                return _response(
+                    403,
+                    orjson.dumps({"error": "tokens are minted for demo accounts only"}),
+                    "application/json",
+                )
+            return _response(
+                200, orjson.dumps({"token": mint_token(user, self.secret, ttl_s=3600)}), "application/json"
+            )
+        if url.path == "/demo/config":
+            body = {"accounts": list(DEMO_ACCOUNTS), "server": DEMO_SERVER, "channel": DEMO_CHANNEL}
+            return _response(200, orjson.dumps(body), "application/json")
+        name = "index.html" if url.path in ("", "/") else url.path.lstrip("/")
+        target = (self.static / name).resolve()
+        if not target.is_relative_to(self.static) or not target.is_file():
+            return None
+        content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        if target.suffix in (".js", ".mjs"):
+            content_type = "text/javascript"
+        return _response(200, target.read_bytes(), f"{content_type}; charset=utf-8")
