@@ -10,9 +10,14 @@ from actors.core.slots import SlotMap
 
 
 class SlotDirectory:
-    def __init__(self, shard_count: int) -> None:
+    def __init__(self, shard_count: int, shard_config: dict[str, Any] | None = None) -> None:
         self.map = SlotMap.even(shard_count)
         self.edges: dict[str, dict[str, Any]] = {}
+        # What new shards are created with when the pool grows (`presence scale`).
+        self.shard_config = shard_config or {}
+
+    async def get_shard_config(self) -> dict[str, Any]:
+        return self.shard_config
 
     async def get_map(self) -> tuple[int, tuple[int, ...], int]:
         return self.map.version, self.map.owners, self.map.shard_count

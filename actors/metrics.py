@@ -38,13 +38,16 @@ class Metrics:
         }
 
 
+def _escape(value: object) -> str:
+    """A label value as the text format wants it: backslash, double quote and line feed escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _labels(labels: list[tuple[str, str]] | tuple[tuple[str, str], ...], extra: dict[str, str]) -> str:
     items = [*labels, *extra.items()]
     if not items:
         return ""
-    body = ",".join(
-        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in items
-    )
+    body = ",".join(f'{k}="{_escape(v)}"' for k, v in items)
     return "{" + body + "}"
 
 

@@ -23,7 +23,8 @@ import orjson
 
 from actors.core.audience import Relations
 from actors.core.effects import Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
-from actors.core.shard import AccountRow, ShardState
+from actors.core.shard import AccountRow, ShardState, SlotExport
+from actors.core.slots import channel_key, slot_of
 from actors.counts import OnlineCounts
 from actors.metrics import Metrics
 from cluster import db
@@ -37,6 +38,26 @@ FlushWrite = Callable[[list[tuple[str, float]]], Awaitable[None]]
 # (and counted), since an edge that far behind is about to lose its lease anyway.
 MAILBOX_CAP = 200_000
 PULL_BATCH = 5_000
+
+# The answer to an operation on a slot this shard does not own (any more): the edge refreshes its
+# slot map and sends the operation to the new owner. Nothing of the operation was applied.
+MOVED = "__moved__"
+
+
+def op_keys(op: tuple[Any, ...]) -> list[str]:
+    """The slot keys an operation touches (accounts by id, channels by `#id`)."""
+    kind = op[0]
+    if kind in ("connect", "disconnect", "status", "focus", "settings"):
+        return [op[1]]
+    if kind in ("watch", "query"):
+        return list(op[3])
+    if kind == "unwatch":
+        return list(op[2])
+    if kind in ("ch_sub", "ch_unsub", "typing_start", "typing_stop", "voice_join", "voice_leave"):
+        return [channel_key(op[1])]
+    if kind == "drop_socket":
+        return [channel_key(c) for c in op[2]]
+    return []
 
 
 @dataclass
@@ -85,6 +106,14 @@ class PresenceShard:
         self._reload_users: set[str] = set()
         self._reload_channels: set[str] = set()
         self._listener: db.AudienceListener | None = None
+        # Slots this shard serves; None until the shell learns them from the slot directory.
+        self.owned: set[int] | None = None
+
+    def set_owned(self, slots: set[int]) -> None:
+        self.owned = set(slots)
+
+    def _owns(self, op: tuple[Any, ...]) -> bool:
+        return self.owned is None or all(slot_of(k) in self.owned for k in op_keys(op))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -140,7 +169,8 @@ class PresenceShard:
         self.mail.setdefault(edge_id, Mailbox())
         await self._preload(ops, now)
         now = self.clock()
-        results = [self._apply_one(edge_id, op, now) for op in ops]
+        # Ownership is checked after the awaits above, so a slot exported meanwhile is refused.
+        results = [self._apply_one(edge_id, op, now) if self._owns(op) else MOVED for op in ops]
         self._carry_out()
         self.metrics.observe("shard_batch_ops", len(ops))
         self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
@@ -203,9 +233,42 @@ class PresenceShard:
             "pending_last_seen": len(self.state.pending_last_seen),
             "watched": len(self.state.watchers),
             "channels": len(self.state.channels.channels),
+            "slots": len(self.owned) if self.owned is not None else None,
             "redis_ok": self.counts.healthy,
             "metrics": self.metrics.snapshot(),
         }
+
+    async def export_slots(self, slots: list[int]) -> SlotExport:
+        """Give up these slots: from now on their operations are answered MOVED."""
+        wanted = set(slots)
+        if self.owned is not None:
+            self.owned -= wanted
+        export = self.state.export_slots(wanted)
+        self.metrics.inc("slots_exported_total", n=len(wanted))
+        return export
+
+    async def import_slots(self, export: SlotExport) -> None:
+        """Take over slots exported by another shard, silently: nothing changes for anybody."""
+        now = self.clock()
+        users = self.state.missing_relations(self.state.users_of_export(export))
+        if users:
+            assert self.pool is not None
+            async with self.pool.acquire() as conn:
+                for user_id, rel in (await db.fetch_relations(conn, users)).items():
+                    self.state.set_relations(user_id, rel, now)
+        for edge_id in export.edges:
+            self.mail.setdefault(edge_id, Mailbox())  # mail for them may be due at once
+        self.state.import_slots(export, self.clock())
+        if self.owned is not None:
+            self.owned |= set(export.slots)
+        self.metrics.inc("slots_imported_total", n=len(export.slots))
+        self._carry_out()
+        if self.state.pending_last_seen:
+            self._flush_wake.set()
+
+    async def mail_pending(self) -> int:
+        """Frames waiting for an edge to collect them (a shard is retired only at 0)."""
+        return sum(len(box.items) for box in self.mail.values())
 
     async def drain(self, timeout_s: float) -> int:
         """Hand every pending last-seen value to the FlushActor (clean shutdown)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Awaitable
 from dataclasses import asdict
 from typing import Any
@@ -86,9 +87,24 @@ class _PresenceActor:
         # Ray re-runs __init__ after a crash but never an async start; starting lazily on the
         # first call covers both the first start and every restart.
         if self._started is None:
-            self._started = asyncio.get_running_loop().create_task(self.impl.start())
+            self._started = asyncio.get_running_loop().create_task(self._start())
         await self._started
         return self.impl
+
+    async def _start(self) -> None:
+        # The slots this shard serves come from the directory, also after a restart.
+        _, owners, _ = await ray.get_actor(DIRECTORY).get_map.remote()
+        self.impl.set_owned({s for s, owner in enumerate(owners) if owner == self.impl.config.shard_index})
+        await self.impl.start()
+
+    async def export_slots(self, slots: list[int]) -> Any:
+        return await (await self._ready()).export_slots(slots)
+
+    async def import_slots(self, export: Any) -> None:
+        await (await self._ready()).import_slots(export)
+
+    async def mail_pending(self) -> int:
+        return await (await self._ready()).mail_pending()
 
     async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
         return await (await self._ready()).apply(edge_id, ops)
@@ -156,7 +172,9 @@ def shutdown() -> None:
 
 def start_pool(shards: int, shard_config: ShardConfig, flush_interval_s: float, flush_max_rows: int) -> None:
     """Create the directory, the FlushActor and `shards` PresenceActors, and wait until all answer."""
-    directory = _Directory.options(name=DIRECTORY, **_ACTOR_OPTIONS).remote(shards)  # type: ignore[attr-defined]
+    directory = _Directory.options(name=DIRECTORY, **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
+        shards, asdict(shard_config)
+    )
     flush = _FlushActor.options(name=FLUSH, **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
         shard_config.database_url, flush_interval_s, flush_max_rows
     )
@@ -275,3 +293,58 @@ class DirectoryClient:
 
 async def flush_stats(timeout_s: float) -> dict[str, Any]:
     return await asyncio.wait_for(flush_actor().stats.remote(), timeout_s)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------- resizing
+
+
+def _create_shard(index: int, config: dict[str, Any]) -> Any:
+    return _PresenceActor.options(name=shard_name(index), **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
+        {**config, "shard_index": index}
+    )
+
+
+async def resize(shards: int, progress: Any = print, chunk: int = 512) -> dict[str, Any]:
+    """Grow or shrink the pool to `shards`, live, by moving slots (see cluster/scale.py)."""
+    from actors.core.slots import moves, rebalance
+
+    started = time.monotonic()
+    d = directory()
+    _, owners, count = await d.get_map.remote()
+    config = await d.get_shard_config.remote()
+    if shards == count:
+        return {"from": count, "to": shards, "moved_slots": 0, "seconds": 0.0}
+    if shards > count:
+        new = [_create_shard(i, config) for i in range(count, shards)]
+        await asyncio.gather(*(h.stats.remote() for h in new))
+        progress(f"started shards {count}..{shards - 1}")
+        # The larger count goes out first, so edges start collecting mail from the new shards.
+        await d.set_map.remote(owners, shards)
+    target = rebalance(tuple(owners), shards)
+    current = list(owners)
+    moved = 0
+    plan = moves(tuple(owners), target)
+    total = sum(len(s) for s in plan.values())
+    for (src, dst), slots in sorted(plan.items()):
+        for i in range(0, len(slots), chunk):
+            part = slots[i : i + chunk]
+            # Freeze + export in one call on the old owner, import on the new one, then flip the
+            # map. Between export and flip the slots answer MOVED and edges wait for the flip.
+            export = await find_shard(src).export_slots.remote(part)
+            await find_shard(dst).import_slots.remote(export)
+            for s in part:
+                current[s] = dst
+            await d.set_map.remote(tuple(current), max(shards, count))
+            moved += len(part)
+            progress(f"moved {moved}/{total} slots ({src} → {dst})")
+    if shards < count:
+        await d.set_map.remote(tuple(current), shards)
+        for index in range(shards, count):
+            handle = find_shard(index)
+            deadline = time.monotonic() + 10
+            while await handle.mail_pending.remote() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # let edges collect what was addressed to them here
+            await handle.drain.remote(5.0)
+            ray.kill(handle, no_restart=True)
+        progress(f"retired shards {shards}..{count - 1}")
+    return {"from": count, "to": shards, "moved_slots": moved, "seconds": time.monotonic() - started}

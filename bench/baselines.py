@@ -25,6 +25,7 @@ the thing measured.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
-# ------------------------------------------------------------------------------------------ Redis
+# -------------------------------------------------------------------------------------- Redis
 
 
 class RedisReplyError(RuntimeError):
@@ -130,10 +131,8 @@ class RespClient:
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            try:
+            with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
-            except OSError:
-                pass
             self._writer = self._reader = None
 
     def send(self, *args: bytes | str | int | float) -> None:
@@ -189,7 +188,7 @@ class RespClient:
         return out
 
 
-# ------------------------------------------------------------------------------------------ shared
+# -------------------------------------------------------------------------------------- shared
 
 
 @dataclass
@@ -207,7 +206,7 @@ def _tag_rows(status: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-# ------------------------------------------------------------------------------------------ 1. write-through
+# -------------------------------------------------------------------------------------- 1. write-through
 
 WRITE_THROUGH_SQL = "UPDATE users SET last_seen = now() WHERE id = $1"
 WRITE_THROUGH_TABLE = "CREATE TABLE users (id text PRIMARY KEY, last_seen timestamptz)"
@@ -244,7 +243,7 @@ class WriteThrough:
         self.counts.exec_seconds += loop.time() - started
 
 
-# ------------------------------------------------------------------------------------------ 3. the seed's design
+# -------------------------------------------------------------------------------------- 3. the seed's design
 
 COARSE_INTERVAL_MS = 10 * 60 * 1000  # record activity at most every 10 min per user
 FLUSH_INTERVAL_MS = 30_000

@@ -44,6 +44,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -183,9 +184,12 @@ def make_config(args: argparse.Namespace, settings: Settings) -> Config:
 
 @dataclass
 class Step:
-    departures: list[str]  # accounts whose last socket closed this second
-    heartbeats: list[str]  # accounts that sent a heartbeat this second
-    arrivals: list[str]  # accounts that connected this second
+    """One simulated second, (t - 1, t]: departures and arrivals at their own instants (epoch
+    milliseconds, in order), heartbeats at its end."""
+
+    departures: list[tuple[str, int]]  # (account, ms) whose last socket closed
+    arrivals: list[tuple[str, int]]  # (account, ms) that connected
+    heartbeats: list[str]  # accounts that sent a heartbeat at t
 
 
 class Workload:
@@ -195,7 +199,11 @@ class Workload:
     are `u0`, `u1`, … Every connected account heartbeats every `heartbeat_s` seconds, phases spread
     evenly (an arrival's first heartbeat comes `heartbeat_s` after it connects). Each minute
     `moves_per_minute` connected accounts, picked at random, leave and as many offline ones
-    arrive, spread evenly over the minute; the connected count stays at `accounts`.
+    arrive, spread evenly over the minute and within each second; the connected count stays at
+    `accounts`. Within a second the instants are random (as independent sockets closing are), not
+    evenly spaced: evenly spaced instants would line up with the FlushActor's one-second interval
+    and flatter it. Times are whole milliseconds, the precision of the seed's Redis scores, so
+    every design stores exactly the same instants.
     """
 
     def __init__(self, cfg: Config) -> None:
@@ -210,7 +218,7 @@ class Workload:
         for i, u in enumerate(self.online):
             self.buckets[i % cfg.heartbeat_s][u] = None
             self.phase[u] = i % cfg.heartbeat_s
-        self.last_departure: dict[str, int] = {}  # account -> virtual epoch second
+        self.last_departure: dict[str, int] = {}  # account -> epoch ms of its last departure
         self.departures = self.arrivals = self.heartbeats = 0
 
     def moves(self, t: int) -> int:
@@ -229,21 +237,26 @@ class Workload:
     def step(self, t: int) -> Step:
         k = self.moves(t)
         hb = self.cfg.heartbeat_s
-        gone = [self._pick(self.online) for _ in range(k)]
-        for u in gone:
+        base_ms = (T0 + t - 1) * 1000 + 1
+
+        def instants(n: int) -> list[int]:
+            return sorted(base_ms + self.rng.randrange(1000) for _ in range(n))
+
+        gone = [(self._pick(self.online), ms) for ms in instants(k)]
+        for u, ms in gone:
             del self.buckets[self.phase.pop(u)][u]
-            self.last_departure[u] = T0 + t
+            self.last_departure[u] = ms
+        came = [(self._pick(self.offline), ms) for ms in instants(min(k, len(self.offline)))]
         beats = list(self.buckets[t % hb])
-        came = [self._pick(self.offline) for _ in range(min(k, len(self.offline)))]
-        for u in came:
+        for u, _ in came:
             self.online.append(u)
             self.buckets[t % hb][u] = None
             self.phase[u] = t % hb
-        self.offline.extend(gone)
+        self.offline.extend(u for u, _ in gone)
         self.departures += len(gone)
         self.arrivals += len(came)
         self.heartbeats += len(beats)
-        return Step(gone, beats, came)
+        return Step(gone, came, beats)
 
 
 # ---------------------------------------------------------------------------------------- PostgreSQL
@@ -313,7 +326,8 @@ class PgCounters:
         row = await self.conn.fetchrow(
             """SELECT coalesce(sum(calls), 0) AS calls, coalesce(sum(total_exec_time), 0) AS ms
                FROM pg_stat_statements
-               WHERE query = $1 AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())""",
+               WHERE query = $1
+                 AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())""",
             sql,
         )
         return int(row["calls"]), float(row["ms"])
@@ -332,7 +346,7 @@ async def departures_lost(
 ) -> int:
     """Departed accounts whose stored last-seen is missing or earlier than their last departure."""
     ids = list(last_departure)
-    times = [datetime.fromtimestamp(last_departure[u], tz=UTC) for u in ids]
+    times = [datetime.fromtimestamp(last_departure[u] / 1000, tz=UTC) for u in ids]
     value = await conn.fetchval(
         f"""SELECT count(*) FROM unnest($1::text[], $2::timestamptz[]) AS d(id, ts)
             LEFT JOIN {schema}.users AS u ON u.id = d.id
@@ -357,15 +371,18 @@ class VirtualClock:
 class SteppedFlushActor(FlushActor):
     """The real FlushActor, on the simulation's virtual clock.
 
-    Its loop sleeps for (next wakeup − now) computed on its clock, but sleeps in real time; with a
-    virtual clock that only moves when the simulation steps, it must be told that time moved.
-    `settle()` does that and returns once every batch due at the current virtual time has been
-    committed. This reaches into the actor's buffer and wake-up event (FlushActor has no public
-    hook for a virtual clock); the statements, their batching and their SQL are the actor's own.
+    Its loop sleeps for (next wakeup - now) computed on its clock, but sleeps in real time; with a
+    virtual clock that only moves when the simulation says so, it must be told that time moved.
+    `advance_to(t)` moves the clock to t, stopping at every moment a batch falls due on the way
+    (when the oldest row has waited the flush interval, or a full batch waits) and letting the
+    actor run it then, exactly as it would on a real clock. This reaches into the actor's buffer
+    and wake-up event (FlushActor has no public hook for a virtual clock); what it writes, when,
+    in which batches and with which SQL is the actor's own.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, clock: VirtualClock, **kwargs: Any) -> None:
+        super().__init__(*args, clock=clock, **kwargs)
+        self.virtual_clock = clock
         self._progress = asyncio.Event()
 
     async def _execute(self, batch: Batch) -> None:
@@ -375,15 +392,31 @@ class SteppedFlushActor(FlushActor):
             self._progress.set()
 
     async def settle(self) -> None:
+        """Return once no batch is in flight and none is due at the current virtual time."""
         buffer = self._buffer
         while True:
-            await asyncio.sleep(0)  # writers started just now add their rows
+            await asyncio.sleep(0)  # writers started just now add their rows, acks run
             self._progress.clear()
             if buffer.in_flight is None and not buffer.due(self._clock()):
                 return
             assert self._wake is not None
             self._wake.set()
             await asyncio.wait_for(self._progress.wait(), STATEMENT_TIMEOUT_S)
+
+    async def advance_to(self, t: float) -> None:
+        clock = self.virtual_clock
+        await self.settle()
+        while True:
+            wakeup = self._buffer.next_wakeup(clock.now)
+            if wakeup is None or wakeup > t:
+                break
+            clock.now = max(wakeup, clock.now)
+            done = self._statements + self._errors
+            await self.settle()
+            if self._statements + self._errors == done:
+                # The wakeup and the due test may disagree in the last bit of a float.
+                clock.now = math.nextafter(clock.now, math.inf)
+        clock.now = max(t, clock.now)
 
     @property
     def statements(self) -> int:
@@ -447,11 +480,13 @@ async def run_ours(
 
     async def flush_shard(st: ShardState) -> None:
         nonlocal acked
-        # What PresenceShard._flush_once does: send the pending departures, forget them once committed.
-        entries = st.last_seen_to_flush()
-        await actor.write(entries)
-        st.last_seen_flushed(entries)
-        acked += len(entries)
+        # PresenceShard._flush_loop: send what is pending, forget it once committed, and go again
+        # at once if more departed meanwhile (its wake-up event was set by them).
+        while st.pending_last_seen:
+            entries = st.last_seen_to_flush()
+            await actor.write(entries)
+            st.last_seen_flushed(entries)
+            acked += len(entries)
 
     def start_flushes() -> None:
         for i, st in enumerate(shards):
@@ -463,13 +498,20 @@ async def run_ours(
 
     started = time.perf_counter()
     for t in range(1, cfg.seconds + 1):
-        now = float(T0 + t)
-        clock.now = now
         step = wl.step(t)
-        for user in step.departures:
-            shard_of(user).disconnect(user, user, now)
-        for user in step.arrivals:
-            connect(user, now)
+        # Departures and arrivals at their own instants; each shard hands its departures to the
+        # FlushActor at once (one write in flight per shard), as PresenceShard's flush loop does.
+        events = sorted([(ms, 0, u) for u, ms in step.departures] + [(ms, 1, u) for u, ms in step.arrivals])
+        for ms, kind, user in events:
+            now = ms / 1000
+            await actor.advance_to(now)
+            if kind == 0:
+                shard_of(user).disconnect(user, user, now)
+            else:
+                connect(user, now)
+            start_flushes()
+        now = float(T0 + t)
+        await actor.advance_to(now)
         for st in shards:
             for edge in edges:  # edges refresh their leases every few seconds
                 st.refresh_edge(edge, now)
@@ -485,11 +527,9 @@ async def run_ours(
                 entries = st.checkpoint(now)
                 checkpoint_rows += len(entries)
                 checkpoint_tasks.append(asyncio.get_running_loop().create_task(actor.write(entries)))
-        start_flushes()
-        await actor.settle()
-        await asyncio.sleep(0)  # writers whose batch committed take their acknowledgement
-        if is_checkpoint:
+            await actor.settle()
             checkpoint_step_statements += actor.statements - before
+        start_flushes()
         progress.update(
             t,
             f"sim {_clock_text(t)}/{_clock_text(cfg.seconds)}  departures {wl.departures:,}  "
@@ -502,12 +542,25 @@ async def run_ours(
 
     # Shutdown: every shard hands over what it still holds, the actor drains it all.
     drain_started = time.perf_counter()
-    while any(st.pending_last_seen for st in shards) or any(t is not None and not t.done() for t in flushing):
+
+    # The virtual clock stands still from here: drain() writes what is pending without waiting
+    # for the interval (a checkpoint's last partial batch, the last second's departures).
+    def writers() -> list[asyncio.Task[None]]:
+        return [t for t in [*flushing, *checkpoint_tasks] if t is not None]
+
+    for _ in range(1000):
         start_flushes()
         await asyncio.sleep(0)
-        await actor.drain(STATEMENT_TIMEOUT_S)
-        await asyncio.gather(*(t for t in flushing if t is not None))
-    await asyncio.gather(*checkpoint_tasks)
+        if await actor.drain(STATEMENT_TIMEOUT_S):
+            raise RuntimeError("the FlushActor could not drain its pending rows")
+        waiting = [t for t in writers() if not t.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=0.05)  # committed writers take their acknowledgement
+        elif not any(st.pending_last_seen for st in shards):
+            break
+    else:
+        raise RuntimeError("shards still hold departures after draining")
+    await asyncio.gather(*writers())  # surfaces any failure
     final = await actor.stats()
     await actor.stop()  # closes its connection: its statistics reach PostgreSQL
     drain_real_s = time.perf_counter() - drain_started
@@ -516,7 +569,8 @@ async def run_ours(
     calls_after = await pg.statement_calls(OURS_FLUSH_SQL)
     lost = await departures_lost(pg.conn, schema, "last_seen_at", wl.last_departure)
     progress.done(
-        f"done: {cfg.seconds} simulated s in {window_real_s:.1f} s real, {window['statements']:,} statements, "
+        f"done: {cfg.seconds} simulated s in {window_real_s:.1f} s real, "
+        f"{window['statements']:,} statements, "
         f"{wl.departures:,} departures, {lost} lost"
     )
     secs = cfg.seconds
@@ -527,15 +581,16 @@ async def run_ours(
         "redis_commands_per_s": 0.0,
         "departures": wl.departures,
         "departures_lost": lost,
-        "departures_check": "PostgreSQL last_seen_at >= last departure time, for every departed account, after drain",
+        "departures_check": "after the drain, PostgreSQL's last_seen_at >= the last departure of every "
+        "departed account",
         "simulated_seconds": secs,
         "real_seconds": round(window_real_s, 3),
         "measured": {
             "statements": window["statements"],
             "rows_written": window["rows_written"],
             "rows_updated": window["rows_updated"],
-            "statements_in_checkpoint_steps": checkpoint_step_statements,
-            "statements_in_other_steps": window["statements"] - checkpoint_step_statements,
+            "statements_at_checkpoint_instants": checkpoint_step_statements,
+            "statements_between_checkpoints": window["statements"] - checkpoint_step_statements,
             "checkpoints": checkpoints,
             "checkpoint_rows": checkpoint_rows,
             "departure_rows_acknowledged": acked,
@@ -632,8 +687,9 @@ async def run_write_through(
             "pg_stat_statements_calls": None if server is None else server[0],
             "n_tup_upd": rows_pg,
         },
-        "notes": f"run for {secs} simulated seconds only, every heartbeat a real autocommitted statement over "
-        f"{cfg.write_through_pool} connections; load factor = real seconds PostgreSQL (and this client, on "
+        "notes": f"run for {secs} simulated seconds only, every heartbeat a real autocommitted statement "
+        f"over {cfg.write_through_pool} connections; load factor = real seconds PostgreSQL (and this "
+        "client, on "
         "the same machine) took per simulated second",
     }
 
@@ -672,8 +728,8 @@ async def run_seed(
         for t in range(1, cfg.seconds + 1):
             now_ms = (T0 + t) * 1000
             step = wl.step(t)
-            for user in step.departures:
-                seed.on_user_offline(user, now_ms)
+            for user, ms in step.departures:
+                seed.on_user_offline(user, ms)
             for user in step.heartbeats:
                 seed.touch(user, now_ms)
             await seed.send()
@@ -712,7 +768,8 @@ async def run_seed(
         "redis_commands_per_s": _rate(window_redis, secs),
         "departures": wl.departures,
         "departures_lost": lost,
-        "departures_check": "PostgreSQL last_seen >= last departure time, for every departed account, after drain",
+        "departures_check": "after the drain, PostgreSQL's last_seen >= the last departure of every "
+        "departed account",
         "simulated_seconds": secs,
         "real_seconds": round(window_real_s, 3),
         "measured": {
@@ -742,10 +799,10 @@ async def run_seed(
                 server_after.get(k, 0) - server_before.get(k, 0) for k in counted
             ),
         },
-        "notes": "per-node coarsening map (10 min) pre-filled as after a long run; each coarse touch and each "
-        "offline is one MULTI/ZADD/SADD/EXEC (4 commands), pipelined per simulated second as node-redis "
-        "auto-pipelines a tick; flusher SPOP 1000 + ZMSCORE + 1 UPDATE per batch, every 30 s or at once after "
-        "a full batch",
+        "notes": "per-node coarsening map (10 min) pre-filled as after a long run; each coarse touch and "
+        "each offline is one MULTI/ZADD/SADD/EXEC (4 commands), pipelined per simulated second as "
+        "node-redis auto-pipelines a tick; flusher SPOP 1000 + ZMSCORE + 1 UPDATE per batch, every 30 s "
+        "or at once after a full batch",
     }
 
 
@@ -812,7 +869,7 @@ def _fmt_ratio(r: float) -> str:
     if r <= 0:
         return "0"
     if r >= 0.5:
-        return f"{r:.3g}×"
+        return f"{r:.3g}x"
     return f"1/{1 / r:,.0f} ({r * 100:.3g} %)"
 
 
@@ -849,32 +906,35 @@ def notes(report: dict[str, Any]) -> str:
     ours, wt, seed = d["ours"], d["write_through"], d["coarse_redis_batched"]
     om, wm, sm = ours["measured"], wt["measured"], seed["measured"]
     target = report["target"]
-    lines = [
+    verdict = "MET" if target["met"] else "MISSED"
+    keeps_up = "keeps up" if wm["load_factor"] <= 1 else "cannot keep up"
+    paragraphs = [
         f"target: ours <= {target['statements_per_s_max']:g} statement/s, checkpoints included: "
-        f"{'MET' if target['met'] else 'MISSED'} ({ours['statements_per_s']:.3f}/s)",
-        "",
-        f"ours: measured over {ours['simulated_seconds']} simulated s: {om['statements']:,} statements, "
-        f"{om['rows_written']:,} rows ({om['checkpoints']} checkpoints = {om['checkpoint_rows']:,} rows, "
-        f"{om['statements_in_checkpoint_steps']:,} statements in checkpoint steps, "
-        f"{om['statements_in_other_steps']:,} in the others). Heartbeats: {om['heartbeats']:,}, answered by the "
-        "edge, 0 statements (modelled as what the product does: no last-seen work).",
-        f"write-through: every heartbeat executed for real for {wt['simulated_seconds']} simulated s "
-        f"({wm['statements']:,} statements); PostgreSQL took {wm['load_factor']:.2f} real s per simulated s "
-        f"(sustains {wm['sustained_statements_per_real_s']:,.0f} statements/s here: "
-        f"{'keeps up' if wm['load_factor'] <= 1 else 'cannot keep up'}). statements/s is the count per simulated "
-        f"second; at real time it would need the load factor <= 1. Over {cfg['minutes']:g} min it would be "
+        f"{verdict} ({ours['statements_per_s']:.3f}/s)",
+        f"ours, measured over {ours['simulated_seconds']} simulated s: {om['statements']:,} statements, "
+        f"{om['rows_written']:,} rows; {om['checkpoints']} checkpoints of {om['checkpoint_rows']:,} rows "
+        "in all, "
+        f"{om['statements_at_checkpoint_instants']:,} statements at checkpoint instants and "
+        f"{om['statements_between_checkpoints']:,} between them (departures, at most one per flush "
+        "interval). "
+        f"{om['heartbeats']:,} heartbeats: answered by the edge, never reaching a shard, so 0 statements "
+        "(modelled as what the product does, not executed).",
+        f"write-through, every heartbeat executed for real for {wt['simulated_seconds']} simulated s: "
+        f"{wm['statements']:,} statements (measured); PostgreSQL and this client took "
+        f"{wm['load_factor']:.2f} real s per simulated s (measured load factor: sustains "
+        f"{wm['sustained_statements_per_real_s']:,.0f} statements/s on this machine, so it {keeps_up}). "
+        "Its statements/s is the count per simulated second, "
+        f"which real time would demand; over {cfg['minutes']:g} min that is "
         f"{wt['derived']['statements_over_full_window']:,} statements (derived).",
-        f"coarse + Redis + batched: measured over {seed['simulated_seconds']} simulated s: "
-        f"{sm['statements']:,} statements, {sm['rows_written']:,} rows, {sm['redis_commands']:,} Redis commands "
-        f"({sm['redis_transactions']:,} MULTI transactions); "
-        f"{sm['heartbeats_answered_locally']:,} of {sm['heartbeats']:,} heartbeats answered by the coarsening map.",
-        "drain at shutdown (not in the rates): "
-        f"ours {om['drain_statements']} statements / {om['drain_rows']:,} rows, "
-        f"seed {sm['drain_statements']} statements / {sm['drain_rows']:,} rows.",
-        "cross-checks (client count = PostgreSQL's / Redis's own count): "
-        + "; ".join(report["checks"]["lines"]),
+        f"coarse + Redis + batched, measured over {seed['simulated_seconds']} simulated s: "
+        f"{sm['statements']:,} statements, {sm['rows_written']:,} rows, {sm['redis_commands']:,} Redis "
+        f"commands ({sm['redis_transactions']:,} MULTI transactions); {sm['heartbeats_answered_locally']:,} "
+        f"of {sm['heartbeats']:,} heartbeats answered by the coarsening map.",
+        f"drain at shutdown, not in the rates: ours {om['drain_statements']} statements / "
+        f"{om['drain_rows']:,} rows, seed {sm['drain_statements']} statements / {sm['drain_rows']:,} rows.",
+        "cross-checks, client count vs PostgreSQL's or Redis's own: " + "; ".join(report["checks"]["lines"]),
     ]
-    return "\n".join(lines)
+    return "\n".join(textwrap.fill(p, width=100, subsequent_indent="  ") for p in paragraphs)
 
 
 def _checks(designs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -925,7 +985,8 @@ def results_row(report: dict[str, Any]) -> list[str]:
     load = f"{cfg['accounts']:,} accts, {cfg['minutes']:g} min" + (" (quick)" if cfg["quick"] else "")
     settings = (cfg["flush_interval_s"], cfg["flush_max_rows"], cfg["checkpoint_interval_s"], cfg["shards"])
     if settings != (1.0, 1000, 600.0, 4):
-        load += f", flush {settings[0]:g} s/{settings[1]} rows, checkpoint {settings[2]:g} s, {settings[3]} shards"
+        flush, rows, checkpoint, shards = settings
+        load += f", flush {flush:g} s/{rows} rows, checkpoint {checkpoint:g} s, {shards} shards"
     return [
         report["started_at"][:16].replace("T", " "),
         report["machine"]["commit"],
@@ -957,13 +1018,22 @@ async def run_all(cfg: Config, database_url: str, redis_url: str) -> dict[str, A
     try:
         pg = PgCounters(admin, await has_statements_view(admin))
         universe = Workload(cfg).universe
+        prefix = f"presence-bench:{run_id}:"
         steps: list[tuple[str, str | None, Callable[[results.Progress], Awaitable[dict[str, Any]]]]] = [
             ("ours", None, lambda p: run_ours(cfg, database_url, schemas["ours"], pg, p)),
-            ("coarse_redis_batched", SEED_TABLE, lambda p: run_seed(
-                cfg, database_url, schemas["coarse_redis_batched"], redis_url, f"presence-bench:{run_id}:", pg, p)),
-            ("write_through", WRITE_THROUGH_TABLE, lambda p: run_write_through(
-                cfg, database_url, schemas["write_through"], pg, p)),
-        ]  # fmt: skip
+            (
+                "coarse_redis_batched",
+                SEED_TABLE,
+                lambda p: run_seed(
+                    cfg, database_url, schemas["coarse_redis_batched"], redis_url, prefix, pg, p
+                ),
+            ),
+            (
+                "write_through",
+                WRITE_THROUGH_TABLE,
+                lambda p: run_write_through(cfg, database_url, schemas["write_through"], pg, p),
+            ),
+        ]
         for key, table_sql, run in steps:
             label = DESIGN_LABELS[key]
             sys.stderr.write(f"[{label}] creating {universe:,} users rows …\n")
@@ -1023,9 +1093,10 @@ def main(argv: list[str], settings: Settings) -> int:
     report["checks"] = _checks(report["designs"])
     path = results.write_json(NAME, report, args.output)
     print(
-        f"\npresence bench lastseen: {cfg.accounts:,} connected accounts, {cfg.heartbeats_per_s:,.0f} heartbeats/s, "
-        f"{cfg.moves_per_minute:,} leaving + {cfg.moves_per_minute:,} arriving per min, {cfg.minutes:g} simulated min "
-        f"(seed {cfg.seed}); flush every {cfg.flush_interval_s:g} s / {cfg.flush_max_rows} rows, checkpoint every "
+        f"\npresence bench lastseen: {cfg.accounts:,} connected accounts, "
+        f"{cfg.heartbeats_per_s:,.0f} heartbeats/s, {cfg.moves_per_minute:,} leaving + "
+        f"{cfg.moves_per_minute:,} arriving per min, {cfg.minutes:g} simulated min (seed {cfg.seed}); "
+        f"flush every {cfg.flush_interval_s:g} s / {cfg.flush_max_rows} rows, checkpoint every "
         f"{cfg.checkpoint_interval_s:g} s, {cfg.shards} shards\n"
     )
     print(table(report))

@@ -20,7 +20,10 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 def cmd_up(args: argparse.Namespace) -> int:
     from cluster.up import up
 
-    return up(_settings(args, shards=args.shards, ws_port=args.ws_port, internal_port=args.internal_port))
+    demo = False if args.no_demo else None  # None: the environment's (default on)
+    return up(
+        _settings(args, shards=args.shards, ws_port=args.ws_port, internal_port=args.internal_port, demo=demo)
+    )
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
@@ -87,12 +90,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    print(
-        "presence scale: live resizing is not available in this version; "
-        "restart with `presence up --shards N` to change the pool size",
-        file=sys.stderr,
-    )
-    return 2
+    from cluster.runtime import prepare_to_join
+
+    settings = _settings(args)
+    prepare_to_join(settings)
+    from cluster.scale import scale
+
+    return scale(settings, args.shards)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -116,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=int, default=None, help="PresenceActor shards (default 4)")
     p.add_argument("--ws-port", type=int, default=None, help="public websocket port (default 8765)")
     p.add_argument("--internal-port", type=int, default=None, help="internal HTTP port (default 8766)")
+    p.add_argument(
+        "--no-demo", action="store_true", help="no demo page on the websocket port, no demo accounts loaded"
+    )
     p.set_defaults(fn=cmd_up)
 
     p = add("edge", "one more edge process joining a running cluster")

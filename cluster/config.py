@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     count_refresh_s: float = 30.0
     count_ttl_s: float = 90.0
 
+    # `presence up` serves the demo page at / on the websocket port and loads the demo accounts;
+    # `presence up --no-demo` (or PRESENCE_DEMO=false) turns both off. `presence edge` never demos.
+    demo: bool = True
+
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with explicit (command-line) values on top."""

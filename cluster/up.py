@@ -44,7 +44,7 @@ def step(label: str, fn: Callable[[], T]) -> T:
     return result
 
 
-def edge_config(settings: Settings, secret: str, redis_url: str | None) -> EdgeConfig:
+def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bool = False) -> EdgeConfig:
     return EdgeConfig(
         secret=secret,
         redis_url=redis_url,
@@ -63,6 +63,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None) -> EdgeC
         batch_max_ops=settings.batch_max_ops,
         count_ttl_s=settings.count_ttl_s,
         pull_wait_s=settings.edge_lease_refresh_s,
+        demo=demo,
     )
 
 
@@ -102,6 +103,16 @@ async def _serve_edge(config: EdgeConfig, announce: Callable[[Edge], None]) -> N
     await edge.stop()
 
 
+async def _load_fixture(database_url: str, data: dict[str, Any]) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        await db.load_fixture(conn, data)
+    finally:
+        await conn.close()
+
+
 @contextlib.contextmanager
 def _cleanup(label: str, fn: Callable[[], Any]) -> Iterator[None]:
     try:
@@ -133,6 +144,10 @@ def up(settings: Settings) -> int:
             redis_url = step("starting Redis (embedded)", lambda: rd.start(data_dir))
             stack.enter_context(_cleanup("Redis", rd.stop))
         step("applying the schema", lambda: asyncio.run(db.migrate(database_url)))
+        if settings.demo:
+            from edge.demo import DEMO_GRAPH
+
+            step("loading the demo accounts", lambda: asyncio.run(_load_fixture(database_url, DEMO_GRAPH)))
         secret = token_secret(settings)
         step(
             "starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
@@ -181,13 +196,15 @@ def up(settings: Settings) -> int:
             print(
                 f"  internal    {internal_url}  (/healthz, /metrics, /api/v1/internal/presence/…)", flush=True
             )
+            if settings.demo:
+                print(f"  demo        http://{host}:{edge.ws_port}/  (off with --no-demo)", flush=True)
             print(f"  database    {database_url}", flush=True)
             print(f"  redis       {redis_url}", flush=True)
             print(f"  tokens      presence token USER --data-dir {data_dir}", flush=True)
             print("Ctrl-C stops everything (pending last-seen writes are drained first).", flush=True)
 
         _install_loop()
-        asyncio.run(_serve_edge(edge_config(settings, secret, redis_url), announce))
+        asyncio.run(_serve_edge(edge_config(settings, secret, redis_url, demo=settings.demo), announce))
     print("presence: stopped", flush=True)
     return 0
 

@@ -65,9 +65,13 @@ class Router:
             return
         self.map = SlotMap(version, tuple(owners), count)
         for i in range(count):
-            if i not in self.shards:
-                self.shards[i] = ShardClient(i)
+            self.shards.setdefault(i, ShardClient(i))
+            puller = self._pullers.get(i)
+            # A shard index may come back after a shrink retired it (its puller has ended).
+            if puller is None or puller.done():
                 self._pullers[i] = asyncio.create_task(self._pull_loop(i))
+                if self.incarnations:  # a shard added by a resize: take its lease at once
+                    self.call(i, ("ping",)).add_done_callback(lambda f: f.exception())
 
     async def close(self) -> None:
         self._closed = True
@@ -89,6 +93,16 @@ class Router:
     def group_users(self, user_ids: tuple[str, ...] | list[str]) -> dict[int, list[str]]:
         assert self.map is not None
         return self.map.group(user_ids)
+
+    async def wait_for_map_after(self, version: int, deadline: float) -> bool:
+        """Wait until the directory publishes a map newer than `version` (a slot flip)."""
+        while time.monotonic() < deadline:
+            await self.refresh_map()
+            assert self.map is not None
+            if self.map.version != version:
+                return True
+            await asyncio.sleep(0.01)
+        return False
 
     def healthy(self, max_silence_s: float = 15.0) -> bool:
         """Every shard answered a pull recently."""
@@ -151,11 +165,20 @@ class Router:
 
     # ------------------------------------------------------------------ events, long-polled
 
+    async def _still_alive(self, shard: int) -> bool:
+        try:
+            await self.shards[shard].stats(timeout_s=2.0)
+        except Exception:
+            return False
+        return True
+
     async def _pull_loop(self, shard: int) -> None:
         acked = 0
         seen: str | None = None  # the incarnation our `acked` counts in
         backoff = 0.2
         while not self._closed:
+            if self.map is not None and shard >= self.map.shard_count and not await self._still_alive(shard):
+                return  # retired by a shrink, its mail all collected
             try:
                 incarnation, last, items = await self.shards[shard].pull(
                     self.edge_id, seen, acked, self.pull_wait_s

@@ -10,6 +10,7 @@ client whose unread output passes the limit is closed instead of holding anybody
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -25,6 +26,7 @@ from websockets.http11 import Request, Response
 from actors.core.shard import INTERNAL_SETTINGS
 from actors.counts import CountReader
 from actors.metrics import Metrics
+from actors.presence import MOVED
 from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.demo import DemoSite
@@ -245,9 +247,7 @@ class Edge:
                 await conn.ws.close(code, reason)
                 return False
             case Connect(user_id=user_id):
-                status, visibility = await self._call(
-                    self.router.shard_of_user(user_id), ("connect", user_id, sid)
-                )
+                status, visibility = await self._for_user(user_id, ("connect", user_id, sid))
                 conn.connected = True
                 self._send(conn, orjson.dumps(s.connected(status, visibility).frame).decode())
                 self._release(conn)
@@ -276,13 +276,13 @@ class Edge:
                         self._send(conn, orjson.dumps(frame).decode())
             case UpdateStatus(status=status):
                 assert user is not None
-                await self._call(self.router.shard_of_user(user), ("status", user, sid, status))
+                await self._for_user(user, ("status", user, sid, status))
             case SetFocus(channel_id=channel):
                 assert user is not None
-                await self._call(self.router.shard_of_user(user), ("focus", user, sid, channel))
+                await self._for_user(user, ("focus", user, sid, channel))
             case UpdateSettings(visibility=visibility):
                 assert user is not None
-                await self._call(self.router.shard_of_user(user), ("settings", user, visibility))
+                await self._for_user(user, ("settings", user, visibility))
             case ChannelCommand(kind=kind, channel_id=channel):
                 op = CHANNEL_OPS[kind]
                 args: tuple[Any, ...]
@@ -292,15 +292,45 @@ class Edge:
                     args = (op, channel, user)
                 else:
                     args = (op, channel, sid)
-                result = await self._call(self.router.shard_of_channel(channel), args)
+                result = await self._for_channel(channel, args)
                 return await self._run(conn, s.channel_result(cmd, result is not False))
         return True
 
-    async def _gather_by_shard(self, ids: tuple[str, ...], make_op: Any) -> list[Any]:
-        groups = self.router.group_users(ids)
-        return list(
-            await asyncio.gather(*(self._call(shard, make_op(targets)) for shard, targets in groups.items()))
-        )
+    async def _for_user(self, user: str, op: tuple[Any, ...]) -> Any:
+        return (await self._routed([user], self.router.shard_of_user, lambda _: op))[0]
+
+    async def _for_channel(self, channel: str, op: tuple[Any, ...]) -> Any:
+        return (await self._routed([channel], self.router.shard_of_channel, lambda _: op))[0]
+
+    async def _gather_by_shard(self, ids: tuple[str, ...] | list[str], make_op: Any) -> list[Any]:
+        return await self._routed(list(ids), self.router.shard_of_user, make_op)
+
+    async def _routed(self, keys: list[str], shard_of: Any, make_op: Any) -> list[Any]:
+        """Send `make_op(keys of one shard)` to each owning shard; keys whose shard answers
+        MOVED (their slots are migrating) are sent again once the slot map has changed."""
+        results: list[Any] = []
+        pending = keys
+        deadline = time.monotonic() + self.config.call_retry_s
+        while pending:
+            assert self.router.map is not None
+            version = self.router.map.version
+            groups: dict[int, list[str]] = {}
+            for key in pending:
+                groups.setdefault(shard_of(key), []).append(key)
+            answers = await asyncio.gather(
+                *(self._call(shard, make_op(group)) for shard, group in groups.items())
+            )
+            pending = []
+            for group, answer in zip(groups.values(), answers, strict=True):
+                if answer == MOVED:
+                    pending.extend(group)
+                else:
+                    results.append(answer)
+            if pending:
+                self.metrics.inc("edge_moved_total")
+                if not await self.router.wait_for_map_after(version, deadline):
+                    raise ShardUnavailable("slots stayed in migration past the retry window")
+        return results
 
     async def _call(self, shard: int, op: tuple[Any, ...]) -> Any:
         """One operation, retried while its shard restarts (Ray brings it back in seconds)."""
@@ -310,6 +340,10 @@ class Edge:
             try:
                 return await self.router.call(shard, op)
             except (*ActorDied, ValueError, TimeoutError) as e:
+                with contextlib.suppress(Exception):
+                    await self.router.refresh_map()
+                if self.router.map is not None and shard >= self.router.map.shard_count:
+                    return MOVED  # retired by a shrink: its slots live elsewhere now
                 if time.monotonic() + delay > deadline:
                     raise ShardUnavailable(f"shard {shard} unavailable: {type(e).__name__}") from e
                 await asyncio.sleep(delay)
@@ -321,16 +355,16 @@ class Edge:
         if not conn.connected or s.user_id is None:
             return
         sid = s.socket_id
-        calls: list[Awaitable[Any]] = [
-            self._call(self.router.shard_of_user(s.user_id), ("disconnect", s.user_id, sid))
-        ]
-        for shard, targets in self.router.group_users(sorted(s.subscriptions)).items():
-            calls.append(self._call(shard, ("unwatch", sid, targets)))
-        by_shard: dict[int, list[str]] = {}
-        for channel in s.touched_channels():
-            by_shard.setdefault(self.router.shard_of_channel(channel), []).append(channel)
-        for shard, channels in by_shard.items():
-            calls.append(self._call(shard, ("drop_socket", sid, channels)))
+        calls: list[Awaitable[Any]] = [self._for_user(s.user_id, ("disconnect", s.user_id, sid))]
+        if s.subscriptions:
+            calls.append(
+                self._gather_by_shard(sorted(s.subscriptions), lambda targets: ("unwatch", sid, targets))
+            )
+        channels = s.touched_channels()
+        if channels:
+            calls.append(
+                self._routed(channels, self.router.shard_of_channel, lambda cs: ("drop_socket", sid, cs))
+            )
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 # The shard is gone for longer than the retry window; when it comes back it has

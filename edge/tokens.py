@@ -31,7 +31,15 @@ def verify_token(token: str, secret: str, now: float | None = None) -> str:
             token,
             secret,
             algorithms=[ALGORITHM],
-            options={"require": ["sub", "exp"], "verify_exp": False},
+            # Every time claim is checked below against `current`, never against PyJWT's own
+            # clock; `iat` is informational (a minting host's clock a little ahead is no reason
+            # to refuse a token).
+            options={
+                "require": ["sub", "exp"],
+                "verify_exp": False,
+                "verify_iat": False,
+                "verify_nbf": False,
+            },
         )
     except jwt.PyJWTError as e:
         raise TokenError(f"bad token: {e}") from None
@@ -39,6 +47,9 @@ def verify_token(token: str, secret: str, now: float | None = None) -> str:
     current = time.time() if now is None else now
     if not isinstance(exp, int | float) or exp <= current:
         raise TokenError("token expired")
+    nbf = claims.get("nbf")
+    if nbf is not None and (not isinstance(nbf, int | float) or nbf > current):
+        raise TokenError("token not yet valid")
     sub = claims.get("sub")
     if (
         not isinstance(sub, str)

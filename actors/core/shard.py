@@ -23,8 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .audience import NO_RELATIONS, Relations, in_audience
-from .channels import ChannelState
+from .channels import Channel, ChannelState
 from .effects import OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
+from .slots import channel_key, slot_of
 from .status import (
     CHOSEN_STATUSES,
     VISIBILITIES,
@@ -444,7 +445,76 @@ class ShardState:
     def live_sockets(self) -> list[tuple[str, str]]:
         return [(u, s) for u, acc in self.accounts.items() for s in acc.sockets]
 
-    # ------------------------------------------------------------------ export / import (resize)
-
     def socket_count(self) -> int:
         return sum(len(a.sockets) for a in self.accounts.values())
+
+    # ------------------------------------------------------------------ export / import (resize)
+
+    def export_slots(self, slots: set[int]) -> SlotExport:
+        """Take everything keyed by these slots out of this state, for another shard to import.
+
+        Accounts with their sockets, statuses and unflushed last-seen; the watchers of those
+        accounts; the channels in those slots. Nothing is emitted: to everybody outside, the
+        state only changes address.
+        """
+        out = SlotExport(slots=frozenset(slots))
+        for user_id in [u for u in self.accounts if slot_of(u) in slots]:
+            acc = self.accounts.pop(user_id)
+            out.accounts.append(acc)
+            for sock in acc.sockets.values():
+                self.edge_sockets.get(sock.edge_id, set()).discard((user_id, sock.socket_id))
+                out.edges.setdefault(sock.edge_id, self.edges.get(sock.edge_id, 0.0))
+            if user_id in self.pending_last_seen:
+                out.pending_last_seen[user_id] = self.pending_last_seen.pop(user_id)
+        for target in [t for t in self.watchers if slot_of(t) in slots]:
+            watchers = self.watchers.pop(target)
+            out.watchers[target] = watchers
+            for socket_id, w in watchers.items():
+                self.edge_watches.get(w.edge_id, set()).discard((target, socket_id))
+                out.edges.setdefault(w.edge_id, self.edges.get(w.edge_id, 0.0))
+        for channel_id in [c for c in self.channels.channels if slot_of(channel_key(c)) in slots]:
+            ch = self.channels.channels.pop(channel_id)
+            out.channels.append(ch)
+            for m in (*ch.subscribers.values(), *ch.voice.values()):
+                out.edges.setdefault(m.edge_id, self.edges.get(m.edge_id, 0.0))
+        return out
+
+    def users_of_export(self, export: SlotExport) -> set[str]:
+        """Every account whose relations the importing shard needs before `import_slots`."""
+        users = {acc.user_id for acc in export.accounts}
+        users.update(export.watchers)
+        users.update(w.user_id for ws in export.watchers.values() for w in ws.values())
+        for ch in export.channels:
+            users.update(m.user_id for m in (*ch.subscribers.values(), *ch.voice.values()))
+        return users
+
+    def import_slots(self, export: SlotExport, now: float) -> None:
+        """Install an export. Emits nothing: statuses, watchers and rosters arrive as they were."""
+        for edge_id, refreshed in export.edges.items():
+            # An edge's lease is as fresh as its best renewal anywhere; never shorten it here.
+            self.edges[edge_id] = max(self.edges.get(edge_id, 0.0), refreshed)
+        for acc in export.accounts:
+            self.accounts[acc.user_id] = acc
+            for sock in acc.sockets.values():
+                self.edge_sockets.setdefault(sock.edge_id, set()).add((acc.user_id, sock.socket_id))
+        for user_id, ts in export.pending_last_seen.items():
+            self.pending_last_seen[user_id] = max(ts, self.pending_last_seen.get(user_id, 0.0))
+        for target, watchers in export.watchers.items():
+            self.watchers.setdefault(target, {}).update(watchers)
+            for socket_id, w in watchers.items():
+                self.edge_watches.setdefault(w.edge_id, set()).add((target, socket_id))
+        for ch in export.channels:
+            self.channels.channels[ch.channel_id] = ch
+        self._expire(now)
+
+
+@dataclass
+class SlotExport:
+    """The state of some slots in transit between two shards (pickled by Ray on the way)."""
+
+    slots: frozenset[int]
+    accounts: list[Account] = field(default_factory=list)
+    pending_last_seen: dict[str, float] = field(default_factory=dict)
+    watchers: dict[str, dict[str, Watcher]] = field(default_factory=dict)
+    channels: list[Channel] = field(default_factory=list)
+    edges: dict[str, float] = field(default_factory=dict)

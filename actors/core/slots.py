@@ -48,3 +48,39 @@ class SlotMap:
         for key in keys:
             out.setdefault(self.shard_of(key), []).append(key)
         return out
+
+
+def rebalance(owners: tuple[int, ...], shard_count: int) -> tuple[int, ...]:
+    """A new assignment onto `shard_count` shards that moves as few slots as possible.
+
+    Every shard ends with ⌊SLOTS/n⌋ or ⌈SLOTS/n⌉ slots. Slots of shards that go away, and the
+    surplus of shards above their quota, move to the shards below theirs; every other slot stays
+    where it is, so a resize costs the minimum number of migrations.
+    """
+    if shard_count < 1:
+        raise ValueError("a pool needs at least one shard")
+    base, extra = divmod(len(owners), shard_count)
+    quota = [base + (1 if i < extra else 0) for i in range(shard_count)]
+    kept: dict[int, list[int]] = {i: [] for i in range(shard_count)}
+    loose: list[int] = []
+    for slot, owner in enumerate(owners):
+        if owner < shard_count and len(kept[owner]) < quota[owner]:
+            kept[owner].append(slot)
+        else:
+            loose.append(slot)
+    new = list(owners)
+    for shard in range(shard_count):
+        while len(kept[shard]) < quota[shard]:
+            slot = loose.pop()
+            kept[shard].append(slot)
+            new[slot] = shard
+    return tuple(new)
+
+
+def moves(old: tuple[int, ...], new: tuple[int, ...]) -> dict[tuple[int, int], list[int]]:
+    """Slots that change owner, grouped by (from, to)."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for slot, (a, b) in enumerate(zip(old, new, strict=True)):
+        if a != b:
+            out.setdefault((a, b), []).append(slot)
+    return out

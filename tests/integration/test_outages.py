@@ -11,10 +11,10 @@ import asyncpg
 import pytest
 
 from actors import ray_api
-from actors.core.slots import SlotMap
+from actors.core.slots import slot_of
 from edge.server import Edge
 
-from .conftest import SHARDS, Cluster, Ids, internal_url, load
+from .conftest import Cluster, Ids, internal_url, load
 from .test_presence_ws import connect, social
 from .wsclient import changed, eventually, of_type
 
@@ -113,7 +113,8 @@ async def test_shard_killed_edges_register_again(
 ) -> None:
     alice, bob, carol, *_ = await social(conn, ids)
     server = ids("g")
-    owner = SlotMap.even(SHARDS).shard_of(bob)
+    _, owners, _ = await ray_api.directory().get_map.remote()
+    owner = owners[slot_of(bob)]
     watcher = await connect(cluster, edge, alice)
     await watcher.request({"type": "presence.subscribe", "userIds": [bob, carol]}, of_type("presence.sync"))
     b = await connect(cluster, second_edge, bob)

@@ -1,0 +1,64 @@
+"""Smoke test of `presence bench lastseen --quick`: it runs end to end on real PostgreSQL and Redis and
+writes well-formed results. Never a speed: CI machines differ, the figures are for RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.lastseen import DESIGNS
+from cluster.cli import main
+
+pytestmark = pytest.mark.integration
+
+NUMERIC_FIELDS = (
+    "statements_per_s",
+    "rows_per_s",
+    "redis_commands_per_s",
+    "departures_lost",
+    "ratio_to_write_through",
+)
+
+
+def test_bench_lastseen_quick(
+    pg_url: str, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "lastseen.json"
+    results_md = Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md"
+    before = results_md.read_text() if results_md.exists() else None
+
+    code = main([
+        "bench", "lastseen", "--quick", "--no-record",
+        "--database-url", pg_url, "--redis-url", redis_url, "--output", str(out),
+    ])  # fmt: skip
+
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "lastseen"
+    assert set(report["designs"]) == set(DESIGNS)
+    for name, design in report["designs"].items():
+        for key in NUMERIC_FIELDS:
+            value = design[key]
+            assert isinstance(value, int | float) and not isinstance(value, bool), (name, key, value)
+            assert math.isfinite(value) and value >= 0, (name, key, value)
+    ours = report["designs"]["ours"]
+    assert ours["departures_lost"] == 0
+    assert ours["departures"] > 0
+    assert report["designs"]["coarse_redis_batched"]["departures_lost"] == 0
+    assert isinstance(report["target"]["met"], bool)
+    assert report["machine"]["cpus"] >= 1
+
+    printed = capsys.readouterr().out
+    assert "statements vs write-through" in printed
+    # --no-record leaves the committed results file alone.
+    assert (results_md.read_text() if results_md.exists() else None) == before
+
+
+def test_bench_unknown_name_lists_the_available_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown benchmark 'nope'" in err
+    assert "lastseen" in err

@@ -1,0 +1,208 @@
+"""Live resizing of the pool, 2 → 6 → 3 shards, while clients keep connecting, changing status
+and subscribing: every subscriber ends with the truth and never sees a transition that did not
+happen; rosters and unflushed last-seen survive."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import asyncpg
+import pytest
+
+from actors import ray_api
+from edge.server import Edge
+
+from .conftest import Cluster, Ids, load, ws_url
+from .test_lastseen_ws import stored
+from .wsclient import Client, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+DRIVERS = 16
+WATCHERS = 4
+
+
+class Driver:
+    """One account, driven step by step, keeping the truth of what others must see."""
+
+    def __init__(self, user: str, url: str, token: str, seed: int) -> None:
+        self.user, self.url, self.token = user, url, token
+        self.rng = random.Random(seed)
+        self.sockets: list[Client] = []
+        self.idle: list[bool] = []
+        self.chosen = "online"
+        self.truth: list[str] = []  # visible statuses, one entry per real change
+
+    def visible(self) -> str:
+        if not self.sockets or self.chosen == "invisible":
+            return "offline"
+        if self.chosen == "dnd":
+            return "dnd"
+        return "idle" if all(self.idle) else "online"
+
+    def _record(self) -> None:
+        v = self.visible()
+        if (self.truth[-1] if self.truth else "offline") != v:
+            self.truth.append(v)
+
+    async def open(self) -> None:
+        self.sockets.append(await Client.connect(self.url, self.token))
+        self.idle.append(False)
+        self._record()
+
+    async def step(self) -> None:
+        if len(self.sockets) < 3 and self.rng.random() < 0.15:
+            await self.open()
+            return
+        i = self.rng.randrange(len(self.sockets))
+        status = self.rng.choice(["online", "idle", "idle", "dnd", "invisible"])
+        await self.sockets[i].send({"type": "presence.update", "status": status})
+        await self.sockets[i].roundtrip()  # applied before the next step
+        if status == "idle":
+            self.idle[i] = True
+        else:
+            self.chosen = status
+            if status == "online":
+                self.idle[i] = False
+        self._record()
+
+    async def close(self) -> None:
+        for c in self.sockets:
+            await c.close()
+        self.sockets.clear()
+        self._record()
+
+
+def view_of(client: Client, user: str) -> str | None:
+    """What a subscriber believes: its sync entry, then every change after it."""
+    view = None
+    for f in client.log:
+        if f.get("type") == "presence.sync":
+            view = next((u["status"] for u in f["users"] if u["userId"] == user), view)
+        elif f.get("type") == "presence.changed" and f.get("userId") == user:
+            view = f["status"]
+    return view
+
+
+def seen(watcher: Client, user: str) -> list[str]:
+    return [
+        f["status"] for f in watcher.log if f.get("type") == "presence.changed" and f.get("userId") == user
+    ]
+
+
+async def test_resize_2_6_3_under_load(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    users = [ids(f"d{i}") for i in range(DRIVERS)]
+    watchers_ids = [ids(f"w{i}") for i in range(WATCHERS + 2)]
+    server, channel = ids("g"), ids("voice")
+    await load(conn, {"servers": [{"id": server, "members": users + watchers_ids, "channels": [channel]}]})
+    summary = await ray_api.resize(2, progress=lambda _: None)  # start from two shards
+    assert summary["to"] == 2
+
+    edges = [edge, second_edge]
+    watchers = []
+    for i, w in enumerate(watchers_ids[:WATCHERS]):
+        c = await Client.connect(ws_url(edges[i % 2]), cluster.token(w))
+        sync = await c.request({"type": "presence.subscribe", "userIds": users}, of_type("presence.sync"))
+        assert {u["status"] for u in sync["users"]} == {"offline"}
+        watchers.append(c)
+    roster_watcher = await Client.connect(ws_url(edge), cluster.token(watchers_ids[-1]))
+    await roster_watcher.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+
+    drivers = [Driver(u, ws_url(edges[i % 2]), cluster.token(u), seed=i) for i, u in enumerate(users)]
+    for d in drivers:
+        await d.open()
+    in_voice = [d.user for d in drivers[:5]]
+    for d in drivers[:5]:
+        await d.sockets[0].send({"type": "voice.join", "channelId": channel})
+        await d.sockets[0].roundtrip()
+
+    stop = asyncio.Event()
+
+    async def drive(d: Driver) -> None:
+        while not stop.is_set():
+            await d.step()
+            await asyncio.sleep(d.rng.uniform(0.02, 0.08))
+
+    late: list[Client] = []
+
+    async def late_subscribers() -> None:
+        while not stop.is_set():
+            c = await Client.connect(ws_url(edges[len(late) % 2]), cluster.token(watchers_ids[WATCHERS]))
+            await c.request({"type": "presence.subscribe", "userIds": users}, of_type("presence.sync"))
+            late.append(c)
+            await asyncio.sleep(0.3)
+
+    tasks = [asyncio.create_task(drive(d)) for d in drivers] + [asyncio.create_task(late_subscribers())]
+    try:
+        await asyncio.sleep(1.0)
+        grow = await ray_api.resize(6, progress=lambda _: None, chunk=64)
+        await asyncio.sleep(1.0)
+        shrink = await ray_api.resize(3, progress=lambda _: None, chunk=64)
+        await asyncio.sleep(1.0)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert grow["moved_slots"] == 2730 and shrink["moved_slots"] == 2047
+    _, owners, count = await ray_api.directory().get_map.remote()
+    assert count == 3 and set(owners) == {0, 1, 2}
+
+    async def views_settled() -> bool:
+        await asyncio.sleep(0.2)
+        return all((seen(w, d.user) or ["offline"])[-1] == d.visible() for w in watchers for d in drivers)
+
+    try:
+        await eventually(views_settled, timeout=10)
+    except AssertionError:
+        wrong = [
+            (i, d.user, seen(w, d.user), d.truth)
+            for i, w in enumerate(watchers)
+            for d in drivers
+            if (seen(w, d.user) or ["offline"])[-1] != d.visible()
+        ]
+        raise AssertionError(f"views differ from the truth: {wrong[:6]}") from None
+    for w in watchers:
+        for d in drivers:
+            # Exactly the transitions that happened, in order: none lost, none invented.
+            assert seen(w, d.user) == d.truth, (d.user, seen(w, d.user), d.truth)
+    for c in late:
+        for d in drivers:
+            assert view_of(c, d.user) == d.visible(), (d.user, view_of(c, d.user), d.visible())
+
+    # Rosters moved with their channel: a new subscriber gets the same five.
+    fresh = await Client.connect(ws_url(second_edge), cluster.token(watchers_ids[WATCHERS + 1]))
+    roster = await fresh.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+    assert sorted(roster["userIds"]) == sorted(in_voice)
+
+    # Departures after the resize: everybody goes offline, and every last-seen is stored. A
+    # socket's close is not ordered with its sibling's, so between the first close and the last
+    # a watcher may see a real intermediate state (idle, when the remaining socket is idle).
+    before = {d.user: len(d.truth) for d in drivers}
+    visible_at_close = {d.user for d in drivers if d.visible() != "offline"}
+    closed_at = time.time()
+    for d in drivers:
+        await d.close()
+    await eventually(views_settled, timeout=15)
+    for w in watchers:
+        for d in drivers:
+            got = seen(w, d.user)
+            assert got[: before[d.user]] == d.truth[: before[d.user]]
+            tail = got[before[d.user] :]
+            assert (got or ["offline"])[-1] == "offline" and len(tail) <= 2, (d.user, tail)
+            assert all(a != b for a, b in zip(got, got[1:], strict=False)), f"repeated status for {d.user}"
+
+    async def departures_stored() -> bool:
+        values = await _stored_all(conn, users)
+        # Accounts invisible at the end froze their last-seen when they hid, earlier.
+        return len(values) == len(users) and all(values[u] >= closed_at - 1.0 for u in visible_at_close)
+
+    await eventually(departures_stored, timeout=10)
+    for c in [*watchers, *late, roster_watcher, fresh]:
+        await c.close()
+
+
+async def _stored_all(conn: asyncpg.Connection, users: list[str]) -> dict[str, float]:
+    return {u: v for u in users if (v := await stored(conn, u)) is not None}

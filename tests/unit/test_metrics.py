@@ -1,0 +1,171 @@
+"""The metrics registry and its Prometheus text rendering.
+
+The text format wants, per metric family, one `# TYPE` line followed by all of that family's
+samples (never interleaved with another family's), label values escaped (backslash, double quote,
+line feed), and one sample per line. The output is checked with a small strict parser below.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+
+from actors.metrics import Metrics, render
+
+SAMPLE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r'(?:\{(?P<labels>(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})?'
+    r" (?P<value>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|inf|nan|Inf|NaN))$"
+)
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+
+
+def parse(text: str) -> list[tuple[str, str, list[tuple[str, str, dict[str, str], float]]]]:
+    """Families in order: (name, type, samples); raises AssertionError on anything malformed."""
+    assert text.endswith("\n")
+    families: list[tuple[str, str, list[tuple[str, str, dict[str, str], float]]]] = []
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge", "summary", "histogram", "untyped")
+            families.append((name, kind, []))
+            continue
+        assert not line.startswith("#"), line
+        m = SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        assert families, "a sample before any TYPE line"
+        name, kind, samples = families[-1]
+        allowed = {name} if kind in ("counter", "gauge") else {name, f"{name}_count", f"{name}_sum"}
+        assert m["name"] in allowed, f"{m['name']} under the TYPE line of {name}"
+        labels = {k: v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+                  for k, v in LABEL.findall(m["labels"] or "")}
+        samples.append((m["name"], line, labels, float(m["value"])))
+    names = [f[0] for f in families]
+    assert len(names) == len(set(names)), f"a TYPE line repeated: {names}"
+    return families
+
+
+def family(fams: list[Any], name: str) -> tuple[str, list[tuple[str, str, dict[str, str], float]]]:
+    (found,) = [(kind, samples) for n, kind, samples in fams if n == name]
+    return found
+
+
+def test_counters_gauges_summaries() -> None:
+    m = Metrics()
+    m.inc("ops_total", op="connect")
+    m.inc("ops_total", 2, op="connect")
+    m.inc("ops_total", op="watch")
+    m.set("connections", 7)
+    m.set("connections", 5)
+    m.observe("batch_ops", 3)
+    m.observe("batch_ops", 10)
+    fams = parse(render([({}, m.snapshot())]))
+    kind, samples = family(fams, "presence_ops_total")
+    assert kind == "counter"
+    assert {(s[2]["op"], s[3]) for s in samples} == {("connect", 3.0), ("watch", 1.0)}
+    kind, samples = family(fams, "presence_connections")
+    assert kind == "gauge" and [s[3] for s in samples] == [5.0]
+    kind, samples = family(fams, "presence_batch_ops")
+    assert kind == "summary"
+    assert {s[0]: s[3] for s in samples} == {"presence_batch_ops_count": 2.0, "presence_batch_ops_sum": 13.0}
+    kind, samples = family(fams, "presence_batch_ops_max")
+    assert kind == "gauge" and [s[3] for s in samples] == [10.0]
+
+
+def test_one_type_line_per_metric_and_samples_grouped_across_registries() -> None:
+    shards = []
+    for i in range(3):
+        m = Metrics()
+        m.inc("shard_ops_total", op="connect")
+        m.inc("events_total", type="presence.changed")
+        m.observe("apply_seconds", 0.001 * (i + 1))
+        m.set("accounts", 10 * i)
+        m.inc("shard_ops_total", op="query")
+        shards.append(({"shard": str(i)}, m.snapshot()))
+    edge = Metrics()
+    edge.inc("events_total", type="typing")
+    text = render([*shards, ({"edge": "edge-1"}, edge.snapshot())])
+    fams = parse(text)  # asserts grouping and a single TYPE line per family
+    assert sum(1 for line in text.splitlines() if line.startswith("# TYPE presence_shard_ops_total ")) == 1
+    _, samples = family(fams, "presence_shard_ops_total")
+    assert len(samples) == 6
+    assert {s[2]["shard"] for s in samples} == {"0", "1", "2"}
+    _, samples = family(fams, "presence_events_total")
+    assert {tuple(sorted(s[2].items())) for s in samples} == {
+        (("shard", "0"), ("type", "presence.changed")),
+        (("shard", "1"), ("type", "presence.changed")),
+        (("shard", "2"), ("type", "presence.changed")),
+        (("edge", "edge-1"), ("type", "typing")),
+    }
+    _, samples = family(fams, "presence_apply_seconds")
+    assert len(samples) == 6  # count and sum per shard
+    assert math.isclose(sum(s[3] for s in samples if s[0].endswith("_sum")), 0.006)
+
+
+def test_label_values_are_escaped() -> None:
+    m = Metrics()
+    m.inc("odd_total", reason='say "hi"', path="C:\\x")
+    fams = parse(render([({"edge": "e\\1"}, m.snapshot())]))
+    (_, _, labels, value) = family(fams, "presence_odd_total")[1][0]
+    assert labels == {"reason": 'say "hi"', "path": "C:\\x", "edge": "e\\1"}
+    assert value == 1.0
+
+
+def test_line_feed_in_label_value_is_escaped() -> None:
+    m = Metrics()
+    m.inc("odd_total", reason="two\nlines")
+    text = render([({}, m.snapshot())])
+    fams = parse(text)
+    assert family(fams, "presence_odd_total")[1][0][2] == {"reason": "two\nlines"}
+
+
+def test_labels_are_sorted_and_extra_labels_come_last() -> None:
+    m = Metrics()
+    m.inc("x_total", b="2", a="1")
+    text = render([({"shard": "0"}, m.snapshot())])
+    assert 'presence_x_total{a="1",b="2",shard="0"} 1.0' in text.splitlines()
+
+
+def test_no_labels() -> None:
+    m = Metrics()
+    m.inc("plain_total")
+    assert render([({}, m.snapshot())]).splitlines() == ["# TYPE presence_plain_total counter", "presence_plain_total 1.0"]
+
+
+def test_prefix() -> None:
+    m = Metrics()
+    m.inc("x_total")
+    assert "# TYPE edge_x_total counter" in render([({}, m.snapshot())], prefix="edge_")
+
+
+def test_nothing_to_render() -> None:
+    assert parse(render([])) == []
+    assert parse(render([({}, Metrics().snapshot())])) == []
+
+
+def test_snapshot_is_plain_data() -> None:
+    m = Metrics()
+    m.inc("a_total", k="v")
+    m.set("g", 1.5)
+    m.observe("s", 2.0)
+    snap = m.snapshot()
+    assert snap == {
+        "counters": [("a_total", [("k", "v")], 1.0)],
+        "gauges": [("g", [], 1.5)],
+        "summaries": [("s", [], [1.0, 2.0, 2.0])],
+    }
+
+
+@pytest.mark.parametrize("values", [[1.0], [3.0, 1.0, 2.0], [0.0, 0.25]])
+def test_observe_keeps_count_sum_max(values: list[float]) -> None:
+    m = Metrics()
+    for v in values:
+        m.observe("s", v)
+    ((_, _, (count, total, peak)),) = m.snapshot()["summaries"]
+    assert (count, total) == (len(values), sum(values))
+    assert peak == max(values)

@@ -1,0 +1,119 @@
+"""docs/operations.md cannot drift: its configuration table lists every setting of
+cluster/config.py with its environment variable and default, and its metrics table every metric
+the code exports."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from cluster.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "operations.md"
+PREFIX = "presence_"
+
+
+def section(name: str) -> list[list[str]]:
+    """The rows of the table between `<!-- name:start -->` and `<!-- name:end -->`, as cells."""
+    text = DOC.read_text()
+    m = re.search(rf"<!-- {name}:start -->\n(.*?)<!-- {name}:end -->", text, re.S)
+    assert m, f"docs/operations.md has no {name} table"
+    rows = [line for line in m[1].splitlines() if line.startswith("|")][2:]  # header, rule
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows]
+
+
+def unquote(cell: str) -> str:
+    assert cell.startswith("`") and cell.endswith("`"), cell
+    return cell[1:-1]
+
+
+def shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def env_var(name: str) -> str:
+    alias = Settings.model_fields[name].validation_alias
+    if alias is not None:
+        choices = getattr(alias, "choices", [alias])
+        return str(choices[0])
+    return f"{Settings.model_config.get('env_prefix', '')}{name}".upper()
+
+
+def test_settings_table_matches_settings() -> None:
+    rows = section("settings-table")
+    documented = {unquote(r[0]): (unquote(r[1]), unquote(r[2])) for r in rows}
+    assert len(documented) == len(rows), "a setting is listed twice"
+    fields = Settings.model_fields
+    assert set(documented) == set(fields), (
+        f"missing: {sorted(set(fields) - set(documented))}, unknown: {sorted(set(documented) - set(fields))}"
+    )
+    for name, field in fields.items():
+        assert documented[name] == (env_var(name), shown(field.default)), name
+    for row in rows:
+        assert row[3], f"{row[0]} has no description"
+
+
+def test_every_documented_variable_is_read(monkeypatch: Any) -> None:
+    """Set each documented variable to something other than its default; Settings must see it."""
+    expected: dict[str, Any] = {}
+    for row in section("settings-table"):
+        name, var = unquote(row[0]), unquote(row[1])
+        default = Settings.model_fields[name].default
+        value: Any
+        if isinstance(default, bool):
+            value = not default
+        elif isinstance(default, int | float):
+            value = default + 1
+        elif isinstance(default, Path):
+            value = Path("/tmp/elsewhere")
+        else:
+            value = "changed"
+        monkeypatch.setenv(var, str(value).lower() if isinstance(value, bool) else str(value))
+        expected[name] = value
+    settings = Settings()
+    assert {name: getattr(settings, name) for name in expected} == expected
+
+
+def exported_metrics() -> dict[str, str]:
+    """Every metric name the code exports, from the source: name → kind."""
+    found: dict[str, str] = {}
+    kinds = {"inc": "counter", "set": "gauge", "observe": "summary"}
+    for path in [*(ROOT / "actors").rglob("*.py"), *(ROOT / "edge").rglob("*.py")]:
+        for method, name in re.findall(r"metrics\.(inc|set|observe)\(\s*\"(\w+)\"", path.read_text()):
+            found[PREFIX + name] = kinds[method]
+    # The shard gauges that edge/http.py adds from each shard's stats.
+    http = (ROOT / "edge" / "http.py").read_text()
+    m = re.search(r"for k in \(([^)]*)\)", http)
+    assert m, "edge/http.py no longer lists the shard gauges the way this test reads them"
+    for name in re.findall(r"\"(\w+)\"", m[1]):
+        found[f"{PREFIX}shard_{name}"] = "gauge"
+    return found
+
+
+def test_metrics_table_matches_the_code() -> None:
+    rows = section("metrics")
+    documented = {unquote(r[0]): r[1] for r in rows}
+    exported = exported_metrics()
+    assert len(exported) > 20
+    assert set(documented) == set(exported), (
+        f"undocumented: {sorted(set(exported) - set(documented))}, "
+        f"not exported: {sorted(set(documented) - set(exported))}"
+    )
+    for name, kind in exported.items():
+        assert documented[name] == kind, name
+
+
+def test_every_metric_named_in_the_text_exists() -> None:
+    exported = exported_metrics()
+    suffixes = ("_count", "_sum", "_max")
+    for name in set(re.findall(r"`(presence_\w+)", DOC.read_text())):
+        base = next(
+            (name[: -len(s)] for s in suffixes if name.endswith(s) and name[: -len(s)] in exported), name
+        )
+        assert base in exported, name
