@@ -5,6 +5,7 @@ happen; rosters and unflushed last-seen survive."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 
@@ -192,7 +193,7 @@ async def test_resize_2_6_3_under_load(
             assert got[: before[d.user]] == d.truth[: before[d.user]]
             tail = got[before[d.user] :]
             assert (got or ["offline"])[-1] == "offline" and len(tail) <= 2, (d.user, tail)
-            assert all(a != b for a, b in zip(got, got[1:], strict=False)), f"repeated status for {d.user}"
+            assert all(a != b for a, b in itertools.pairwise(got)), f"repeated status for {d.user}"
 
     async def departures_stored() -> bool:
         values = await _stored_all(conn, users)
