@@ -108,6 +108,7 @@ class PresenceShard:
         self._listener: db.AudienceListener | None = None
         # Slots this shard serves; None until the shell learns them from the slot directory.
         self.owned: set[int] | None = None
+        self.node_id: str | None = None  # the Ray node it runs on, told by the Ray wrapper
 
     def set_owned(self, slots: set[int]) -> None:
         self.owned = set(slots)
@@ -234,6 +235,7 @@ class PresenceShard:
             "watched": len(self.state.watchers),
             "channels": len(self.state.channels.channels),
             "slots": len(self.owned) if self.owned is not None else None,
+            "node_id": self.node_id,
             "redis_ok": self.counts.healthy,
             "metrics": self.metrics.snapshot(),
         }

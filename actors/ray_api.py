@@ -95,6 +95,7 @@ class _PresenceActor:
         # The slots this shard serves come from the directory, also after a restart.
         _, owners, _ = await ray.get_actor(DIRECTORY).get_map.remote()
         self.impl.set_owned({s for s, owner in enumerate(owners) if owner == self.impl.config.shard_index})
+        self.impl.node_id = ray.get_runtime_context().get_node_id()
         await self.impl.start()
 
     async def export_slots(self, slots: list[int]) -> Any:
@@ -170,8 +171,17 @@ def shutdown() -> None:
 # ---------------------------------------------------------------------------- the pool
 
 
-def start_pool(shards: int, shard_config: ShardConfig, flush_interval_s: float, flush_max_rows: int) -> None:
-    """Create the directory, the FlushActor and `shards` PresenceActors, and wait until all answer."""
+def start_pool(
+    shards: int,
+    shard_config: ShardConfig,
+    flush_interval_s: float,
+    flush_max_rows: int,
+    shard_resources: list[dict[str, float]] | None = None,
+) -> None:
+    """Create the directory, the FlushActor and `shards` PresenceActors, and wait until all answer.
+
+    `shard_resources[i]`, if given, are custom Ray resources shard i asks for: the way to place
+    shards on chosen nodes (give each node a resource of its own in `ray start --resources`)."""
     directory = _Directory.options(name=DIRECTORY, **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
         shards, asdict(shard_config)
     )
@@ -179,9 +189,11 @@ def start_pool(shards: int, shard_config: ShardConfig, flush_interval_s: float, 
         shard_config.database_url, flush_interval_s, flush_max_rows
     )
     handles = [
-        _PresenceActor.options(name=shard_name(i), **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
-            asdict(ShardConfig(**{**asdict(shard_config), "shard_index": i}))
-        )
+        _PresenceActor.options(  # type: ignore[attr-defined]
+            name=shard_name(i),
+            resources=(shard_resources[i % len(shard_resources)] if shard_resources else None),
+            **_ACTOR_OPTIONS,
+        ).remote(asdict(ShardConfig(**{**asdict(shard_config), "shard_index": i})))
         for i in range(shards)
     ]
     ray.get([directory.get_map.remote(), flush.stats.remote(), *(h.stats.remote() for h in handles)])
@@ -348,3 +360,44 @@ async def resize(shards: int, progress: Any = print, chunk: int = 512) -> dict[s
             ray.kill(handle, no_restart=True)
         progress(f"retired shards {shards}..{count - 1}")
     return {"from": count, "to": shards, "moved_slots": moved, "seconds": time.monotonic() - started}
+
+
+# ---------------------------------------------------------------------------- edges as actors
+
+
+@ray.remote
+class _EdgeActor:
+    """An edge inside a Ray actor: placed on a chosen node like any actor. `presence edge` (a
+    plain process) is the usual way; this one is for deployments that let Ray place everything."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.edge: Any = None
+
+    async def start(self) -> dict[str, Any]:
+        from edge.server import Edge
+
+        self.edge = Edge(self.config)
+        await self.edge.start()
+        return {
+            "edge_id": self.edge.edge_id,
+            "ws_port": self.edge.ws_port,
+            "internal_port": self.edge.internal_port,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    async def stop(self) -> None:
+        if self.edge is not None:
+            await self.edge.stop()
+
+
+async def start_edge_actor(
+    config: Any, resources: dict[str, float] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Start an edge as a Ray actor (on the node that has `resources`); returns it and its ports."""
+    handle = _EdgeActor.options(num_cpus=0, resources=resources, max_concurrency=10_000).remote(config)  # type: ignore[attr-defined]
+    return handle, await handle.start.remote()
+
+
+async def node_of_shard(index: int) -> str:
+    return str((await find_shard(index).stats.remote())["node_id"])

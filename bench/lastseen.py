@@ -551,8 +551,9 @@ async def run_ours(
     for _ in range(1000):
         start_flushes()
         await asyncio.sleep(0)
-        if await actor.drain(STATEMENT_TIMEOUT_S):
-            raise RuntimeError("the FlushActor could not drain its pending rows")
+        # What remains unwritten after a drain is what a shard sent as soon as its previous write
+        # was committed (it had more departures meanwhile): the next round writes it.
+        await actor.drain(STATEMENT_TIMEOUT_S)
         waiting = [t for t in writers() if not t.done()]
         if waiting:
             await asyncio.wait(waiting, timeout=0.05)  # committed writers take their acknowledgement

@@ -41,6 +41,20 @@ CHROMIUM_ARGS = [
 WAIT_MS = 10_000  # patience for any one condition in the page
 
 
+def _why_no_browser() -> str | None:
+    if not CHROMIUM.exists():
+        return f"{CHROMIUM} is missing (apt-get install chromium): browser tests skipped"
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        return "the playwright Python package is missing (pip install playwright): browser tests skipped"
+    return None
+
+
+NO_BROWSER = _why_no_browser()
+needs_browser = pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
+
+
 async def http_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
     """One plain HTTP GET, off the event loop (the edge serving it runs on this loop)."""
 
@@ -123,14 +137,10 @@ async def test_page_served_only_in_demo_mode(demo_edge: Edge, edge: Edge) -> Non
 @pytest.fixture
 async def browser(tmp_path: Path) -> AsyncIterator[Any]:
     """A fresh Chromium profile (one context; each page is a window)."""
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium): browser tests skipped")
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.skip(
-            "the playwright Python package is missing (pip install playwright): browser tests skipped"
-        )
+    if NO_BROWSER is not None:
+        pytest.skip(NO_BROWSER)
+    from playwright.async_api import async_playwright
+
     pw = await async_playwright().start()
     try:
         context = await pw.chromium.launch_persistent_context(
@@ -228,6 +238,7 @@ async def operator_last_seen(e: Edge, user: str) -> str | None:
     return None if value is None else str(value)
 
 
+@needs_browser
 async def test_two_windows_see_each_other(demo_edge: Edge, browser: Any) -> None:
     from playwright.async_api import expect
 

@@ -23,7 +23,11 @@ def r(friends: set[str] | None = None, servers: set[str] | None = None, vis: str
         (r(), r(), False),  # strangers
         (r(friends={"reader"}), r(friends={"target"}), True),  # accepted friendship
         (r(friends={"reader"}, servers={"g1"}), r(servers={"g2"}), True),  # friend, no server in common
-        (r(friends={"someone-else"}), r(friends={"target"}), False),  # the reader's side alone is no friendship
+        (
+            r(friends={"someone-else"}),
+            r(friends={"target"}),
+            False,
+        ),  # the reader's side alone is no friendship
         (r(servers={"g1"}), r(friends={"target"}), False),
     ],
 )
@@ -49,14 +53,19 @@ def test_is_friend() -> None:
 
 
 def test_no_relations_is_empty() -> None:
-    assert NO_RELATIONS == Relations(frozenset(), frozenset(), "everyone")
+    assert Relations(frozenset(), frozenset(), "everyone") == NO_RELATIONS
 
 
 ids = st.sampled_from(["a", "b", "c", "d"])
 servers = st.frozensets(st.sampled_from(["g1", "g2", "g3"]))
 
 
-@given(friendships=st.sets(st.tuples(ids, ids)), members=st.fixed_dictionaries({u: servers for u in "abcd"}), t=ids, x=ids)
+@given(
+    friendships=st.sets(st.tuples(ids, ids)),
+    members=st.fixed_dictionaries({u: servers for u in "abcd"}),
+    t=ids,
+    x=ids,
+)
 def test_symmetric_when_friendships_are_stored_both_ways(
     friendships: set[tuple[str, str]], members: dict[str, frozenset[str]], t: str, x: str
 ) -> None:
@@ -64,7 +73,9 @@ def test_symmetric_when_friendships_are_stored_both_ways(
     equals: same account, or friends, or a server in common."""
 
     def rel(u: str) -> Relations:
-        friends = frozenset(b for a, b in friendships if a == u) | frozenset(a for a, b in friendships if b == u)
+        friends = frozenset(b for a, b in friendships if a == u) | frozenset(
+            a for a, b in friendships if b == u
+        )
         return Relations(friends - {u}, members[u])
 
     inside = in_audience(t, rel(t), x, rel(x))

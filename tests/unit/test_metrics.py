@@ -16,7 +16,7 @@ import pytest
 from actors.metrics import Metrics, render
 
 SAMPLE = re.compile(
-    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
     r'(?:\{(?P<labels>(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})?'
     r" (?P<value>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|inf|nan|Inf|NaN))$"
 )
@@ -42,8 +42,10 @@ def parse(text: str) -> list[tuple[str, str, list[tuple[str, str, dict[str, str]
         name, kind, samples = families[-1]
         allowed = {name} if kind in ("counter", "gauge") else {name, f"{name}_count", f"{name}_sum"}
         assert m["name"] in allowed, f"{m['name']} under the TYPE line of {name}"
-        labels = {k: v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
-                  for k, v in LABEL.findall(m["labels"] or "")}
+        labels = {
+            k: v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+            for k, v in LABEL.findall(m["labels"] or "")
+        }
         samples.append((m["name"], line, labels, float(m["value"])))
     names = [f[0] for f in families]
     assert len(names) == len(set(names)), f"a TYPE line repeated: {names}"
@@ -134,7 +136,10 @@ def test_labels_are_sorted_and_extra_labels_come_last() -> None:
 def test_no_labels() -> None:
     m = Metrics()
     m.inc("plain_total")
-    assert render([({}, m.snapshot())]).splitlines() == ["# TYPE presence_plain_total counter", "presence_plain_total 1.0"]
+    assert render([({}, m.snapshot())]).splitlines() == [
+        "# TYPE presence_plain_total counter",
+        "presence_plain_total 1.0",
+    ]
 
 
 def test_prefix() -> None:

@@ -7,6 +7,7 @@ carry control characters) is a `FrameError`, which the session answers with `bad
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from datetime import UTC, datetime
@@ -43,7 +44,9 @@ VALID: list[tuple[dict[str, Any], type]] = [
 ]
 
 
-@pytest.mark.parametrize(("frame", "model"), VALID, ids=[f"{f['type']}-{i}" for i, (f, _) in enumerate(VALID)])
+@pytest.mark.parametrize(
+    ("frame", "model"), VALID, ids=[f"{f['type']}-{i}" for i, (f, _) in enumerate(VALID)]
+)
 def test_every_client_frame_parses(frame: dict[str, Any], model: type) -> None:
     raw = json.dumps(frame)
     for form in (raw, raw.encode()):  # binary frames are parsed like text frames
@@ -54,41 +57,85 @@ def test_every_client_frame_parses(frame: dict[str, Any], model: type) -> None:
 
 def test_every_contract_frame_type_is_covered() -> None:
     contract = {
-        "identify", "heartbeat", "presence.update", "presence.subscribe", "presence.unsubscribe",
-        "presence.query", "focus", "channel.subscribe", "channel.unsubscribe", "typing.start",
-        "typing.stop", "voice.join", "voice.leave", "settings.update",
+        "identify",
+        "heartbeat",
+        "presence.update",
+        "presence.subscribe",
+        "presence.unsubscribe",
+        "presence.query",
+        "focus",
+        "channel.subscribe",
+        "channel.unsubscribe",
+        "typing.start",
+        "typing.stop",
+        "voice.join",
+        "voice.leave",
+        "settings.update",
     }
     assert {f["type"] for f, _ in VALID} == contract
     assert {m.model_fields["type"].annotation.__args__[0] for m in p.CLIENT_FRAMES} == contract  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("raw", ['{"type":"heartbeat"}', '{"type": "heartbeat"}', ' {"type":"heartbeat"} ',
-                                 '{ "type" : "heartbeat" }', b'{"type":"heartbeat"}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"type":"heartbeat"}',
+        '{"type": "heartbeat"}',
+        ' {"type":"heartbeat"} ',
+        '{ "type" : "heartbeat" }',
+        b'{"type":"heartbeat"}',
+    ],
+)
 def test_heartbeat_spellings(raw: str | bytes) -> None:
     assert isinstance(p.parse_client_frame(raw), p.Heartbeat)
 
 
 BAD: list[str | bytes] = [
     # not JSON, not UTF-8, not an object
-    "", "{", "heartbeat", "{'type': 'heartbeat'}", "[]", "null", "42", '"heartbeat"',
-    b"\xff\xfe\x00", b'{"type":"typing.start","channelId":"\xc3"}',
+    "",
+    "{",
+    "heartbeat",
+    "{'type': 'heartbeat'}",
+    "[]",
+    "null",
+    "42",
+    '"heartbeat"',
+    b"\xff\xfe\x00",
+    b'{"type":"typing.start","channelId":"\xc3"}',
     # no type, unknown type, type of the wrong kind
-    "{}", '{"type":"presence.unknown"}', '{"type":"ready"}', '{"type":"heartbeat.ack"}', '{"type":1}',
-    '{"type":null}', '{"type":"HEARTBEAT"}',
+    "{}",
+    '{"type":"presence.unknown"}',
+    '{"type":"ready"}',
+    '{"type":"heartbeat.ack"}',
+    '{"type":1}',
+    '{"type":null}',
+    '{"type":"HEARTBEAT"}',
     # extra fields (the account id comes from the token, never from a frame)
-    '{"type":"heartbeat","x":1}', '{"type":"identify","token":"t","userId":"u1"}',
+    '{"type":"heartbeat","x":1}',
+    '{"type":"identify","token":"t","userId":"u1"}',
     '{"type":"voice.leave","channelId":"c1"}',
     # missing fields
-    '{"type":"identify"}', '{"type":"presence.update"}', '{"type":"presence.subscribe"}', '{"type":"focus"}',
-    '{"type":"typing.start"}', '{"type":"settings.update"}',
+    '{"type":"identify"}',
+    '{"type":"presence.update"}',
+    '{"type":"presence.subscribe"}',
+    '{"type":"focus"}',
+    '{"type":"typing.start"}',
+    '{"type":"settings.update"}',
     # wrong types and values
-    '{"type":"presence.update","status":"offline"}', '{"type":"presence.update","status":"Online"}',
-    '{"type":"presence.update","status":1}', '{"type":"presence.subscribe","userIds":"u1"}',
-    '{"type":"presence.subscribe","userIds":["u1",2]}', '{"type":"presence.subscribe","userIds":[null]}',
-    '{"type":"presence.subscribe","userIds":{"u1":true}}', '{"type":"presence.query","userIds":[["u1"]]}',
-    '{"type":"channel.subscribe","channelId":7}', '{"type":"channel.subscribe","channelId":null}',
-    '{"type":"channel.subscribe","channelId":true}', '{"type":"settings.update","lastSeenVisibility":"all"}',
-    '{"type":"identify","token":""}', '{"type":"identify","token":5}',
+    '{"type":"presence.update","status":"offline"}',
+    '{"type":"presence.update","status":"Online"}',
+    '{"type":"presence.update","status":1}',
+    '{"type":"presence.subscribe","userIds":"u1"}',
+    '{"type":"presence.subscribe","userIds":["u1",2]}',
+    '{"type":"presence.subscribe","userIds":[null]}',
+    '{"type":"presence.subscribe","userIds":{"u1":true}}',
+    '{"type":"presence.query","userIds":[["u1"]]}',
+    '{"type":"channel.subscribe","channelId":7}',
+    '{"type":"channel.subscribe","channelId":null}',
+    '{"type":"channel.subscribe","channelId":true}',
+    '{"type":"settings.update","lastSeenVisibility":"all"}',
+    '{"type":"identify","token":""}',
+    '{"type":"identify","token":5}',
     # bad ids: empty, too long, control characters
     '{"type":"presence.subscribe","userIds":[""]}',
     json.dumps({"type": "presence.query", "userIds": ["x" * 129]}),
@@ -166,10 +213,9 @@ def test_frames_are_immutable() -> None:
 
 @given(st.binary(max_size=64) | st.text(max_size=64))
 def test_any_input_parses_or_raises_frame_error(raw: str | bytes) -> None:
-    try:
+    """Nothing a client sends makes the parser fail any other way."""
+    with contextlib.suppress(p.FrameError):
         p.parse_client_frame(raw)
-    except p.FrameError:
-        pass
 
 
 # ---------------------------------------------------------------------------- times
@@ -211,12 +257,28 @@ def test_error_frame() -> None:
 @pytest.mark.parametrize(
     ("model", "frame"),
     [
-        (p.Ready, {"type": "ready", "userId": "u1", "socketId": "s-1", "status": "invisible", "heartbeatIntervalMs": 30000}),
+        (
+            p.Ready,
+            {
+                "type": "ready",
+                "userId": "u1",
+                "socketId": "s-1",
+                "status": "invisible",
+                "heartbeatIntervalMs": 30000,
+            },
+        ),
         (p.HeartbeatAck, {"type": "heartbeat.ack"}),
         (p.PresenceSync, {"type": "presence.sync", "users": [{"userId": "u1", "status": "offline"}]}),
         (p.PresenceChanged, {"type": "presence.changed", "userId": "u1", "status": "idle"}),
-        (p.PresenceChanged, {"type": "presence.changed", "userId": "u1", "status": "offline",
-                             "lastSeenAt": "2026-12-02T08:47:00.000Z"}),
+        (
+            p.PresenceChanged,
+            {
+                "type": "presence.changed",
+                "userId": "u1",
+                "status": "offline",
+                "lastSeenAt": "2026-12-02T08:47:00.000Z",
+            },
+        ),
         (p.PresenceSelf, {"type": "presence.self", "status": "dnd"}),
         (p.TypingEvent, {"type": "typing", "channelId": "c1", "userId": "u1"}),
         (p.VoiceRoster, {"type": "voice.roster", "channelId": "c1", "userIds": ["u1"]}),

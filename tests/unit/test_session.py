@@ -137,8 +137,14 @@ class TestIdentify:
 
     @pytest.mark.parametrize(
         "first",
-        [frame(type="heartbeat"), frame(type="presence.subscribe", userIds=["u2"]), "not json", b"\xff",
-         frame(type="identify", token=token(), userId="u2"), frame(type="identify")],
+        [
+            frame(type="heartbeat"),
+            frame(type="presence.subscribe", userIds=["u2"]),
+            "not json",
+            b"\xff",
+            frame(type="identify", token=token(), userId="u2"),
+            frame(type="identify"),
+        ],
     )
     def test_first_frame_must_be_identify(self, first: str | bytes) -> None:
         s = Session(secret=SECRET, now=T0)
@@ -190,10 +196,18 @@ class TestFrames:
 
     @pytest.mark.parametrize(
         "raw",
-        ["not json", b"\xc3\x28", "[]", frame(type="nope"), frame(type="heartbeat", x=1),
-         frame(type="presence.subscribe", userIds=[""]), frame(type="presence.query", userIds=["x" * 129]),
-         frame(type="typing.start", channelId="a\x00b"), frame(type="focus", channelId="\x1b[31m"),
-         frame(type="presence.update", status="offline")],
+        [
+            "not json",
+            b"\xc3\x28",
+            "[]",
+            frame(type="nope"),
+            frame(type="heartbeat", x=1),
+            frame(type="presence.subscribe", userIds=[""]),
+            frame(type="presence.query", userIds=["x" * 129]),
+            frame(type="typing.start", channelId="a\x00b"),
+            frame(type="focus", channelId="\x1b[31m"),
+            frame(type="presence.update", status="offline"),
+        ],
     )
     def test_bad_frame_keeps_the_socket(self, raw: str | bytes) -> None:
         s = authed()
@@ -230,21 +244,27 @@ class TestFrames:
 
     def test_settings_update_applies_to_the_next_query(self) -> None:
         s = authed()
-        assert s.receive(frame(type="settings.update", lastSeenVisibility="nobody"), T0) == [UpdateSettings("nobody")]
+        assert s.receive(frame(type="settings.update", lastSeenVisibility="nobody"), T0) == [
+            UpdateSettings("nobody")
+        ]
         assert s.receive(frame(type="presence.query", userIds=["u2"]), T0) == [Query(("u2",), "nobody")]
 
 
 class TestSubscriptions:
     def test_subscribe_dedupes_and_answers_every_id_of_the_frame(self) -> None:
         s = authed()
-        assert s.receive(frame(type="presence.subscribe", userIds=["a", "b", "a"]), T0) == [Subscribe(("a", "b"))]
+        assert s.receive(frame(type="presence.subscribe", userIds=["a", "b", "a"]), T0) == [
+            Subscribe(("a", "b"))
+        ]
         assert s.receive(frame(type="presence.subscribe", userIds=["b", "c"]), T0) == [Subscribe(("b", "c"))]
         assert s.subscriptions == {"a", "b", "c"}
 
     def test_unsubscribe_only_what_is_subscribed(self) -> None:
         s = authed()
         s.receive(frame(type="presence.subscribe", userIds=["a", "b"]), T0)
-        assert s.receive(frame(type="presence.unsubscribe", userIds=["b", "z", "b"]), T0) == [Unsubscribe(("b",))]
+        assert s.receive(frame(type="presence.unsubscribe", userIds=["b", "z", "b"]), T0) == [
+            Unsubscribe(("b",))
+        ]
         assert s.receive(frame(type="presence.unsubscribe", userIds=["z"]), T0) == []
         assert s.subscriptions == {"a"}
 
@@ -256,7 +276,9 @@ class TestSubscriptions:
         assert errors(s.receive(frame(type="presence.subscribe", userIds=["e", "f"]), T0)) == ["too_many_ids"]
         assert s.subscriptions == {"a", "b", "c", "d"}, "nothing of a refused frame applies"
         # Ids already subscribed do not count again; exactly at the cap is fine.
-        assert s.receive(frame(type="presence.subscribe", userIds=["a", "b", "e"]), T0) == [Subscribe(("a", "b", "e"))]
+        assert s.receive(frame(type="presence.subscribe", userIds=["a", "b", "e"]), T0) == [
+            Subscribe(("a", "b", "e"))
+        ]
         assert errors(s.receive(frame(type="presence.subscribe", userIds=["f"]), T0)) == ["too_many_ids"]
         # Unsubscribing makes room.
         s.receive(frame(type="presence.unsubscribe", userIds=["a"]), T0)
@@ -266,7 +288,9 @@ class TestSubscriptions:
         s = authed()
         ids = [f"u{i}" for i in range(1000)]
         assert s.receive(frame(type="presence.subscribe", userIds=ids), T0 + 10) == [Subscribe(tuple(ids))]
-        assert errors(s.receive(frame(type="presence.subscribe", userIds=["one-more"]), T0 + 10)) == ["too_many_ids"]
+        assert errors(s.receive(frame(type="presence.subscribe", userIds=["one-more"]), T0 + 10)) == [
+            "too_many_ids"
+        ]
 
     def test_query_at_most_100_ids(self) -> None:
         s = authed()
@@ -278,14 +302,21 @@ class TestSubscriptions:
 
     def test_query_dedupes_in_order(self) -> None:
         s = authed()
-        assert s.receive(frame(type="presence.query", userIds=["b", "a", "b"]), T0) == [Query(("b", "a"), "everyone")]
+        assert s.receive(frame(type="presence.query", userIds=["b", "a", "b"]), T0) == [
+            Query(("b", "a"), "everyone")
+        ]
 
 
 class TestChannels:
     @pytest.mark.parametrize(
         ("kind", "frame_type"),
-        [("subscribe", "channel.subscribe"), ("unsubscribe", "channel.unsubscribe"),
-         ("typing.start", "typing.start"), ("typing.stop", "typing.stop"), ("voice.join", "voice.join")],
+        [
+            ("subscribe", "channel.subscribe"),
+            ("unsubscribe", "channel.unsubscribe"),
+            ("typing.start", "typing.start"),
+            ("typing.stop", "typing.stop"),
+            ("voice.join", "voice.join"),
+        ],
     )
     def test_channel_frames(self, kind: str, frame_type: str) -> None:
         s = authed()
@@ -353,7 +384,9 @@ class TestRateLimit:
             assert s.receive(hb, T0) == [Reply({"type": "heartbeat.ack"})]
         replies = [s.receive(hb, T0) for _ in range(99)]
         assert errors(replies[0]) == ["rate_limited"]
-        assert all(not any(isinstance(c, Close) for c in r) for r in replies), "the socket stays open meanwhile"
+        assert all(not any(isinstance(c, Close) for c in r) for r in replies), (
+            "the socket stays open meanwhile"
+        )
         # Not one error per refused frame (that would be a flood of our own).
         assert sum(len(errors(r)) for r in replies) <= 6
         assert is_close(s.receive(hb, T0), 1008)
@@ -364,7 +397,10 @@ class TestRateLimit:
             s.receive(frame(type="heartbeat"), T0)
         assert errors(s.receive(frame(type="heartbeat"), T0)) == ["rate_limited"]
         # 1 s later: 20 more frames pass.
-        passed = sum(s.receive(frame(type="heartbeat"), T0 + 1) == [Reply({"type": "heartbeat.ack"})] for _ in range(30))
+        passed = sum(
+            s.receive(frame(type="heartbeat"), T0 + 1) == [Reply({"type": "heartbeat.ack"})]
+            for _ in range(30)
+        )
         assert passed == 20
 
     def test_a_burst_that_calms_down_is_not_closed(self) -> None:

@@ -28,11 +28,17 @@ def test_slot_count() -> None:
 
 
 def test_stable_across_processes_with_different_hash_seeds() -> None:
-    code = "from actors.core.slots import slot_of; print([slot_of(k) for k in ('u1', 'alice', '#c1', 'x'*300)])"
+    code = (
+        "from actors.core.slots import slot_of; print([slot_of(k) for k in ('u1', 'alice', '#c1', 'x'*300)])"
+    )
     outs = set()
     for seed in ("0", "1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        outs.add(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        )
     assert len(outs) == 1
     assert outs.pop().strip() == str([3958, 3143, 2549, slot_of("x" * 300)])
 

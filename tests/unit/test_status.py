@@ -1,4 +1,4 @@
-"""Status resolution (protocol.md, Statuses): chosen × live sockets' idle flags → real status;
+"""Status resolution (protocol.md, Statuses): chosen and live sockets' idle flags → real status;
 what everybody else sees; what counts as visibly present."""
 
 from __future__ import annotations
@@ -45,7 +45,13 @@ def test_real_status_accepts_any_iterable_once() -> None:
 
 @pytest.mark.parametrize(
     ("real", "visible"),
-    [("online", "online"), ("idle", "idle"), ("dnd", "dnd"), ("invisible", "offline"), ("offline", "offline")],
+    [
+        ("online", "online"),
+        ("idle", "idle"),
+        ("dnd", "dnd"),
+        ("invisible", "offline"),
+        ("offline", "offline"),
+    ],
 )
 def test_visible_status(real: str, visible: str) -> None:
     assert visible_status(real) == visible  # type: ignore[arg-type]
@@ -76,8 +82,15 @@ def test_sets() -> None:
 
 @pytest.mark.parametrize(
     ("stored", "chosen"),
-    [("online", "online"), ("dnd", "dnd"), ("invisible", "invisible"), ("idle", "online"), ("offline", "online"),
-     ("", "online"), ("DND", "online")],
+    [
+        ("online", "online"),
+        ("dnd", "dnd"),
+        ("invisible", "invisible"),
+        ("idle", "online"),
+        ("offline", "online"),
+        ("", "online"),
+        ("DND", "online"),
+    ],
 )
 def test_as_chosen(stored: str, chosen: str) -> None:
     assert as_chosen(stored) == chosen

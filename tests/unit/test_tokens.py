@@ -32,7 +32,9 @@ def encode(claims: dict[str, object], secret: str = SECRET, algorithm: str = "HS
 def test_round_trip() -> None:
     token = mint_token("u1", SECRET, ttl_s=60, now=T0)
     assert verify_token(token, SECRET, now=T0 + 1) == "u1"
-    claims = jwt.decode(token, SECRET, algorithms=["HS256"], options={"verify_exp": False, "verify_iat": False})
+    claims = jwt.decode(
+        token, SECRET, algorithms=["HS256"], options={"verify_exp": False, "verify_iat": False}
+    )
     assert claims == {"sub": "u1", "iat": int(T0), "exp": int(T0) + 60}
     assert jwt.get_unverified_header(token)["alg"] == ALGORITHM == "HS256"
 

@@ -41,8 +41,11 @@ def build(relation: str, reader_setting: str, target_setting: str) -> tuple[str,
     """Target and reader ids and relations for one relation kind (friendships on both sides)."""
     target, reader = "t", "r"
     if relation == "self":
-        return target, Relations(frozenset(), frozenset({"g1"}), target_setting), target, Relations(
-            frozenset(), frozenset({"g1"}), target_setting
+        return (
+            target,
+            Relations(frozenset(), frozenset({"g1"}), target_setting),
+            target,
+            Relations(frozenset(), frozenset({"g1"}), target_setting),
         )
     t_friends = frozenset({reader}) if relation == "friend" else frozenset()
     r_friends = frozenset({target}) if relation == "friend" else frozenset()
@@ -56,7 +59,9 @@ def build(relation: str, reader_setting: str, target_setting: str) -> tuple[str,
     )
 
 
-def expected(relation: str, reader_setting: str, target_setting: str, status: str, seen: float | None) -> float | None:
+def expected(
+    relation: str, reader_setting: str, target_setting: str, status: str, seen: float | None
+) -> float | None:
     if status not in ("offline", "invisible") or seen is None:
         return None
     if relation == "none":
@@ -82,7 +87,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("relation", "reader_setting", "target_setting", "status", "seen"), CASES)
-def test_matrix(relation: str, reader_setting: str, target_setting: str, status: str, seen: float | None) -> None:
+def test_matrix(
+    relation: str, reader_setting: str, target_setting: str, status: str, seen: float | None
+) -> None:
     target, target_rel, reader, reader_rel = build(relation, reader_setting, target_setting)
     got = last_seen_for_reader(
         target=target,
@@ -138,8 +145,12 @@ def test_withheld_is_indistinguishable_from_never_seen() -> None:
         reader="r",
         reader_rel=Relations(frozenset(), frozenset({"g"}), "everyone"),
     )
-    hidden = last_seen_for_reader(target_rel=Relations(frozenset(), frozenset({"g"}), "nobody"), last_seen_at=SEEN, **kwargs)  # type: ignore[arg-type]
-    never = last_seen_for_reader(target_rel=Relations(frozenset(), frozenset({"g"}), "everyone"), last_seen_at=None, **kwargs)  # type: ignore[arg-type]
+    hidden = last_seen_for_reader(
+        target_rel=Relations(frozenset(), frozenset({"g"}), "nobody"), last_seen_at=SEEN, **kwargs
+    )  # type: ignore[arg-type]
+    never = last_seen_for_reader(
+        target_rel=Relations(frozenset(), frozenset({"g"}), "everyone"), last_seen_at=None, **kwargs
+    )  # type: ignore[arg-type]
     assert hidden is None and never is None
 
 
