@@ -48,26 +48,27 @@ class _Incomplete(Exception):
 RespValue = bytes | int | None | list["RespValue"] | RedisReplyError
 
 
-def _parse(buf: bytearray | bytes, pos: int) -> tuple[RespValue, int]:
+def _parse(buf: bytes, pos: int) -> tuple[RespValue, int]:
     """One RESP2 reply from `buf` at `pos`; raises _Incomplete when more bytes are needed."""
     end = buf.find(b"\r\n", pos)
     if end < 0:
         raise _Incomplete
-    kind, line = buf[pos], buf[pos + 1 : end]
-    pos = end + 2
+    kind = buf[pos]
     if kind == 43:  # '+' simple string
-        return bytes(line), pos
+        return buf[pos + 1 : end], end + 2
     if kind == 58:  # ':' integer
-        return int(line), pos
+        return int(buf[pos + 1 : end]), end + 2
+    if kind == 45:  # '-' error
+        return RedisReplyError(buf[pos + 1 : end].decode(errors="replace")), end + 2
+    n = int(buf[pos + 1 : end])
+    pos = end + 2
     if kind == 36:  # '$' bulk string
-        n = int(line)
         if n < 0:
             return None, pos
         if len(buf) < pos + n + 2:
             raise _Incomplete
-        return bytes(buf[pos : pos + n]), pos + n + 2
+        return buf[pos : pos + n], pos + n + 2
     if kind == 42:  # '*' array
-        n = int(line)
         if n < 0:
             return None, pos
         items: list[RespValue] = []
@@ -75,8 +76,6 @@ def _parse(buf: bytearray | bytes, pos: int) -> tuple[RespValue, int]:
             item, pos = _parse(buf, pos)
             items.append(item)
         return items, pos
-    if kind == 45:  # '-' error
-        return RedisReplyError(bytes(line).decode(errors="replace")), pos
     raise RedisReplyError(f"unexpected RESP type byte {chr(kind)!r}")
 
 
@@ -105,7 +104,7 @@ class RespClient:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._queued: list[bytes] = []
-        self._buf = bytearray()
+        self._buf = b""
         self.commands = 0
         self.round_trips = 0
 
@@ -155,15 +154,13 @@ class RespClient:
             try:
                 reply, pos = _parse(buf, pos)
             except _Incomplete:
-                del buf[:pos]
-                pos = 0
                 chunk = await self._reader.read(1 << 20)
                 if not chunk:
                     raise ConnectionError("Redis closed the connection") from None
-                buf += chunk
+                buf, pos = buf[pos:] + chunk, 0
                 continue
             replies.append(reply)
-        del buf[:pos]
+        self._buf = buf[pos:]
         return replies
 
     async def call(self, *args: bytes | str | int | float) -> RespValue:

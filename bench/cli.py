@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
 # name -> (module, one-line description)
 BENCHMARKS: dict[str, tuple[str, str]] = {
+    "scale": (
+        "bench.scale",
+        "frames/s absorbed by the pool at 1, 2, 4, 8 shards, with live resizes under load",
+    ),
     "lastseen": (
         "bench.lastseen",
         "last-seen write load on real PostgreSQL: ours vs write-through vs coarse + Redis + batched",

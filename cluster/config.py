@@ -48,6 +48,24 @@ class Settings(BaseSettings):
     max_query_ids: int = 100
     max_frame_bytes: int = 16 * 1024
     send_queue_frames: int = 1_000
+    # A client whose unread output passes this is disconnected (the connection is aborted).
+    send_buffer_bytes: int = 1024 * 1024
+    # Per-socket token bucket: a burst of `socket_rate_burst` frames refilled at
+    # `socket_rate_per_s`; refused frames get `rate_limited`, and `flood_close_after` of them
+    # without the bucket refilling in between close the socket with 1008.
+    socket_rate_per_s: float = 20.0
+    socket_rate_burst: float = 60.0
+    flood_close_after: int = 100
+
+    # Per-edge limits across sockets (more sockets are closed with 4029), and each account's
+    # budget of ids named in `presence.query` (a token bucket: this many per minute, burst the
+    # same; over budget → `rate_limited`).
+    max_sockets_per_account: int = 20
+    max_sockets_per_ip: int = 1_000
+    query_ids_per_min: float = 600.0
+    # Behind a proxy, the header carrying the client's address (e.g. X-Forwarded-For; its last
+    # entry counts). Unset: the socket's peer address.
+    client_ip_header: str | None = None
 
     # Edge → shard batching: a batch leaves when it is this old or this large.
     batch_window_ms: float = 2.0

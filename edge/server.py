@@ -33,6 +33,7 @@ from edge.demo import DemoSite
 from edge.http import InternalApi, json_response
 from edge.router import Router
 from edge.session import (
+    Admission,
     ChannelCommand,
     Close,
     Command,
@@ -94,6 +95,9 @@ class EdgeConfig:
     # How long a pull waits for mail; also the longest gap between lease renewals, so it must
     # stay well under the shards' socket timeout.
     pull_wait_s: float = 5.0
+    # Behind a proxy: the header naming the client's address (its last entry, the one the
+    # proxy added), for the per-address socket limit. None: the peer address of the socket.
+    client_ip_header: str | None = None
 
 
 class Edge:
@@ -111,6 +115,7 @@ class Edge:
             pull_wait_s=config.pull_wait_s,
         )
         self.conns: dict[str, Conn] = {}
+        self.admission = Admission(config.limits)
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
         self.api = InternalApi(self)
         self.demo = DemoSite(config.secret) if config.demo else None
@@ -191,13 +196,21 @@ class Edge:
         assert task is not None
         self._handlers.add(task)
         now = time.time()
-        session = Session(secret=self.config.secret, now=now, limits=self.config.limits)
+        session = Session(
+            secret=self.config.secret,
+            now=now,
+            limits=self.config.limits,
+            admission=self.admission,
+            ip=self._client_ip(ws),
+        )
         conn = Conn(ws, session)
         self.conns[session.socket_id] = conn
         self.metrics.inc("connections_total")
         try:
             assert ws.request is not None
-            commands = session.authenticate_header(ws.request.headers.get("Authorization"), now)
+            commands = session.open() or session.authenticate_header(
+                ws.request.headers.get("Authorization"), now
+            )
             if not commands:
                 try:
                     raw = await asyncio.wait_for(ws.recv(), max(0.0, session.deadline() - time.time()))
@@ -217,10 +230,20 @@ class Edge:
             pass
         finally:
             self.conns.pop(session.socket_id, None)
+            session.gone()
             try:
                 await self._cleanup(conn)
             finally:
                 self._handlers.discard(task)
+
+    def _client_ip(self, ws: ServerConnection) -> str:
+        header = self.config.client_ip_header
+        if header is not None and ws.request is not None:
+            forwarded = ws.request.headers.get(header)
+            if forwarded:
+                return forwarded.rsplit(",", 1)[-1].strip()
+        peer = ws.remote_address
+        return str(peer[0]) if peer else "unknown"
 
     async def _run(self, conn: Conn, commands: list[Command]) -> bool:
         """Carry out a session's commands; False once the socket is closed."""
@@ -438,6 +461,7 @@ class Edge:
                     self._closing.add(task)
                     task.add_done_callback(self._closing.discard)
             self.metrics.set("connections", len(self.conns))
+            self.admission.sweep(now)
 
     async def _register_loop(self) -> None:
         while True:

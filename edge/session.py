@@ -92,8 +92,16 @@ class Limits:
     # Token bucket per socket: a burst of `rate_burst` frames, refilled at `rate_per_s`.
     rate_per_s: float = 20.0
     rate_burst: float = 60.0
-    # Frames refused in a row before the socket is closed with 1008.
+    # Frames refused since the bucket was last full before the socket is closed with 1008: a
+    # burst that calms down (the bucket refills) is forgiven, a flood at any rate over the limit
+    # is not.
     flood_close_after: int = 100
+    # Edge-wide, across sockets (see `Admission`): sockets per account and per client address on
+    # one edge (one more is closed with 4029), and each account's budget of ids named in
+    # `presence.query`, a token bucket refilled at this many per minute with a burst of as many.
+    max_sockets_per_account: int = 20
+    max_sockets_per_ip: int = 1_000
+    query_ids_per_min: float = 600.0
 
 
 @dataclass
@@ -103,13 +111,81 @@ class TokenBucket:
     tokens: float
     at: float
 
-    def take(self, now: float) -> bool:
-        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate_per_s)
-        self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+    def level(self, now: float) -> float:
+        return min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate_per_s)
+
+    def take(self, now: float, n: float = 1.0) -> bool:
+        self.tokens = self.level(now)
+        self.at = max(self.at, now)
+        if self.tokens >= n:
+            self.tokens -= n
             return True
         return False
+
+
+@dataclass
+class Admission:
+    """The limits of one edge that span its sockets. Pure; the edge keeps one and every session
+    shares it.
+
+    - sockets per client address, counted from the upgrade (authenticated or not);
+    - sockets per account, counted from authentication, before anything reaches an actor;
+    - each account's `presence.query` budget, a token bucket of ids. It outlives the account's
+      sockets until it has refilled (`sweep`), so reconnecting does not buy a fresh budget.
+    """
+
+    limits: Limits = field(default_factory=Limits)
+    by_ip: dict[str, int] = field(default_factory=dict)
+    by_account: dict[str, set[str]] = field(default_factory=dict)
+    query_budgets: dict[str, TokenBucket] = field(default_factory=dict)
+
+    def open(self, ip: str) -> Close | None:
+        n = self.by_ip.get(ip, 0)
+        if n >= self.limits.max_sockets_per_ip:
+            return Close(
+                p.CLOSE_TOO_MANY_CONNECTIONS,
+                f"too many connections from this address (at most {self.limits.max_sockets_per_ip})",
+            )
+        self.by_ip[ip] = n + 1
+        return None
+
+    def closed(self, ip: str) -> None:
+        n = self.by_ip.get(ip, 0) - 1
+        if n > 0:
+            self.by_ip[ip] = n
+        else:
+            self.by_ip.pop(ip, None)
+
+    def join(self, user_id: str, socket_id: str) -> Close | None:
+        sockets = self.by_account.setdefault(user_id, set())
+        if socket_id not in sockets and len(sockets) >= self.limits.max_sockets_per_account:
+            return Close(
+                p.CLOSE_TOO_MANY_CONNECTIONS,
+                f"too many connections for this account (at most {self.limits.max_sockets_per_account})",
+            )
+        sockets.add(socket_id)
+        return None
+
+    def leave(self, user_id: str, socket_id: str) -> None:
+        sockets = self.by_account.get(user_id)
+        if sockets is not None:
+            sockets.discard(socket_id)
+            if not sockets:
+                del self.by_account[user_id]
+
+    def take_query(self, user_id: str, n: int, now: float) -> bool:
+        """Spend `n` ids of the account's query budget; False (nothing spent) if it has not got them."""
+        burst = self.limits.query_ids_per_min
+        bucket = self.query_budgets.get(user_id)
+        if bucket is None:
+            bucket = self.query_budgets[user_id] = TokenBucket(burst / 60.0, burst, burst, now)
+        return bucket.take(now, n)
+
+    def sweep(self, now: float) -> None:
+        """Forget the budgets of accounts without sockets here once they have refilled."""
+        for user_id, bucket in list(self.query_budgets.items()):
+            if user_id not in self.by_account and bucket.level(now) >= bucket.burst:
+                del self.query_budgets[user_id]
 
 
 def new_socket_id() -> str:
@@ -122,6 +198,9 @@ class Session:
     now: float
     limits: Limits = field(default_factory=Limits)
     socket_id: str = field(default_factory=new_socket_id)
+    # The edge's cross-socket limits; None (unit tests of other rules) means none apply.
+    admission: Admission | None = None
+    ip: str | None = None
     user_id: str | None = None
     status: str = "offline"
     visibility: str = "everyone"
@@ -132,7 +211,8 @@ class Session:
     idle: bool = False
     connected_at: float = 0.0
     last_frame_at: float = 0.0
-    refused_in_a_row: int = 0
+    refused_in_a_row: int = 0  # refused since the bucket was last full
+    joined: bool = False
     last_frame_type: str = ""
     bucket: TokenBucket = field(init=False)
 
@@ -148,6 +228,27 @@ class Session:
     def authenticated(self) -> bool:
         return self.user_id is not None
 
+    def open(self) -> list[Command]:
+        """The upgrade was accepted: count the socket against its address."""
+        if self.admission is None or self.ip is None:
+            return []
+        refused = self.admission.open(self.ip)
+        if refused is not None:
+            self.ip = None  # not counted, so nothing to release
+            return [refused]
+        return []
+
+    def gone(self) -> None:
+        """The socket is closed: release what it held in the edge-wide limits (idempotent)."""
+        if self.admission is None:
+            return
+        if self.ip is not None:
+            self.admission.closed(self.ip)
+            self.ip = None
+        if self.joined and self.user_id is not None:
+            self.admission.leave(self.user_id, self.socket_id)
+            self.joined = False
+
     def authenticate_header(self, authorization: str | None, now: float) -> list[Command]:
         """The upgrade request's `Authorization: Bearer …`, if any. No header: wait for identify."""
         if not authorization:
@@ -159,10 +260,16 @@ class Session:
 
     def _identify(self, token: str, now: float) -> list[Command]:
         try:
-            self.user_id = verify_token(token, self.secret, now=now)
+            user_id = verify_token(token, self.secret, now=now)
         except TokenError as e:
             return [Close(p.CLOSE_AUTH, str(e))]
-        return [Connect(self.user_id)]
+        if self.admission is not None:
+            refused = self.admission.join(user_id, self.socket_id)
+            if refused is not None:
+                return [refused]
+            self.joined = True
+        self.user_id = user_id
+        return [Connect(user_id)]
 
     def connected(self, status: str, visibility: str) -> Reply:
         """The shard registered the socket; the client is told who it is."""
@@ -197,6 +304,8 @@ class Session:
         """One frame from the client."""
         self.last_frame_at = now
         self.last_frame_type = ""
+        if self.bucket.level(now) >= self.bucket.burst:
+            self.refused_in_a_row = 0  # calmed down for long enough to refill: forgiven
         if not self.bucket.take(now):
             self.refused_in_a_row += 1
             if self.refused_in_a_row >= self.limits.flood_close_after:
@@ -204,7 +313,6 @@ class Session:
             if self.refused_in_a_row == 1 or self.refused_in_a_row % 20 == 0:
                 return [Reply(p.error_frame("rate_limited", "too many frames; slow down"))]
             return []
-        self.refused_in_a_row = 0
         try:
             frame = p.parse_client_frame(raw)
             self.last_frame_type = frame.type
@@ -217,9 +325,9 @@ class Session:
             if isinstance(frame, p.Identify):
                 return self._identify(frame.token, now)
             return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
-        return self._dispatch(frame)
+        return self._dispatch(frame, now)
 
-    def _dispatch(self, frame: p.ClientFrame) -> list[Command]:
+    def _dispatch(self, frame: p.ClientFrame, now: float) -> list[Command]:
         match frame:
             case p.Heartbeat():
                 return [Reply({"type": "heartbeat.ack"})]
@@ -256,7 +364,21 @@ class Session:
                             )
                         )
                     ]
-                return [Query(tuple(dict.fromkeys(ids)), self.visibility)]
+                unique = tuple(dict.fromkeys(ids))
+                if (
+                    self.admission is not None
+                    and self.user_id is not None
+                    and not self.admission.take_query(self.user_id, len(unique), now)
+                ):
+                    per_min = self.limits.query_ids_per_min
+                    return [
+                        Reply(
+                            p.error_frame(
+                                "rate_limited", f"query budget spent ({per_min:g} ids a minute); slow down"
+                            )
+                        )
+                    ]
+                return [Query(unique, self.visibility)]
             case p.Focus(channelId=channel):
                 self.focus = channel
                 return [SetFocus(channel)]

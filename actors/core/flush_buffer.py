@@ -180,13 +180,18 @@ class FlushBuffer:
             order.popleft()  # stale: taken, or replaced by an older arrival after a failure
         return None
 
-    def _backoff_until(self, now: float) -> float | None:
-        """End of the current retry backoff, or None when not backing off."""
-        if self._failed_at is None:
-            return None
-        if now < self._failed_at:
-            return None  # the clock went backwards past the failure: do not stall on it
-        return self._failed_at + self._retry_delay
+    def _ready(self, t: float, front: _Row, force: bool) -> bool:
+        """Whether a batch may leave at time `t` (given something pending, nothing in flight).
+
+        Both conditions treat a `t` earlier than the moment they start from (the failure, the
+        row's arrival) as a backwards clock jump and give way rather than stall.
+        """
+        failed_at = self._failed_at
+        if failed_at is not None and failed_at <= t < failed_at + self._retry_delay:
+            return False  # retry backoff running
+        if force or len(self._pending) >= self.max_rows:
+            return True
+        return t < front.arrived or t - front.arrived >= self.interval_s
 
     def due(self, now: float, *, force: bool = False) -> bool:
         """Whether `take(now, force=force)` would return a batch.
@@ -198,18 +203,12 @@ class FlushBuffer:
         if self._in_flight is not None:
             return False
         front = self._front()
-        if front is None:
-            return False
-        until = self._backoff_until(now)
-        if until is not None and now < until:
-            return False
-        if force or len(self._pending) >= self.max_rows:
-            return True
-        return now < front.arrived or now - front.arrived >= self.interval_s
+        return front is not None and self._ready(now, front, force)
 
     def next_wakeup(self, now: float, *, force: bool = False) -> float | None:
         """When the shell should call `take` again (<= now means: now).
 
+        The earliest time from `now` on at which a batch is due if nothing changes meanwhile.
         None means nothing can happen until the buffer is changed from outside: nothing is
         pending, or a batch is in flight (its outcome, `succeeded` or `failed`, comes first).
         An `add` may make a batch due earlier than the time returned here.
@@ -219,15 +218,14 @@ class FlushBuffer:
         front = self._front()
         if front is None:
             return None
-        if force or len(self._pending) >= self.max_rows or now < front.arrived:
-            at = now
-        else:
-            at = front.arrived + self.interval_s
-        # The backoff counts at the moment we would act, not at `now`: after a backwards clock
-        # jump `now` may precede the failure while the interval's end does not.
-        if self._failed_at is not None and max(at, now) >= self._failed_at:
-            at = max(at, self._failed_at + self._retry_delay)
-        return at
+        if self._ready(now, front, force):
+            return now
+        # Readiness only changes at these instants; the last one is always ready (both the
+        # interval and the backoff are over), so the minimum exists.
+        interval_end = front.arrived + self.interval_s
+        backoff_end = interval_end if self._failed_at is None else self._failed_at + self._retry_delay
+        candidates = (backoff_end, interval_end, max(backoff_end, interval_end))
+        return min(c for c in candidates if c > now and self._ready(c, front, force))
 
     # ------------------------------------------------------------------ batches
 

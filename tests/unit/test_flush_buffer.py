@@ -160,6 +160,20 @@ class TestDue:
         at = buf.next_wakeup(T0 - 3600)
         assert at is not None and at <= T0 - 3600
 
+    def test_wakeup_after_backwards_jump_and_failure_is_really_due(self) -> None:
+        # Found by the state machine: a row that arrived at T0, a clock stepped back to
+        # T0 - 0.5 and a failure there. When the backoff ends (T0) the row is no longer "from
+        # the future" but has not waited the interval either: the wakeup must be T0 + 1.
+        buf = FlushBuffer(interval_s=1.0, max_rows=3)
+        buf.add([("k", T0)], T0)
+        batch = buf.take(T0 - 0.5)
+        assert batch is not None
+        buf.failed(batch, T0 - 0.5)
+        at = buf.next_wakeup(T0 - 0.5)
+        assert at == T0 + 1.0
+        assert not buf.due(T0)
+        assert buf.due(at)
+
     def test_constructor_validates(self) -> None:
         with pytest.raises(ValueError):
             FlushBuffer(interval_s=-1)

@@ -1540,7 +1540,7 @@ def test_export_takes_everything_of_the_slots_and_nothing_else() -> None:
     assert export.pending_last_seen == {"u1": T0 + 1}
     assert set(export.watchers) == {"u0", "u1"}
     assert [c.channel_id for c in export.channels] == ["ca"]
-    assert export.edges == {"e1": T0, "e2": T0}
+    assert export.edges == {"e1": T0, "e2": T0 + 1}  # each lease as last renewed (the watch renewed e2)
     assert w.s.users_of_export(export) == {"u0", "u1", "u4"}
     # The source keeps nothing of those slots ...
     assert not w.s.has_account("u0") and not w.s.has_account("u1")

@@ -1,0 +1,282 @@
+"""`presence bench scale`: frames per second absorbed by the actor pool at 1, 2, 4 and 8 shards,
+and the time a live resize takes under that load.
+
+Load generators are separate processes, each an edge without websockets: a real `Router` (the
+edge's batching and long-polling, the same code a real edge runs) registering its accounts and
+then sending `presence.update` operations as fast as the pool absorbs them, keeping many in
+flight. The main process resizes the pool live between phases with `ray_api.resize`, so every
+phase after the first also measures a resize under load. Everything runs on this machine: on two
+cores the generators share the CPUs with the shards, so their CPU is reported too.
+
+    presence bench scale [--shards 1,2,4,8] [--phase-s 10] [--generators 2] [--accounts 400]
+                         [--quick] [--no-record] [--plot PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.results import Progress, append_row, machine_info, machine_summary, write_json
+
+if TYPE_CHECKING:
+    from cluster.config import Settings
+
+NAMESPACE = "presence-bench-scale"
+
+
+def _generator(
+    index: int, address: str, auth_mode: str | None, accounts: int, seconds: float, in_flight: int, out: Any
+) -> None:
+    """One load-generator process: returns (per-second completed operations, CPU seconds)."""
+    if auth_mode:
+        os.environ.setdefault("RAY_AUTH_MODE", auth_mode)
+    from actors import ray_api
+
+    ray_api.connect(address, NAMESPACE)
+    try:
+        out.put(asyncio.run(_generate(index, accounts, seconds, in_flight)))
+    finally:
+        ray_api.shutdown()
+
+
+async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -> dict[str, Any]:
+    from actors.metrics import Metrics
+    from actors.presence import MOVED
+    from edge.router import Router
+
+    async def no_restart(_: int) -> None:
+        return None
+
+    router = Router(
+        f"bench-{index}-{os.getpid()}", lambda _ids, _p: None, no_restart, Metrics(), pull_wait_s=1.0
+    )
+    await router.start()
+
+    async def call(user: str, op: tuple[Any, ...]) -> Any:
+        while True:
+            assert router.map is not None
+            version = router.map.version
+            result = await router.call(router.shard_of_user(user), op)
+            if result != MOVED:
+                return result
+            await router.wait_for_map_after(version, time.monotonic() + 30)
+
+    users = [f"bench-{index}-{i}" for i in range(accounts)]
+    await asyncio.gather(*(call(u, ("connect", u, f"s-{u}")) for u in users))
+    done_at: list[float] = []
+    stop_at = time.monotonic() + seconds
+    cpu_started = time.process_time()
+
+    async def worker(k: int) -> None:
+        n = 0
+        while time.monotonic() < stop_at:
+            user = users[(k + n * in_flight) % len(users)]
+            n += 1
+            await call(user, ("status", user, f"s-{user}", "idle" if n % 2 else "online"))
+            done_at.append(time.monotonic())
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker(k) for k in range(in_flight)))
+    cpu = time.process_time() - cpu_started
+    await router.close()
+    return {
+        "started": time.time() - (time.monotonic() - started),
+        "offsets": [t - started for t in done_at],
+        "cpu_s": cpu,
+        "wall_s": time.monotonic() - started,
+    }
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="presence bench scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--shards", default="1,2,4,8", help="pool sizes, in order (default 1,2,4,8)")
+    p.add_argument("--phase-s", type=float, default=10.0, help="measured seconds per pool size")
+    p.add_argument("--generators", type=int, default=2, help="load-generator processes")
+    p.add_argument("--accounts", type=int, default=400, help="accounts per generator")
+    p.add_argument("--in-flight", type=int, default=400, help="operations in flight per generator")
+    p.add_argument("--quick", action="store_true", help="small sizes for a smoke test (1,2 shards, 2 s)")
+    p.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    p.add_argument("--plot", default=None, help="PNG path (default bench/results/scale-<time>.png)")
+    p.add_argument("--database-url", default=None)
+    p.add_argument("--redis-url", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.shards, args.phase_s, args.generators, args.accounts, args.in_flight = "1,2", 2.0, 1, 100, 100
+    return args
+
+
+def main(argv: list[str], settings: Settings) -> int:
+    args = parse(argv)
+    sizes = [int(s) for s in args.shards.split(",")]
+    with tempfile.TemporaryDirectory(prefix="presence-bench-scale-") as tmp:
+        return _run(args, sizes, Path(tmp), settings)
+
+
+def _run(args: argparse.Namespace, sizes: list[int], tmp: Path, settings: Settings) -> int:
+    from actors import ray_api
+    from actors.presence import ShardConfig
+    from cluster import db
+    from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+
+    servers: list[Any] = []
+    database_url = args.database_url or settings.database_url
+    redis_url = args.redis_url or settings.redis_url
+    if database_url is None:
+        pg = EmbeddedPostgres()
+        database_url = pg.start(tmp)
+        servers.append(pg)
+    if redis_url is None:
+        rd = EmbeddedRedis()
+        redis_url = rd.start(tmp)
+        servers.append(rd)
+    try:
+        asyncio.run(db.migrate(database_url))
+        ray_api.connect(None, NAMESPACE)
+        try:
+            ray_api.start_pool(sizes[0], ShardConfig(0, database_url, redis_url), 1.0, 1000)
+            report = _measure(args, sizes)
+            ray_api.stop_pool(drain_timeout_s=10)
+        finally:
+            ray_api.shutdown()
+    finally:
+        for server in reversed(servers):
+            server.stop()
+    return _report(args, sizes, report)
+
+
+def _measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
+    from actors import ray_api
+
+    warmup_s = 3.0 if not args.quick else 1.0
+    total_s = warmup_s + args.phase_s * len(sizes) + 5.0 * (len(sizes) - 1) + 2.0
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_generator,
+            args=(
+                i,
+                ray_api.gcs_address(),
+                ray_api.auth_mode(),
+                args.accounts,
+                total_s,
+                args.in_flight,
+                queue,
+            ),
+        )
+        for i in range(args.generators)
+    ]
+    for proc in procs:
+        proc.start()
+    progress = Progress("scale", len(sizes))
+    phases: list[dict[str, Any]] = []
+    time.sleep(warmup_s + 2.0)  # generators connect their accounts, then load starts
+    for k, size in enumerate(sizes):
+        resize_s = None
+        if k:
+            summary = asyncio.run(ray_api.resize(size, progress=lambda _line: None))
+            resize_s = summary["seconds"]
+        started = time.time()
+        progress.update(k, f"{size} shards: measuring {args.phase_s:.0f} s", time.monotonic())
+        time.sleep(args.phase_s)
+        phases.append({"shards": size, "start": started, "end": time.time(), "resize_s": resize_s})
+    results = [queue.get(timeout=total_s + 120) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    progress.done(f"measured {len(sizes)} pool sizes")
+    for phase in phases:
+        count = 0
+        for r in results:
+            lo, hi = phase["start"] - r["started"], phase["end"] - r["started"]
+            count += sum(1 for t in r["offsets"] if lo <= t < hi)
+        phase["ops_per_s"] = count / (phase["end"] - phase["start"])
+    cpu = sum(r["cpu_s"] for r in results) / max(r["wall_s"] for r in results)
+    return {"phases": phases, "generator_cpu": cpu}
+
+
+def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) -> int:
+    info = machine_info()
+    phases = report["phases"]
+    base = phases[0]["ops_per_s"] or 1.0
+    print(
+        f"\npool scaling on {machine_summary(info)} (commit {info['commit']}); "
+        f"{args.generators} generator processes, load-generator CPU {report['generator_cpu']:.2f} cores\n"
+    )
+    print(f"{'shards':>6} | {'frames/s':>10} | {'vs 1 shard':>10} | {'resize under load':>17}")
+    print(f"{'-' * 6}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 17}")
+    for ph in phases:
+        resize = f"{ph['resize_s']:.2f} s" if ph["resize_s"] is not None else "-"
+        print(
+            f"{ph['shards']:>6} | {ph['ops_per_s']:>10,.0f} | {ph['ops_per_s'] / base:>9.2f}x | {resize:>17}"
+        )
+    payload = {"benchmark": "scale", "machine": info, "args": vars(args), **report}
+    path = write_json("scale", payload)
+    plot = _plot(phases, Path(args.plot) if args.plot else path.with_suffix(".png"))
+    print(
+        f"\nresults: {path}"
+        + (f"\nplot:    {plot}" if plot else "\nplot:    skipped (pip install matplotlib)")
+    )
+    if not args.no_record:
+        append_row(
+            "scale",
+            "Frames/s absorbed by the pool (status updates through the edge router, batched) per pool size; "
+            "resize = live `ray_api.resize` from the previous size under that load.",
+            [
+                "date",
+                "machine",
+                "commit",
+                "generators (CPU)",
+                *[f"{p['shards']} shards" for p in phases],
+                "resize times",
+            ],
+            [
+                info_date(),
+                machine_summary(info),
+                info["commit"],
+                f"{args.generators} ({report['generator_cpu']:.2f} cores)",
+                *[f"{p['ops_per_s']:,.0f}/s ({p['ops_per_s'] / base:.2f}x)" for p in phases],
+                ", ".join(
+                    f"→{p['shards']}: {p['resize_s']:.2f} s" for p in phases if p["resize_s"] is not None
+                ),
+            ],
+        )
+    return 0
+
+
+def info_date() -> str:
+    from bench.results import utc_now
+
+    return utc_now().strftime("%Y-%m-%d %H:%M")
+
+
+def _plot(phases: list[dict[str, Any]], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    shards = [p["shards"] for p in phases]
+    ax.plot(shards, [p["ops_per_s"] for p in phases], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(shards, [str(s) for s in shards])
+    ax.set_xlabel("PresenceActor shards")
+    ax.set_ylabel("frames/s absorbed")
+    ax.set_title("Pool scaling (same machine, live resizes between points)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,48 @@
+"""`presence bench scale --quick` runs and writes well-formed results (never a speed assertion)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_scale_quick(tmp_path: Path, migrated_pg_url: str, redis_url: str) -> None:
+    plot = tmp_path / "scale.png"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "bench",
+            "scale",
+            "--quick",
+            "--no-record",
+            "--plot",
+            str(plot),
+            "--database-url",
+            migrated_pg_url,
+            "--redis-url",
+            redis_url,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    path = Path(
+        next(line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if line.startswith("results:"))
+    )
+    result = json.loads(path.read_text())
+    assert [p["shards"] for p in result["phases"]] == [1, 2]
+    assert all(isinstance(p["ops_per_s"], float) and p["ops_per_s"] > 0 for p in result["phases"])
+    assert result["phases"][1]["resize_s"] > 0
+    assert plot.exists() and plot.stat().st_size > 1000
+    path.unlink()
