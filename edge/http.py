@@ -21,6 +21,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from actors.metrics import render
+from actors.ray_api import flush_stats
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from edge.server import Edge
 
 PREFIX = "/api/v1/internal/presence"
+# FlushActor figures exported by /metrics: statements and rows written, and what still waits.
+FLUSH_COUNTERS = ("statements", "rows_written", "errors", "retries")
+FLUSH_GAUGES = ("pending_rows", "in_flight_rows", "oldest_pending_age_s")
 SHARD_TIMEOUT_S = 1.5
 
 
@@ -117,5 +121,12 @@ class InternalApi:
                 snap = dict(st["metrics"])
                 snap["gauges"] = [*snap.get("gauges", []), *[(f"shard_{n}", lab, v) for n, lab, v in gauges]]
                 snapshots.append((labels, snap))
+        try:
+            flush = await flush_stats(SHARD_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a missing FlushActor shows as missing series
+            flush = {}
+        counters = [(f"flush_{k}_total", [], float(flush[k])) for k in FLUSH_COUNTERS if k in flush]
+        gauges = [(f"flush_{k}", [], float(flush[k])) for k in FLUSH_GAUGES if k in flush]
+        snapshots.append(({}, {"counters": counters, "gauges": gauges}))
         text = render(snapshots)
         return _response(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")

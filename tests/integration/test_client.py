@@ -94,3 +94,40 @@ async def test_real_answers(cluster: Cluster, edge: Edge, conn: asyncpg.Connecti
 
 async def _equals(awaitable: object, expected: object) -> bool:
     return await awaitable == expected  # type: ignore[misc, no-any-return]
+
+
+async def test_metrics_cover_what_operators_watch(cluster: Cluster, edge: Edge, ids: Ids) -> None:
+    import urllib.request
+
+    c = await connect(cluster, edge, ids("u"))
+    await c.roundtrip()
+    await c.send({"type": "presence.update", "status": "dnd"})
+    await c.roundtrip()
+    await c.close()
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"{internal_url(edge)}/metrics", timeout=3) as r:
+            return r.read().decode()
+
+    text = await eventually(lambda: _has_flush(asyncio.to_thread(fetch)), timeout=10)
+    for series in (
+        "presence_connections",  # sockets on this edge
+        'presence_frames_in_total{type="heartbeat"',  # frames in, by type
+        "presence_frames_out_total",
+        'presence_events_total{type="presence.self"',  # events delivered by the shards, by type
+        "presence_deliveries_total",
+        "presence_edge_batch_ops_count",  # batch sizes
+        "presence_edge_actor_call_seconds_sum",  # actor call latency
+        "presence_shard_pending_last_seen",  # pending departures
+        "presence_flush_statements_total",  # flush statements and rows
+        "presence_flush_rows_written_total",
+        "presence_flush_pending_rows",
+    ):
+        assert series in text, series
+    types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "one TYPE line per metric"
+
+
+async def _has_flush(text: object) -> str | None:
+    value = await text  # type: ignore[misc]
+    return value if "presence_flush_statements_total" in value else None
