@@ -42,6 +42,10 @@ PULL_BATCH = 5_000
 # The answer to an operation on a slot this shard does not own (any more): the edge refreshes its
 # slot map and sends the operation to the new owner. Nothing of the operation was applied.
 MOVED = "__moved__"
+# The answer to an operation whose account, relations or channel could not be loaded (PostgreSQL
+# is away): nothing of it was applied, and the edge tries again. Operations of the same batch on
+# accounts already in memory are applied as usual, so presence keeps working during an outage.
+UNAVAILABLE = "__unavailable__"
 
 
 def op_keys(op: tuple[Any, ...]) -> list[str]:
@@ -168,10 +172,15 @@ class PresenceShard:
         now = self.clock()
         self.state.refresh_edge(edge_id, now)
         self.mail.setdefault(edge_id, Mailbox())
-        await self._preload(ops, now)
+        try:
+            await self._preload(ops, now)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            self.metrics.inc("shard_preload_failures_total")
+            log.warning("shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
+                        self.config.shard_index, type(e).__name__)
         now = self.clock()
         # Ownership is checked after the awaits above, so a slot exported meanwhile is refused.
-        results = [self._apply_one(edge_id, op, now) if self._owns(op) else MOVED for op in ops]
+        results = [self._apply_checked(edge_id, op, now) if self._owns(op) else MOVED for op in ops]
         self._carry_out()
         self.metrics.observe("shard_batch_ops", len(ops))
         self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
@@ -330,6 +339,14 @@ class PresenceShard:
             if missing_ch:
                 for channel_id, server_id in (await db.fetch_channel_servers(conn, missing_ch)).items():
                     self.state.channels.load_channel(channel_id, server_id)
+
+    def _apply_checked(self, edge_id: str, op: tuple[Any, ...], now: float) -> Any:
+        try:
+            return self._apply_one(edge_id, op, now)
+        except KeyError:
+            # The state refuses operations on data that was never loaded (see ShardState).
+            self.metrics.inc("shard_ops_unavailable_total")
+            return UNAVAILABLE
 
     def _apply_one(self, edge_id: str, op: tuple[Any, ...], now: float) -> Any:
         kind = op[0]

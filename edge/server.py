@@ -26,7 +26,7 @@ from websockets.http11 import Request, Response
 from actors.core.shard import INTERNAL_SETTINGS
 from actors.counts import CountReader
 from actors.metrics import Metrics
-from actors.presence import MOVED
+from actors.presence import MOVED, UNAVAILABLE
 from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.demo import DemoSite
@@ -361,8 +361,11 @@ class Edge:
         delay = 0.1
         while True:
             try:
-                return await self.router.call(shard, op)
-            except (*ActorDied, ValueError, TimeoutError) as e:
+                result = await self.router.call(shard, op)
+                if result == UNAVAILABLE:
+                    raise ShardUnavailable("the shard could not load what this operation needs")
+                return result
+            except (*ActorDied, ValueError, TimeoutError, ShardUnavailable) as e:
                 with contextlib.suppress(Exception):
                     await self.router.refresh_map()
                 if self.router.map is not None and shard >= self.router.map.shard_count:

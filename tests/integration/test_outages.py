@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.request
 
 import asyncpg
 import pytest
+import websockets
 
 from actors import ray_api
 from actors.core.slots import slot_of
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, internal_url, load
+from .conftest import Cluster, Ids, internal_url, load, ws_url
 from .test_presence_ws import connect, social
 from .wsclient import changed, eventually, of_type
 
@@ -85,12 +87,26 @@ async def test_postgres_away_30s_every_departure_stored(
     pg.stop()
     departed: dict[str, float] = {}
     outage_started = time.monotonic()
+
+    async def newcomer() -> int | None:
+        # Never loaded, so its chosen status is unknown: it must not be guessed (an invisible
+        # account would flash online). The edge retries, then closes 1011 for a later retry.
+        ws = await websockets.connect(ws_url(edge))
+        await ws.send(json.dumps({"type": "identify", "token": cluster.token(ids("newcomer"))}))
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while True:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 20))
+                assert frame.get("type") != "ready", "a newcomer cannot be loaded without PostgreSQL"
+        return ws.close_code
+
     try:
+        refused = asyncio.create_task(newcomer())
         for u, c in zip(users, clients, strict=True):
             departed[u] = time.time()
             await c.close()
             await watcher.expect(changed(u, "offline"))  # presence keeps working
             await asyncio.sleep(2.5)
+        assert await refused == 1011
         await asyncio.sleep(max(0.0, 30 - (time.monotonic() - outage_started)))
     finally:
         pg.restart()
