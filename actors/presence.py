@@ -195,6 +195,7 @@ class PresenceShard:
         if incarnation != self.incarnation:
             acked_seq = 0
         self.state.refresh_edge(edge_id, self.clock())
+        self._carry_out()  # renewing one lease may have expired another edge's
         box = self.mail.setdefault(edge_id, Mailbox())
         while box.items and box.items[0][0] <= acked_seq:
             box.items.popleft()

@@ -24,6 +24,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.lastseen",
         "last-seen write load on real PostgreSQL: ours vs write-through vs coarse + Redis + batched",
     ),
+    "edge": ("bench.edge", "heartbeats/s one edge absorbs, beside a bare websockets echo server"),
+    "connections": ("bench.connections", "idle sockets per edge, memory per socket, beside the bare server"),
+    "fanout": ("bench.fanout", "status change → subscriber latency at 10,000 accounts x 50 subscriptions"),
+    "query": ("bench.query", "presence.query latency for 100 ids under load, beside Redis pipelined EXISTS"),
+    "all": ("bench.all", "every benchmark, one after another, and a summary of every target"),
 }
 
 

@@ -1076,6 +1076,7 @@ def main(argv: list[str], settings: Settings) -> int:
     args = parse_args(argv)
     cfg = make_config(args, settings)
     started_at = results.utc_now()
+    machine = results.machine_info()  # before starting anything: its load average is everybody else's
     t0 = time.perf_counter()
     sys.stderr.write(
         f"presence bench lastseen: {cfg.accounts:,} connected accounts, heartbeat {cfg.heartbeat_s} s, "
@@ -1091,7 +1092,7 @@ def main(argv: list[str], settings: Settings) -> int:
         "benchmark": NAME,
         "started_at": started_at.isoformat(timespec="seconds"),
         "runtime_s": round(runtime, 1),
-        "machine": {**results.machine_info(), "postgres": out["postgres_version"]},
+        "machine": {**machine, "postgres": out["postgres_version"]},
         "config": {**asdict(cfg), "simulated_seconds": cfg.seconds, "virtual_epoch": T0},
         "designs": {k: designs[k] for k in DESIGNS},
         "target": {

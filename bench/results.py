@@ -74,12 +74,17 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(terse=True),
         "machine": platform.machine(),
         "commit": git_commit(),
+        # Other work on the machine slows real-time figures (write-through's load factor, runtimes).
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 
 
 def machine_summary(info: dict[str, Any]) -> str:
     mem = f"{info['memory_gib']:g} GiB" if info.get("memory_gib") is not None else "? GiB"
-    return f"{info['cpus']} CPU, {mem}, Python {info['python']}"
+    load = info.get("load_average_1m")
+    return f"{info['cpus']} CPU, {mem}, Python {info['python']}" + (
+        "" if load is None else f", load {load:g}"
+    )
 
 
 def write_json(name: str, payload: dict[str, Any], path: Path | None = None) -> Path:

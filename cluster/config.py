@@ -47,7 +47,6 @@ class Settings(BaseSettings):
     max_subscriptions_per_socket: int = 1_000
     max_query_ids: int = 100
     max_frame_bytes: int = 16 * 1024
-    send_queue_frames: int = 1_000
     # A client whose unread output passes this is disconnected (the connection is aborted).
     send_buffer_bytes: int = 1024 * 1024
     # Per-socket token bucket: a burst of `socket_rate_burst` frames refilled at

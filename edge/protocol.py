@@ -12,9 +12,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-# Ids: non-empty, at most 128 characters, no control characters. Validated at the edge so that
-# nothing odd reaches an actor, a log line or a database.
-Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+# Ids: non-empty, at most 128 characters, no control characters (C0, DEL and C1) and no line or
+# paragraph separators (U+2028/U+2029). Validated at the edge so that nothing odd reaches an
+# actor, a log line or a database. `edge.tokens` applies the same rule to a token's account.
+ID_FORBIDDEN = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=rf"^[^{ID_FORBIDDEN}]+$")]
 ClientStatus = Literal["online", "idle", "dnd", "invisible"]
 Status = Literal["online", "idle", "dnd", "invisible", "offline"]
 Visibility = Literal["everyone", "friends", "nobody"]

@@ -267,7 +267,7 @@ class Edge:
                 self._send(conn, orjson.dumps(frame).decode())
             case Close(code=code, reason=reason):
                 self.metrics.inc("closes_total", code=str(code))
-                await conn.ws.close(code, reason)
+                await self._close_draining(conn.ws, code, reason)
                 return False
             case Connect(user_id=user_id):
                 status, visibility = await self._for_user(user_id, ("connect", user_id, sid))
@@ -318,6 +318,25 @@ class Edge:
                 result = await self._for_channel(channel, args)
                 return await self._run(conn, s.channel_result(cmd, result is not False))
         return True
+
+    @staticmethod
+    async def _close_draining(ws: ServerConnection, code: int, reason: str) -> None:
+        """Close from the socket's own handler, reading and dropping what the client still sends.
+
+        A client closed for flooding has frames in flight; unread, they fill the connection's
+        queue, which pauses reading, so the client's answering close frame is never seen and the
+        handshake hangs until the close timeout (10 s) with the socket held open."""
+
+        async def discard() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    await ws.recv()
+
+        drain = asyncio.create_task(discard())
+        try:
+            await ws.close(code, reason)
+        finally:
+            drain.cancel()
 
     async def _for_user(self, user: str, op: tuple[Any, ...]) -> Any:
         return (await self._routed([user], self.router.shard_of_user, lambda _: op))[0]

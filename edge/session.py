@@ -96,6 +96,7 @@ class Limits:
     # burst that calms down (the bucket refills) is forgiven, a flood at any rate over the limit
     # is not.
     flood_close_after: int = 100
+    heartbeat_interval_ms: int = 30_000
     # Edge-wide, across sockets (see `Admission`): sockets per account and per client address on
     # one edge (one more is closed with 4029), and each account's budget of ids named in
     # `presence.query`, a token bucket refilled at this many per minute with a burst of as many.
@@ -281,7 +282,7 @@ class Session:
                 "userId": self.user_id,
                 "socketId": self.socket_id,
                 "status": status,
-                "heartbeatIntervalMs": 30_000,
+                "heartbeatIntervalMs": self.limits.heartbeat_interval_ms,
             }
         )
 

@@ -55,7 +55,7 @@ def verify_token(token: str, secret: str, now: float | None = None) -> str:
         not isinstance(sub, str)
         or not sub
         or len(sub) > 128
-        or any(ord(c) < 32 or ord(c) == 127 for c in sub)
+        or any(ord(c) < 32 or 127 <= ord(c) <= 159 or c in "\u2028\u2029" for c in sub)
     ):
         raise TokenError("token names no valid account")
     return sub

@@ -108,6 +108,9 @@ class ShardState:
         # Last-seen values waiting for the FlushActor's acknowledgement, latest per account.
         self.pending_last_seen: dict[str, float] = {}
         self.channels = ChannelState(self.outbox, self.relations, typing_lapse_s=typing_lapse_s)
+        # Relations are loaded for readers and watchers too; unreferenced ones are dropped this often.
+        self.relations_sweep_s = 60.0
+        self._relations_swept_at = 0.0
 
     # ------------------------------------------------------------------ loading (shell → state)
 
@@ -180,6 +183,13 @@ class ShardState:
         self._expire(now)
         self.edges[edge_id] = now
 
+    def _referenced_users(self) -> set[str]:
+        users = set(self.accounts) | set(self.watchers)
+        users.update(w.user_id for ws in self.watchers.values() for w in ws.values())
+        for ch in self.channels.channels.values():
+            users.update(m.user_id for m in (*ch.subscribers.values(), *ch.voice.values()))
+        return users
+
     def _expire(self, now: float) -> None:
         """Drop every socket and watch of edges whose lease has run out.
 
@@ -200,9 +210,14 @@ class ShardState:
         self.channels.drop_edge(edge_id)
 
     def sweep(self, now: float) -> None:
-        """Periodic housekeeping: expired edges, lapsed typing, idle offline accounts."""
+        """Periodic housekeeping: expired edges, lapsed typing, idle offline accounts, and
+        cached relations nothing refers to any more."""
         self._expire(now)
         self.channels.sweep(now)
+        if now - self._relations_swept_at >= self.relations_sweep_s:
+            self._relations_swept_at = now
+            for user_id in set(self.relations) - self._referenced_users():
+                del self.relations[user_id]
         for user_id, acc in list(self.accounts.items()):
             if (
                 not acc.sockets

@@ -27,9 +27,6 @@ def test_bench_lastseen_quick(
     pg_url: str, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "lastseen.json"
-    results_md = Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md"
-    before = results_md.read_text() if results_md.exists() else None
-
     code = main([
         "bench", "lastseen", "--quick", "--no-record",
         "--database-url", pg_url, "--redis-url", redis_url, "--output", str(out),
@@ -51,10 +48,7 @@ def test_bench_lastseen_quick(
     assert isinstance(report["target"]["met"], bool)
     assert report["machine"]["cpus"] >= 1
 
-    printed = capsys.readouterr().out
-    assert "statements vs write-through" in printed
-    # --no-record leaves the committed results file alone.
-    assert (results_md.read_text() if results_md.exists() else None) == before
+    assert "statements vs write-through" in capsys.readouterr().out
 
 
 def test_bench_unknown_name_lists_the_available_ones(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ the code exports."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -87,12 +88,25 @@ def exported_metrics() -> dict[str, str]:
     for path in [*(ROOT / "actors").rglob("*.py"), *(ROOT / "edge").rglob("*.py")]:
         for method, name in re.findall(r"metrics\.(inc|set|observe)\(\s*\"(\w+)\"", path.read_text()):
             found[PREFIX + name] = kinds[method]
-    # The shard gauges that edge/http.py adds from each shard's stats.
+    # The shard gauges that edge/http.py adds from each shard's stats, and the FlushActor's figures.
     http = (ROOT / "edge" / "http.py").read_text()
     m = re.search(r"for k in \(([^)]*)\)", http)
     assert m, "edge/http.py no longer lists the shard gauges the way this test reads them"
     for name in re.findall(r"\"(\w+)\"", m[1]):
         found[f"{PREFIX}shard_{name}"] = "gauge"
+    tuples = {
+        target.id: [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+        for node in ast.parse(http).body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    if "FLUSH_COUNTERS" in http:
+        assert 'f"flush_{k}_total"' in http and 'f"flush_{k}"' in http, "flush series are named otherwise"
+        for name in tuples["FLUSH_COUNTERS"]:
+            found[f"{PREFIX}flush_{name}_total"] = "counter"
+        for name in tuples["FLUSH_GAUGES"]:
+            found[f"{PREFIX}flush_{name}"] = "gauge"
     return found
 
 
@@ -112,7 +126,7 @@ def test_metrics_table_matches_the_code() -> None:
 def test_every_metric_named_in_the_text_exists() -> None:
     exported = exported_metrics()
     suffixes = ("_count", "_sum", "_max")
-    for name in set(re.findall(r"`(presence_\w+)", DOC.read_text())):
+    for name in set(re.findall(r"`(presence_\w+)[`{]", DOC.read_text())):
         base = next(
             (name[: -len(s)] for s in suffixes if name.endswith(s) and name[: -len(s)] in exported), name
         )

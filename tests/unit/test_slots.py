@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.core.slots import SLOT_COUNT, SlotMap, channel_key, slot_of
+from actors.core.slots import SLOT_COUNT, SlotMap, channel_key, moves, rebalance, slot_of
 
 # CRC-32 of "123456789" is 0xCBF43926, the standard check value; 0xCBF43926 % 4096 == 0x926.
 KNOWN = {"123456789": 0x926, "": 0, "u1": 3958, "alice": 3143, "#c1": 2549, "é": 3390}
@@ -103,3 +103,75 @@ def test_group_keeps_duplicates_and_empty() -> None:
 def test_single_shard_owns_everything() -> None:
     m = SlotMap.even(1)
     assert m.group(["a", "b", "#c"]) == {0: ["a", "b", "#c"]}
+
+
+# ---------------------------------------------------------------------------- resizing
+
+
+def quotas(n: int) -> list[int]:
+    base, extra = divmod(SLOT_COUNT, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def check_rebalance(old: tuple[int, ...], n: int) -> tuple[int, ...]:
+    new = rebalance(old, n)
+    assert len(new) == SLOT_COUNT
+    counts = Counter(new)
+    assert set(counts) <= set(range(n)), "no slot on a shard that does not exist"
+    assert sorted(counts.values()) == sorted(q for q in quotas(n) if q), "balanced: floor or ceil each"
+    # Minimal movement: every shard that stays keeps as many of its slots as its quota allows.
+    old_counts = Counter(old)
+    for shard in range(n):
+        kept = sum(1 for a, b in zip(old, new, strict=True) if a == b == shard)
+        assert kept == min(old_counts.get(shard, 0), quotas(n)[shard])
+    return new
+
+
+@pytest.mark.parametrize(
+    ("before", "after"), [(1, 1), (4, 4), (2, 3), (3, 2), (2, 6), (6, 3), (1, 8), (8, 1), (5, 7)]
+)
+def test_rebalance_from_even(before: int, after: int) -> None:
+    old = SlotMap.even(before).owners
+    new = check_rebalance(old, after)
+    moved = sum(1 for a, b in zip(old, new, strict=True) if a != b)
+    if before == after:
+        assert moved == 0
+    if after > before:
+        # Growing: only slots that the new shards need move, and only to them.
+        assert all(b >= before for a, b in zip(old, new, strict=True) if a != b)
+        assert moved == sum(quotas(after)[before:])
+    if after < before:
+        # Shrinking: the slots of the shards that go away move, and nothing else.
+        assert all(a >= after for a, b in zip(old, new, strict=True) if a != b)
+        assert moved == sum(1 for a in old if a >= after)
+
+
+def test_rebalance_chain_stays_balanced() -> None:
+    owners = SlotMap.even(2).owners
+    for n in (6, 3, 5, 1, 4):
+        owners = check_rebalance(owners, n)
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=5))
+def test_rebalance_any_chain(sizes: list[int]) -> None:
+    owners = SlotMap.even(sizes[0]).owners
+    for n in sizes[1:]:
+        owners = check_rebalance(owners, n)
+
+
+def test_rebalance_needs_a_shard() -> None:
+    with pytest.raises(ValueError):
+        rebalance(SlotMap.even(2).owners, 0)
+
+
+def test_moves_groups_changes_by_route() -> None:
+    old = SlotMap.even(2).owners
+    new = rebalance(old, 3)
+    routes = moves(old, new)
+    assert set(routes) == {(0, 2), (1, 2)}
+    assert sorted(s for slots in routes.values() for s in slots) == [
+        s for s in range(SLOT_COUNT) if old[s] != new[s]
+    ]
+    assert moves(old, old) == {}
+    with pytest.raises(ValueError):
+        moves(old, old[:-1])

@@ -116,6 +116,8 @@ def test_tampered_payload() -> None:
         {"sub": "a\nb", "exp": int(T0) + 60},
         {"sub": "a\x00b", "exp": int(T0) + 60},
         {"sub": "a\x7fb", "exp": int(T0) + 60},
+        {"sub": "a\x85b", "exp": int(T0) + 60},  # C1 control (NEL)
+        {"sub": "a\u2028b", "exp": int(T0) + 60},  # line separator
         {"sub": "u1", "exp": "tomorrow"},
         {"sub": "u1", "exp": None},
     ],

@@ -1,0 +1,389 @@
+"""`presence bench connections`: idle connections one edge holds, and resident memory per connection,
+beside the bare websocket server; then 50,000 connections across three edges.
+
+Part 1, one server at a time, the same `--per-edge` connections (19,000 by default; the open-file
+limit of 20,000 per process leaves room for little more):
+
+- bare: `bench.echo_server` in its own process; each client sends one frame and reads the echo;
+- ours: `presence edge` in its own process, joined to an actor pool this benchmark starts; each
+  client identifies with a signed token and waits for `ready`, so every socket is a real presence
+  socket registered in the pool (the shards' socket count is checked).
+
+Memory per connection is the server process's VmRSS (/proc/PID/status) once all are connected,
+minus its VmRSS before the first one, divided by the count. Idle clients heartbeat every 30 s, as
+the contract asks (the edge closes sockets silent for 90 s).
+
+Part 2 (not with --quick): two more edges, and connections up to `--total` (50,000) spread over
+the three, the first edge keeping its own.
+
+Clients are spread over generator processes of at most `--per-process` sockets each, connect in
+waves of bounded concurrency (`--concurrency` in flight over all generators), and bind to many
+loopback source addresses (900 sockets each), so the edge's per-address limit applies unchanged.
+
+    presence bench connections [--per-edge 19000] [--total 50000] [--concurrency 100]
+                               [--quick] [--no-record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from bench import loadgen as lg
+from bench.results import machine_info, machine_summary, utc_now
+
+if TYPE_CHECKING:
+    from cluster.config import Settings
+
+NAME = "connections"
+TARGET_PER_EDGE = 19_000
+TARGET_EXTRA_KIB = 20.0
+TARGET_TOTAL = 50_000
+HEARTBEAT_S = 30.0
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="presence bench connections",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--per-edge", type=int, default=TARGET_PER_EDGE, help="connections to the one edge")
+    p.add_argument("--total", type=int, default=TARGET_TOTAL, help="connections across three edges")
+    p.add_argument("--concurrency", type=int, default=100, help="connects in flight, over all generators")
+    p.add_argument("--per-process", type=int, default=12_500, help="most sockets per generator process")
+    p.add_argument("--settle-s", type=float, default=3.0, help="wait before reading memory")
+    lg.add_common_args(p)
+    args = p.parse_args(argv)
+    args.three_edges = not args.quick
+    if args.quick:
+        args.per_edge, args.settle_s = 2_000, 1.0
+    if args.per_process >= 19_000:
+        p.error("--per-process must stay under 19,000 (20,000 open files per process)")
+    return args
+
+
+def main(argv: list[str], settings: Settings) -> int:
+    args = parse(argv)
+    stage = lg.Stage(NAME)
+    started_at = utc_now()
+    t0 = time.monotonic()
+    with lg.bench_env(NAME, settings, args.database_url, args.redis_url, args.shards, stage.log) as env:
+        measured = run(args, env, stage)
+    return report(args, measured, time.monotonic() - t0, started_at.isoformat(timespec="seconds"))
+
+
+def _split(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def _connect(
+    workers: lg.Workers,
+    stage: lg.Stage,
+    label: str,
+    group: str,
+    targets: list[tuple[str, int]],
+    shares: list[int],
+    first_index: int,
+    users: str | None,
+    concurrency: int,
+    path: str,
+) -> dict[str, Any]:
+    """Open shares[i] connections from generator i; returns totals and the connect rate."""
+    firsts = [first_index + sum(shares[:i]) for i in range(len(shares))]
+    per = max(1, concurrency // len(shares))
+    started = time.monotonic()
+    res = workers.call(
+        "connect",
+        [
+            {
+                "group": group,
+                "targets": targets,
+                "count": shares[i],
+                "first_index": firsts[i],
+                "users": [f"{users}{firsts[i] + k}" for k in range(shares[i])] if users else None,
+                "hello": None if users else b'{"type":"identify","token":"-"}',
+                "concurrency": per,
+                "path": path,
+            }
+            for i in range(len(shares))
+        ],
+        on_progress=stage.progress(label, sum(shares)),
+    )
+    seconds = time.monotonic() - started
+    connected = sum(r["connected"] for r in res)
+    errors: dict[str, int] = {}
+    for r in res:
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    workers.call("heartbeats", {"group": group, "interval_s": HEARTBEAT_S})
+    stage.log(f"{label}: {connected:,} connected in {seconds:.1f} s ({connected / seconds:,.0f}/s)")
+    return {
+        "connected": connected,
+        "failed": sum(shares) - connected,
+        "seconds": seconds,
+        "per_s": connected / seconds,
+        "errors": errors,
+    }
+
+
+def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
+    n = args.per_edge
+    procs = max(1, math.ceil(n / args.per_process))
+    shares = _split(n, procs)
+    tag = secrets.token_hex(3)
+    out: dict[str, Any] = {"per_edge": n, "generators": procs}
+    pool_before = env.sockets_in_pool()
+    with lg.Workers(procs, {"secret": env.secret}) as workers:
+        # -- bare
+        stage.log(f"bare echo server: {n:,} connections from {procs} generator processes")
+        echo = env.start_echo()
+        time.sleep(args.settle_s)
+        rss0 = echo.rss_kib()
+        conn = _connect(
+            workers,
+            stage,
+            "connect bare",
+            "bare",
+            [("127.0.0.1", echo.port)],
+            shares,
+            0,
+            None,
+            args.concurrency,
+            "/",
+        )
+        time.sleep(args.settle_s)
+        rss1 = echo.rss_kib()
+        open_now = sum(workers.call("open_count", {"group": "bare"}))
+        out["bare"] = {
+            **conn,
+            "rss_before_kib": rss0,
+            "rss_after_kib": rss1,
+            "open_after_settle": open_now,
+            "kib_per_connection": (rss1 - rss0) / max(conn["connected"], 1),
+        }
+        workers.call("close", {"group": "bare"})
+        env.stop(echo)
+
+        # -- ours, one edge
+        stage.log(f"presence edge: {n:,} identified connections")
+        edge = env.start_edge()
+        time.sleep(args.settle_s)
+        rss0 = edge.rss_kib()
+        conn = _connect(
+            workers,
+            stage,
+            "connect ours",
+            "ours",
+            [("127.0.0.1", edge.port)],
+            shares,
+            0,
+            f"bench-conn-{tag}-",
+            args.concurrency,
+            lg.WS_PATH,
+        )
+        time.sleep(args.settle_s)
+        rss1 = edge.rss_kib()
+        open_now = sum(workers.call("open_count", {"group": "ours"}))
+        in_pool = env.sockets_in_pool() - pool_before
+        out["ours"] = {
+            **conn,
+            "rss_before_kib": rss0,
+            "rss_after_kib": rss1,
+            "open_after_settle": open_now,
+            "sockets_in_pool": in_pool,
+            "kib_per_connection": (rss1 - rss0) / max(conn["connected"], 1),
+        }
+        stage.log(f"edge RSS {rss0 / 1024:,.0f} → {rss1 / 1024:,.0f} MiB; {in_pool:,} sockets in the pool")
+
+        if args.three_edges:
+            out["three_edges"] = _three_edges(args, env, stage, edge, open_now, pool_before, tag)
+        workers.call("close", {"group": "ours"})
+    out["sockets_in_pool_after_close"] = env.sockets_in_pool() - pool_before
+    return out
+
+
+def _three_edges(
+    args: argparse.Namespace,
+    env: lg.BenchEnv,
+    stage: lg.Stage,
+    first: lg.EdgeProcess,
+    first_count: int,
+    pool_before: int,
+    tag: str,
+) -> dict[str, Any]:
+    more = args.total - first_count
+    stage.log(f"two more edges; {more:,} more connections across them ({args.total:,} in all)")
+    edges = [env.start_edge(), env.start_edge()]
+    time.sleep(args.settle_s)
+    rss0 = [e.rss_kib() for e in edges]
+    procs = max(2, math.ceil(more / args.per_process))
+    shares = _split(more, procs)
+    with lg.Workers(procs, {"secret": env.secret}) as workers:
+        conn = _connect(
+            workers,
+            stage,
+            "connect 2 more edges",
+            "more",
+            [("127.0.0.1", e.port) for e in edges],
+            shares,
+            100_000,
+            f"bench-conn3-{tag}-",
+            args.concurrency,
+            lg.WS_PATH,
+        )
+        time.sleep(args.settle_s)
+        open_more = sum(workers.call("open_count", {"group": "more"}))
+        in_pool = env.sockets_in_pool() - pool_before
+        rss1 = [e.rss_kib() for e in edges]
+        per_edge = [
+            {"edge": 1, "connections": first_count, "rss_kib": first.rss_kib()},
+            *(
+                {
+                    "edge": i + 2,
+                    "connections": _split(more, 2)[i],
+                    "rss_before_kib": rss0[i],
+                    "rss_kib": rss1[i],
+                }
+                for i in range(2)
+            ),
+        ]
+        stage.log(f"{first_count + open_more:,} connections open over 3 edges; {in_pool:,} in the pool")
+        workers.call("close", {"group": "more"})
+    for e in edges:
+        env.stop(e)
+    return {
+        "connect": conn,
+        "open": first_count + open_more,
+        "sockets_in_pool": in_pool,
+        "edges": per_edge,
+        "generators": procs,
+    }
+
+
+def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_at: str) -> int:
+    info = machine_info()
+    bare, ours = m["bare"], m["ours"]
+    extra = ours["kib_per_connection"] - bare["kib_per_connection"]
+    held = min(ours["open_after_settle"], ours["sockets_in_pool"])
+    met_one = held >= TARGET_PER_EDGE and extra <= TARGET_EXTRA_KIB
+    three = m.get("three_edges")
+    held3 = min(three["open"], three["sockets_in_pool"]) if three else 0
+    met_three = held3 >= TARGET_TOTAL
+    print(
+        f"\npresence bench connections on {machine_summary(info)} (commit {info['commit']}): "
+        f"{m['per_edge']:,} idle connections per server from {m['generators']} generator processes, "
+        f"{args.concurrency} connects in flight, heartbeat every {HEARTBEAT_S:g} s\n"
+    )
+    rows = []
+    for label, r in (("bare websockets echo (uvloop)", bare), ("ours: presence edge (identified)", ours)):
+        rows.append(
+            [
+                label,
+                f"{r['open_after_settle']:,}",
+                f"{r['per_s']:,.0f}/s",
+                f"{r['rss_before_kib'] / 1024:,.0f} MiB",
+                f"{r['rss_after_kib'] / 1024:,.0f} MiB",
+                f"{r['kib_per_connection']:.1f}",
+            ]
+        )
+    lg.print_table(["server", "held", "connect rate", "RSS before", "RSS after", "KiB/connection"], rows)
+    print(
+        f"\nsockets registered in the pool: {ours['sockets_in_pool']:,}; ours costs {extra:+.1f} KiB per "
+        f"connection beside the bare server"
+    )
+    print(
+        f"target: {TARGET_PER_EDGE:,} on one edge at ≤ {TARGET_EXTRA_KIB:g} KiB/connection above the bare "
+        f"server: {lg.met_text(met_one)} ({held:,} held, {extra:+.1f} KiB)"
+    )
+    targets = [
+        lg.target(
+            f"connections held by one edge (≥ {TARGET_PER_EDGE:,})",
+            held,
+            "connections",
+            f"≥ {TARGET_PER_EDGE:,}",
+            held >= TARGET_PER_EDGE,
+        ),
+        lg.target(
+            "edge memory per connection above the bare server",
+            extra,
+            "KiB",
+            f"≤ {TARGET_EXTRA_KIB:g}",
+            extra <= TARGET_EXTRA_KIB,
+        ),
+    ]
+    if three:
+        print()
+        rows3 = [
+            [
+                f"edge {e['edge']}",
+                f"{e['connections']:,}",
+                f"{e['rss_kib'] / 1024:,.0f} MiB",
+            ]
+            for e in three["edges"]
+        ]
+        lg.print_table(["edge", "connections", "RSS"], rows3)
+        print(
+            f"\n{three['open']:,} connections open across three edges, "
+            f"{three['sockets_in_pool']:,} registered in the pool (the 2 new edges connected at "
+            f"{three['connect']['per_s']:,.0f}/s); target "
+            f"{TARGET_TOTAL:,}: {lg.met_text(met_three)}"
+        )
+        targets.append(
+            lg.target(
+                "connections across three edges", held3, "connections", f"≥ {TARGET_TOTAL:,}", met_three
+            )
+        )
+    payload = {
+        "benchmark": NAME,
+        "started_at": started_at,
+        "runtime_s": round(runtime, 1),
+        "machine": info,
+        "args": {
+            k: (str(v) if v is not None and not isinstance(v, int | float | bool) else v)
+            for k, v in vars(args).items()
+        },
+        **m,
+        "extra_kib_per_connection": extra,
+        "targets": targets,
+    }
+    lg.finish(
+        NAME,
+        payload,
+        args,
+        "Idle identified sockets held by one edge (`presence edge` process) and its RSS per socket beside a "
+        "bare websockets echo server holding as many; then sockets across three edges. Same run.",
+        [
+            "date",
+            "machine",
+            "commit",
+            "per edge",
+            "bare KiB/conn",
+            "ours KiB/conn",
+            "extra KiB/conn",
+            "connect rate ours",
+            "three edges",
+            "target 19k at ≤ +20 KiB",
+            "target 50k",
+            "runtime",
+        ],
+        [
+            lg.info_date(),
+            machine_summary(info),
+            info["commit"],
+            f"{held:,}",
+            f"{bare['kib_per_connection']:.1f}",
+            f"{ours['kib_per_connection']:.1f}",
+            f"{extra:+.1f}",
+            f"{ours['per_s']:,.0f}/s",
+            f"{held3:,}" if three else "skipped (--quick)",
+            lg.met_text(met_one),
+            lg.met_text(met_three) if three else "-",
+            f"{runtime:.0f} s",
+        ],
+    )
+    print(f"runtime {runtime:.1f} s")
+    return 0

@@ -1,0 +1,69 @@
+"""The bare `websockets` echo server: the ceiling the edge is measured against.
+
+It is what a websocket server costs with nothing of ours in it, configured as our edge configures
+its own server (`edge.server.Edge.start`): websockets' asyncio server on uvloop, compression off,
+no keepalive pings, the same maximum frame size and incoming queue. Every text or binary message
+is sent straight back.
+
+Runs as its own process, so that its CPU and memory are its own:
+
+    python -m bench.echo_server [--host 127.0.0.1] [--port 0]
+
+prints `listening on PORT pid PID` once it accepts connections, and stops on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from websockets.asyncio.server import ServerConnection, serve
+
+# The edge's settings (edge/server.py, EdgeConfig.max_frame_bytes and `serve(...)`).
+MAX_FRAME_BYTES = 16 * 1024
+MAX_QUEUE = 16
+
+
+async def echo(ws: ServerConnection) -> None:
+    async for message in ws:
+        await ws.send(message)
+
+
+async def serve_forever(host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with serve(
+        echo,
+        host,
+        port,
+        compression=None,
+        ping_interval=None,
+        max_size=MAX_FRAME_BYTES,
+        max_queue=MAX_QUEUE,
+    ) as server:
+        bound = server.sockets[0].getsockname()[1]
+        print(f"listening on {bound} pid {os.getpid()}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.echo_server", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    args = p.parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency wherever the edge runs
+        asyncio.run(serve_forever(args.host, args.port))
+    else:
+        uvloop.run(serve_forever(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

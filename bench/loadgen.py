@@ -1,0 +1,1161 @@
+"""Shared machinery of the websocket benchmarks (`edge`, `connections`, `fanout`, `query`).
+
+- `WsConn`: a lean RFC 6455 client on a bare asyncio protocol. Real TCP, a real upgrade
+  handshake (checked `Sec-WebSocket-Accept`), masked client frames, the server's frames parsed;
+  no compression, no keepalive pings (the edge sends none). A load generator written with the
+  `websockets` client would spend most of these two cores on its own frame machinery; this one
+  spends little, so the servers get the CPU and the measurement is theirs. The same client drives
+  our edge and the bare server.
+- Generator processes (`Workers` on the benchmark's side, `Generator` inside each process):
+  spawned processes that hold the client sockets (each < 19,000: the open-file limit is per
+  process) and run phases on command, reporting progress and results through pipes. Each
+  reports the CPU it used, so benchmarks can say what the generator cost.
+- `BenchEnv`: PostgreSQL, Redis (embedded in a temp dir unless URLs are given), a local Ray
+  instance with the actor pool, and a data directory with `cluster.json` and the token secret,
+  so that `presence edge` processes can join it exactly as an operator's would.
+- `EdgeProcess` / `EchoProcess`: our edge (`presence edge`) and the bare server
+  (`bench.echo_server`) as their own OS processes, with their RSS and CPU readable from /proc.
+
+Clients connect from many loopback source addresses (127.1.x.y, at most `PER_ADDRESS` sockets
+each), as many clients would: the edge's per-address socket limit (1,000) then applies unchanged,
+and every address has its own range of ephemeral ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import math
+import multiprocessing as mp
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from cluster.config import Settings
+
+PER_ADDRESS = 900
+WS_PATH = "/ws/presence"
+HEARTBEAT = b'{"type":"heartbeat"}'
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def source_address(connection_index: int) -> str:
+    """The loopback address a client connection binds to: a new one every PER_ADDRESS sockets."""
+    n = connection_index // PER_ADDRESS
+    return f"127.{1 + n // 62_500}.{(n // 250) % 250}.{n % 250 + 1}"
+
+
+def raise_nofile() -> int:
+    """Raise this process's soft open-file limit to its hard limit; returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def install_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+# ------------------------------------------------------------------------------- the client
+
+
+def client_frame(payload: bytes, opcode: int = 1) -> bytes:
+    """One masked client frame (FIN set)."""
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x80 | opcode, 0x80 | n))
+    elif n < 65_536:
+        header = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        header = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+    mask = os.urandom(4)
+    if n:
+        key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
+        payload = (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
+    return header + mask + payload
+
+
+class HandshakeError(ConnectionError):
+    pass
+
+
+class WsConn(asyncio.Protocol):
+    """One client websocket. Text frames go to `waiter` (a future of the next frame) when one is
+    set, else to `on_text(conn, payload)`, else nowhere. In pipeline mode (`pipe` set) frames are
+    only counted and each answer sends the next request, keeping `pipe.in_flight` requests out.
+    """
+
+    def __init__(self, host: str, port: int, path: str) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._key = base64.b64encode(secrets.token_bytes(16))
+        self._request = (
+            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {self._key.decode()}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+        self._hs: bytes | None = b""
+        self._buf = b""
+        loop = asyncio.get_running_loop()
+        self.opened: asyncio.Future[None] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self.waiter: asyncio.Future[bytes] | None = None
+        self.on_text: Callable[[WsConn, bytes], None] | None = None
+        self.pipe: Pipeline | None = None
+        self.close_code: int | None = None
+        self.user: str = ""
+        self.state: Any = None  # whatever a role keeps per connection
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] # uvloop's is no asyncio.Transport subclass
+        self.transport.write(self._request)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self.opened.done():
+            self.opened.set_exception(exc or HandshakeError("closed during the handshake"))
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError(f"closed ({self.close_code})"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._hs is not None:
+            self._hs += data
+            end = self._hs.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._hs) > 16_384:
+                    self._fail("oversized handshake response")
+                return
+            head, data = self._hs[:end], self._hs[end + 4 :]
+            self._hs = None
+            if not head.startswith(b"HTTP/1.1 101"):
+                self._fail(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+                return
+            accept = base64.b64encode(hashlib.sha1(self._key + _GUID).digest())
+            if b"sec-websocket-accept: " + accept.lower() not in head.lower():
+                self._fail("bad Sec-WebSocket-Accept")
+                return
+            self.opened.set_result(None)
+            if not data:
+                return
+        buf = self._buf + data if self._buf else data
+        pos, size = 0, len(buf)
+        texts = 0
+        while size - pos >= 2:
+            b1 = buf[pos + 1]
+            n = b1 & 0x7F
+            start = pos + 2
+            if n == 126:
+                if size - pos < 4:
+                    break
+                n = int.from_bytes(buf[pos + 2 : pos + 4], "big")
+                start = pos + 4
+            elif n == 127:
+                if size - pos < 10:
+                    break
+                n = int.from_bytes(buf[pos + 2 : pos + 10], "big")
+                start = pos + 10
+            end = start + n
+            if end > size:
+                break
+            opcode = buf[pos] & 0x0F
+            pos = end
+            if opcode == 1 or opcode == 2 or opcode == 0:
+                if self.pipe is not None:
+                    texts += 1
+                    continue
+                payload = buf[start:end]
+                waiter = self.waiter
+                if waiter is not None and not waiter.done():
+                    self.waiter = None
+                    waiter.set_result(payload)
+                elif self.on_text is not None:
+                    self.on_text(self, payload)
+            elif opcode == 8:
+                self.close_code = int.from_bytes(buf[start : start + 2], "big") if n >= 2 else 1005
+                if self.transport is not None:
+                    self.transport.write(client_frame(buf[start : start + 2], 8))
+                    self.transport.close()
+                return
+            elif opcode == 9 and self.transport is not None:
+                self.transport.write(client_frame(buf[start:end], 10))
+        self._buf = buf[pos:]
+        if texts:
+            assert self.pipe is not None
+            self.pipe.answered(self, texts)
+
+    def _fail(self, why: str) -> None:
+        if not self.opened.done():
+            self.opened.set_exception(HandshakeError(why))
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- use
+
+    @property
+    def open(self) -> bool:
+        return self.transport is not None and self.opened.done() and self.close_code is None
+
+    def send(self, payload: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(client_frame(payload))
+
+    def send_raw(self, frames: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(frames)
+
+    def next_text(self) -> asyncio.Future[bytes]:
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        if self.transport is None:
+            fut.set_exception(ConnectionError(f"closed ({self.close_code})"))
+        else:
+            self.waiter = fut
+        return fut
+
+    async def expect(self, kind: bytes, timeout: float) -> dict[str, Any]:
+        """The next frame whose type is `kind` (others are skipped); ConnectionError if the
+        socket closes first, TimeoutError after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            raw = await asyncio.wait_for(self.next_text(), max(0.0, deadline - time.monotonic()))
+            frame = orjson.loads(raw)
+            if frame.get("type") == kind.decode():
+                return frame  # type: ignore[no-any-return]
+            if frame.get("type") == "error" and kind != b"error":
+                raise ConnectionError(f"error frame: {frame}")
+
+    def close(self) -> None:
+        if self.transport is not None and self.close_code is None:
+            self.close_code = 1000
+            self.transport.write(client_frame((1000).to_bytes(2, "big"), 8))
+
+
+async def open_ws(
+    host: str, port: int, path: str = WS_PATH, local_ip: str | None = None, timeout: float = 30.0
+) -> WsConn:
+    loop = asyncio.get_running_loop()
+    _, conn = await asyncio.wait_for(
+        loop.create_connection(
+            lambda: WsConn(host, port, path), host, port, local_addr=(local_ip, 0) if local_ip else None
+        ),
+        timeout,
+    )
+    await asyncio.wait_for(conn.opened, timeout)
+    return conn
+
+
+@dataclass
+class Pipeline:
+    """Keeps `in_flight` heartbeats outstanding on every connection of a group."""
+
+    frame: bytes
+    in_flight: int
+    running: bool = True
+    done: int = 0
+    counting: bool = False
+    counted: int = 0
+    outstanding: int = 0
+
+    def answered(self, conn: WsConn, n: int) -> None:
+        self.done += n
+        if self.counting:
+            self.counted += n
+        if self.running and conn.transport is not None:
+            conn.transport.write(self.frame * n)
+        else:
+            self.outstanding -= n
+
+
+# ------------------------------------------------------------------------------- statistics
+
+
+def percentile(sorted_values: list[float] | array[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (NaN when empty)."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return float(sorted_values[min(rank, len(sorted_values)) - 1])
+
+
+def summary_ms(values_s: list[float] | array[float]) -> dict[str, float | int]:
+    """p50 / p90 / p99 / p99.9 / max / mean in milliseconds of latencies given in seconds."""
+    v = sorted(values_s)
+    if not v:
+        return {"n": 0, "p50": math.nan, "p90": math.nan, "p99": math.nan, "p999": math.nan,
+                "max": math.nan, "mean": math.nan}  # fmt: skip
+    return {
+        "n": len(v),
+        "p50": percentile(v, 50) * 1000,
+        "p90": percentile(v, 90) * 1000,
+        "p99": percentile(v, 99) * 1000,
+        "p999": percentile(v, 99.9) * 1000,
+        "max": v[-1] * 1000,
+        "mean": sum(v) / len(v) * 1000,
+    }
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process, KiB, from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def fmt_ms(x: float) -> str:
+    return "-" if math.isnan(x) else (f"{x:.1f}" if x < 100 else f"{x:,.0f}")
+
+
+def info_date() -> str:
+    from bench.results import utc_now
+
+    return utc_now().strftime("%Y-%m-%d %H:%M")
+
+
+def print_table(header: list[str], rows: list[list[str]], align_left: int = 1) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return " | ".join(
+            c.ljust(widths[i]) if i < align_left else c.rjust(widths[i]) for i, c in enumerate(cells)
+        )
+
+    print(line(header))
+    print("-+-".join("-" * w for w in widths))
+    for r in rows:
+        print(line(r))
+
+
+# ------------------------------------------------------------------------------- processes
+
+
+class ServerProcess:
+    """A server subprocess whose output goes to a log file; `ready` parses its port from it."""
+
+    def __init__(self, label: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.label = label
+        self.log = log
+        self._log_file = log.open("wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
+        self.port = 0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_for(self, pattern: str, timeout: float = 90.0) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while time.monotonic() < deadline:
+            text = self.log.read_text(errors="replace")
+            m = regex.search(text)
+            if m:
+                return m
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.label} exited ({self.proc.returncode}):\n{text[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.label} did not start within {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def rss_kib(self) -> int:
+        return rss_kib(self.pid)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log_file.close()
+
+
+class EchoProcess(ServerProcess):
+    """`python -m bench.echo_server` on a free port."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__(
+            "echo server",
+            [sys.executable, "-m", "bench.echo_server", "--host", "127.0.0.1", "--port", "0"],
+            {**os.environ, "PYTHONUNBUFFERED": "1"},
+            log,
+        )
+        self.port = int(self.wait_for(r"listening on (\d+)").group(1))
+
+
+class EdgeProcess(ServerProcess):
+    """`presence edge --data-dir D` joined to the benchmark's pool; `env` overrides settings
+    (e.g. PRESENCE_SOCKET_RATE_PER_S)."""
+
+    def __init__(self, data_dir: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        full_env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PRESENCE_WS_HOST": "127.0.0.1",
+            **(env or {}),
+        }
+        super().__init__(
+            "presence edge",
+            [
+                sys.executable,
+                "-m",
+                "cluster.cli",
+                "edge",
+                "--data-dir",
+                str(data_dir),
+                "--ws-port",
+                "0",
+                "--internal-port",
+                "0",
+            ],
+            full_env,
+            log,
+        )
+        self.port = int(self.wait_for(r"websocket\s+ws://127\.0\.0\.1:(\d+)/ws/presence").group(1))
+        self.edge_id = self.wait_for(r"edge (\S+) is up").group(1)
+
+
+@dataclass
+class BenchEnv:
+    """Everything a websocket benchmark runs against; see `bench_env`."""
+
+    name: str
+    tmp: Path
+    data_dir: Path
+    database_url: str
+    redis_url: str
+    secret: str
+    namespace: str
+    shards: int
+    servers: list[ServerProcess] = field(default_factory=list)
+    _logs: int = 0
+
+    def _log(self, label: str) -> Path:
+        self._logs += 1
+        return self.tmp / f"{self._logs:02d}-{label}.log"
+
+    def start_edge(self, env: dict[str, str] | None = None) -> EdgeProcess:
+        edge = EdgeProcess(self.data_dir, self._log("edge"), env)
+        self.servers.append(edge)
+        return edge
+
+    def start_echo(self) -> EchoProcess:
+        echo = EchoProcess(self._log("echo"))
+        self.servers.append(echo)
+        return echo
+
+    def stop(self, server: ServerProcess) -> None:
+        server.stop()
+        if server in self.servers:
+            self.servers.remove(server)
+
+    def shard_stats(self) -> list[dict[str, Any]]:
+        from actors import ray_api
+
+        async def all_stats() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(ray_api.ShardClient(i).stats(30) for i in range(self.shards))))
+
+        return asyncio.run(all_stats())
+
+    def sockets_in_pool(self) -> int:
+        return sum(int(s["sockets"]) for s in self.shard_stats())
+
+
+@contextlib.contextmanager
+def bench_env(
+    name: str,
+    settings: Settings,
+    database_url: str | None = None,
+    redis_url: str | None = None,
+    shards: int | None = None,
+    log: Callable[[str], None] = lambda _line: None,
+) -> Iterator[BenchEnv]:
+    """PostgreSQL, Redis, Ray and the actor pool (`shards`, default the settings'), plus a data
+    directory `presence edge` can join. Everything it started is stopped on the way out."""
+    from actors import ray_api
+    from cluster import db
+    from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+    from cluster.runtime import CLUSTER_FILE, SECRET_FILE, ClusterInfo, write_info
+    from cluster.up import shard_config
+
+    raise_nofile()
+    tmp = Path(tempfile.mkdtemp(prefix=f"presence-bench-{name}-"))
+    started: list[Any] = []
+    database_url = database_url or settings.database_url
+    redis_url = redis_url or settings.redis_url
+    shards = shards or settings.shards
+    namespace = f"presence-bench-{name}-{secrets.token_hex(3)}"
+    env: BenchEnv | None = None
+    try:
+        if database_url is None:
+            log("starting PostgreSQL (embedded)")
+            pg = EmbeddedPostgres()
+            database_url = pg.start(tmp)
+            started.append(pg)
+        if redis_url is None:
+            log("starting Redis (embedded)")
+            rd = EmbeddedRedis()
+            redis_url = rd.start(tmp)
+            started.append(rd)
+        asyncio.run(db.migrate(database_url))
+        log(f"starting Ray and {shards} shards")
+        ray_api.connect(None, namespace)
+        try:
+            ray_api.start_pool(
+                shards,
+                shard_config(settings, database_url, redis_url),
+                settings.flush_interval_s,
+                settings.flush_max_rows,
+            )
+            data_dir = tmp / "data"
+            data_dir.mkdir()
+            secret = secrets.token_urlsafe(32)
+            (data_dir / SECRET_FILE).write_text(secret)
+            write_info(
+                data_dir,
+                ClusterInfo(
+                    database_url,
+                    redis_url,
+                    ray_api.gcs_address(),
+                    namespace,
+                    "",
+                    "",
+                    os.getpid(),
+                    ray_api.auth_mode(),
+                ),
+            )
+            assert (data_dir / CLUSTER_FILE).exists()
+            env = BenchEnv(name, tmp, data_dir, database_url, redis_url, secret, namespace, shards)
+            yield env
+        finally:
+            if env is not None:
+                for server in reversed(env.servers):
+                    with contextlib.suppress(Exception):
+                        server.stop()
+            with contextlib.suppress(Exception):
+                ray_api.stop_pool(drain_timeout_s=10)
+            ray_api.shutdown()
+    finally:
+        for server in reversed(started):
+            with contextlib.suppress(Exception):
+                server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------- generator processes
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Workers:
+    """Generator processes, each running a `Generator`; `call` runs one method on all of them."""
+
+    def __init__(self, count: int, spec: dict[str, Any]) -> None:
+        ctx = mp.get_context("spawn")
+        self.procs: list[Any] = []
+        self._cmd: list[Connection] = []
+        self._out: list[Connection] = []
+        for i in range(count):
+            cmd_r, cmd_w = ctx.Pipe(duplex=False)
+            out_r, out_w = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=worker_main, args=(i, count, spec, cmd_r, out_w), daemon=True)
+            proc.start()
+            cmd_r.close()
+            out_w.close()
+            self.procs.append(proc)
+            self._cmd.append(cmd_w)
+            self._out.append(out_r)
+
+    def __len__(self) -> int:
+        return len(self.procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(p.pid) for p in self.procs]
+
+    def cpu_seconds(self) -> float:
+        return sum(cpu_seconds(pid) for pid in self.pids)
+
+    def call(
+        self,
+        method: str,
+        kwargs: dict[str, Any] | list[dict[str, Any]] | None = None,
+        timeout: float = 600.0,
+        on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> list[Any]:
+        """Run `method(**kwargs)` in every generator (kwargs per generator when a list); returns
+        their results in order. `on_progress` gets the latest progress report of each."""
+        per = kwargs if isinstance(kwargs, list) else [kwargs or {}] * len(self.procs)
+        for conn, kw in zip(self._cmd, per, strict=True):
+            conn.send((method, kw))
+        results: list[Any] = [None] * len(self.procs)
+        done = [False] * len(self.procs)
+        latest: list[dict[str, Any]] = [{} for _ in self.procs]
+        deadline = time.monotonic() + timeout
+        while not all(done):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"generators did not finish {method} within {timeout} s")
+            for r in wait([o for o, d in zip(self._out, done, strict=True) if not d], min(left, 1.0)):
+                assert isinstance(r, Connection)
+                i = self._out.index(r)
+                try:
+                    kind, value = r.recv()
+                except EOFError:
+                    raise WorkerError(f"generator {i} died during {method}") from None
+                if kind == "progress":
+                    latest[i] = value
+                    if on_progress is not None:
+                        on_progress(latest)
+                elif kind == "error":
+                    raise WorkerError(f"generator {i} failed in {method}:\n{value}")
+                else:
+                    results[i] = value
+                    done[i] = True
+        return results
+
+    def close(self, timeout: float = 60.0) -> None:
+        for conn in self._cmd:
+            with contextlib.suppress(OSError):
+                conn.send(("exit", {}))
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def worker_main(index: int, count: int, spec: dict[str, Any], cmd: Connection, out: Connection) -> None:
+    """Entry point of a generator process."""
+    raise_nofile()
+    install_uvloop()
+    asyncio.run(_worker(index, count, spec, cmd, out))
+
+
+async def _worker(index: int, count: int, spec: dict[str, Any], cmd: Connection, out: Connection) -> None:
+    gen = Generator(index, count, spec, lambda value: out.send(("progress", value)))
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            try:
+                method, kwargs = await loop.run_in_executor(None, cmd.recv)
+            except EOFError:
+                return
+            if method == "exit":
+                return
+            try:
+                result = await getattr(gen, method)(**kwargs)
+            except Exception:
+                out.send(("error", traceback.format_exc()))
+            else:
+                out.send(("result", result))
+    finally:
+        await gen.close_all()
+
+
+# ------------------------------------------------------------------------------- inside a generator
+
+
+def fanout_targets(i: int, accounts: int, subscriptions: int) -> list[int]:
+    """Whom account i subscribes to: the next `subscriptions` accounts on a ring. Every account
+    is then watched by exactly as many as it watches."""
+    return [(i + k) % accounts for k in range(1, subscriptions + 1)]
+
+
+def query_targets(j: int, accounts: int, ids: int) -> list[int]:
+    """The ids querier j asks about (its friends among the fanout accounts)."""
+    return [(j * 97 + k) % accounts for k in range(ids)]
+
+
+class Generator:
+    """The client side of every benchmark, inside one generator process. Methods are phases the
+    benchmark runs on all generators at once (`Workers.call`)."""
+
+    def __init__(
+        self, index: int, count: int, spec: dict[str, Any], progress: Callable[[dict[str, Any]], None]
+    ) -> None:
+        self.index = index
+        self.count = count
+        self.secret: str = spec.get("secret", "")
+        self.groups: dict[str, list[WsConn]] = {}
+        self.progress = progress
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.receipts_user = array("i")
+        self.receipts_status = bytearray()
+        self.receipts_t = array("d")
+        self.recording = False
+        self.prefix = ""
+        self.query_prefix = ""
+
+    async def close_all(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for group in list(self.groups):
+            await self.close(group, timeout=5.0)
+
+    # -- connecting
+
+    async def connect(
+        self,
+        group: str,
+        targets: list[tuple[str, int]],
+        count: int,
+        first_index: int,
+        users: list[str] | None = None,
+        path: str = WS_PATH,
+        concurrency: int = 100,
+        hello: bytes | None = None,
+        timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        """Open `count` connections; connection k goes to `targets[k % len(targets)]` from
+        `source_address(first_index + k)`. With `users`, connection k identifies as users[k]
+        and waits for `ready`; else, with `hello`, it sends that and waits for the echo."""
+        from edge.tokens import mint_token
+
+        conns: list[WsConn | None] = [None] * count
+        errors: dict[str, int] = {}
+        started = time.monotonic()
+        next_k = 0
+        done = 0
+        last_report = 0.0
+
+        async def one(k: int) -> None:
+            host, port = targets[k % len(targets)]
+            conn = await open_ws(host, port, path, source_address(first_index + k), timeout)
+            try:
+                if users is not None:
+                    conn.user = users[k]
+                    conn.send(
+                        orjson.dumps({"type": "identify", "token": mint_token(users[k], self.secret, 7200)})
+                    )
+                    await conn.expect(b"ready", timeout)
+                elif hello is not None:
+                    fut = conn.next_text()
+                    conn.send(hello)
+                    await asyncio.wait_for(fut, timeout)
+            except BaseException:
+                if conn.transport is not None:
+                    conn.transport.abort()
+                raise
+            conns[k] = conn
+
+        async def runner() -> None:
+            nonlocal next_k, done, last_report
+            while next_k < count:
+                k = next_k
+                next_k += 1
+                try:
+                    await one(k)
+                except Exception as e:
+                    key = f"{type(e).__name__}: {e}"[:120]
+                    errors[key] = errors.get(key, 0) + 1
+                done += 1
+                now = time.monotonic()
+                if now - last_report > 0.5:
+                    last_report = now
+                    self.progress({"done": done, "ok": done - sum(errors.values()), "of": count})
+
+        await asyncio.gather(*(runner() for _ in range(min(concurrency, max(count, 1)))))
+        ok = [c for c in conns if c is not None]
+        self.groups.setdefault(group, []).extend(ok)
+        self.progress({"done": count, "ok": len(ok), "of": count})
+        return {
+            "connected": len(ok),
+            "failed": count - len(ok),
+            "seconds": time.monotonic() - started,
+            "errors": errors,
+        }
+
+    async def open_count(self, group: str) -> int:
+        return sum(1 for c in self.groups.get(group, []) if c.open)
+
+    async def heartbeats(self, group: str, interval_s: float) -> None:
+        """Every connection of the group sends a heartbeat every `interval_s`, spread evenly (what
+        an idle client does; the edge closes sockets silent for 90 s)."""
+
+        async def loop() -> None:
+            tick = 0.1
+            i = 0
+            carry = 0.0
+            while True:
+                await asyncio.sleep(tick)
+                conns = self.groups.get(group, [])
+                if not conns:
+                    continue
+                carry += len(conns) * tick / interval_s
+                n, carry = int(carry), carry - int(carry)
+                for _ in range(n):
+                    conns[i % len(conns)].send(HEARTBEAT)
+                    i += 1
+
+        self._tasks.append(asyncio.create_task(loop()))
+
+    async def close(self, group: str, timeout: float = 30.0) -> dict[str, Any]:
+        conns = self.groups.pop(group, [])
+        for c in conns:
+            c.close()
+        pending = [c.lost for c in conns if not c.lost.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        left = 0
+        for c in conns:
+            if c.transport is not None:
+                left += 1
+                c.transport.abort()
+        return {"closed": len(conns), "aborted": left}
+
+    # -- pipelined heartbeats (bench edge)
+
+    async def pipeline(self, group: str, seconds: float, warmup_s: float, in_flight: int) -> dict[str, Any]:
+        """Keep `in_flight` heartbeats outstanding on every connection; count the answers that
+        arrive during `seconds` after `warmup_s`."""
+        conns = [c for c in self.groups.get(group, []) if c.open]
+        pipe = Pipeline(client_frame(HEARTBEAT), in_flight)
+        for c in conns:
+            c.pipe = pipe
+            pipe.outstanding += in_flight
+            c.send_raw(pipe.frame * in_flight)
+        await asyncio.sleep(warmup_s)
+        cpu0, t0 = time.process_time(), time.monotonic()
+        pipe.counting = True
+        await asyncio.sleep(seconds)
+        pipe.counting = False
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        pipe.running = False
+        deadline = time.monotonic() + 10
+        while pipe.outstanding > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for c in conns:
+            c.pipe = None
+        return {"count": pipe.counted, "wall_s": wall, "cpu_s": cpu, "connections": len(conns),
+                "unanswered": pipe.outstanding}  # fmt: skip
+
+    # -- fanout and query (bench fanout, bench query)
+
+    def _on_frame(self, conn: WsConn, payload: bytes) -> None:
+        if not self.recording or not payload.startswith(b'{"type":"presence.changed"'):
+            return
+        t = time.monotonic()
+        frame = orjson.loads(payload)
+        user = frame["userId"]
+        if not user.startswith(self.prefix):
+            return
+        self.receipts_t.append(t)
+        self.receipts_user.append(int(user[len(self.prefix) :]))
+        self.receipts_status.append(1 if frame["status"] == "idle" else 0)
+
+    async def fanout_setup(
+        self,
+        targets: list[tuple[str, int]],
+        prefix: str,
+        accounts: int,
+        subscriptions: int,
+        concurrency: int,
+        queriers: int = 0,
+        query_prefix: str = "",
+        timeout: float = 120.0,
+    ) -> dict[str, Any]:
+        """Connect this generator's share of the accounts (i ≡ index mod generators) and of the
+        queriers, then subscribe every account to its `subscriptions` targets."""
+        self.prefix = prefix
+        self.query_prefix = query_prefix
+        mine = list(range(self.index, accounts, self.count))
+        # Account i goes to edge i % edges, so its watchers sit on every edge.
+        per_edge: dict[int, list[int]] = {}
+        for i in mine:
+            per_edge.setdefault(i % len(targets), []).append(i)
+        result: dict[str, Any] = {"connect_s": 0.0, "connected": 0, "failed": 0, "errors": {}}
+        base = self.index * 100_000
+        for e, ids in per_edge.items():
+            r = await self.connect(
+                "fanout", [targets[e]], len(ids), base + e * 20_000, [f"{prefix}{i}" for i in ids],
+                concurrency=concurrency, timeout=timeout,
+            )  # fmt: skip
+            result["connect_s"] += r["seconds"]
+            result["connected"] += r["connected"]
+            result["failed"] += r["failed"]
+            for k, v in r["errors"].items():
+                result["errors"][k] = result["errors"].get(k, 0) + v
+        mine_q = list(range(self.index, queriers, self.count))
+        if mine_q:
+            r = await self.connect(
+                "queriers", [targets[j % len(targets)] for j in range(len(targets))], len(mine_q),
+                base + 90_000, [f"{query_prefix}{j}" for j in mine_q], concurrency=concurrency,
+                timeout=timeout,
+            )  # fmt: skip
+            result["queriers"] = r["connected"]
+        conns = self.groups.get("fanout", [])
+        for c in conns:
+            c.on_text = self._on_frame
+        started = time.monotonic()
+        sem = asyncio.Semaphore(concurrency)
+        synced = 0
+        sub_errors: dict[str, int] = {}
+
+        async def subscribe(c: WsConn) -> None:
+            nonlocal synced
+            async with sem:
+                i = int(c.user[len(prefix) :])
+                ids = [f"{prefix}{t}" for t in fanout_targets(i, accounts, subscriptions)]
+                try:
+                    fut_sync = c.expect(b"presence.sync", timeout)
+                    c.send(orjson.dumps({"type": "presence.subscribe", "userIds": ids}))
+                    await fut_sync
+                    synced += 1
+                except Exception as e:
+                    key = f"{type(e).__name__}: {e}"[:120]
+                    sub_errors[key] = sub_errors.get(key, 0) + 1
+                finally:
+                    c.on_text = self._on_frame
+                if synced % 500 == 0:
+                    self.progress({"done": synced, "ok": synced, "of": len(conns), "phase": "subscribe"})
+
+        # `expect` takes frames through the waiter; everything else goes to _on_frame (ignored
+        # until recording starts).
+        await asyncio.gather(*(subscribe(c) for c in conns))
+        result["subscribe_s"] = time.monotonic() - started
+        result["subscribed"] = synced
+        result["subscribe_errors"] = sub_errors
+        return result
+
+    async def fanout_run(
+        self,
+        start_at: float,
+        seconds: float,
+        rate: float,
+        drain_s: float,
+        query_rate: float = 0.0,
+        query_ids: int = 0,
+        accounts: int = 0,
+        query_timeout_s: float = 5.0,
+    ) -> dict[str, Any]:
+        """From `start_at` (monotonic, shared by every generator) for `seconds`: change the status
+        of this generator's accounts at `rate` per second, round robin, alternating idle and
+        online per account, and record every `presence.changed` received; with `query_rate`,
+        send `presence.query` for `query_ids` ids from the queriers, one at a time per querier.
+        Then wait `drain_s` for late deliveries."""
+        conns = [c for c in self.groups.get("fanout", []) if c.open]
+        queriers = [c for c in self.groups.get("queriers", []) if c.open]
+        changes = [0] * len(conns)
+        sends_user = array("i")
+        sends_status = bytearray()
+        sends_t = array("d")
+        frames = {
+            0: client_frame(b'{"type":"presence.update","status":"online"}'),
+            1: client_frame(b'{"type":"presence.update","status":"idle"}'),
+        }
+        query_lat: list[float] = []
+        query_fail: dict[str, int] = {}
+        query_skipped = 0
+        prefix = self.prefix
+
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        self.recording = True
+        cpu0, t0 = time.process_time(), time.monotonic()
+        end = t0 + seconds
+
+        async def changer() -> None:
+            k = 0
+            while True:
+                now = time.monotonic()
+                if now >= end:
+                    return
+                due = int((now - t0) * rate) + 1
+                while k < due and conns:
+                    idx = k % len(conns)
+                    c = conns[idx]
+                    changes[idx] += 1
+                    status = changes[idx] % 2  # first change: idle (1), then online (0), ...
+                    sends_t.append(time.monotonic())
+                    c.send_raw(frames[status])
+                    sends_user.append(int(c.user[len(prefix) :]))
+                    sends_status.append(status)
+                    k += 1
+                await asyncio.sleep(max(0.0, min(end, t0 + k / rate) - time.monotonic()))
+
+        async def one_query(c: WsConn) -> None:
+            j = int(c.user[len(self.query_prefix) :])
+            ids = [f"{prefix}{t}" for t in query_targets(j, accounts, query_ids)]
+            got = 0
+            t_send = time.monotonic()
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def on_text(_c: WsConn, payload: bytes) -> None:
+                nonlocal got
+                if payload.startswith(b'{"type":"presence.changed"'):
+                    got += 1
+                    if got == query_ids and not done.done():
+                        done.set_result(None)
+                elif payload.startswith(b'{"type":"error"') and not done.done():
+                    done.set_exception(RuntimeError(orjson.loads(payload).get("code", "error")))
+
+            c.on_text = on_text
+            c.send(orjson.dumps({"type": "presence.query", "userIds": ids}))
+            try:
+                await asyncio.wait_for(done, query_timeout_s)
+                query_lat.append(time.monotonic() - t_send)
+            except Exception as e:
+                key = "timeout" if isinstance(e, TimeoutError) else str(e)
+                query_fail[key] = query_fail.get(key, 0) + 1
+            finally:
+                c.on_text = None
+
+        async def querier() -> None:
+            nonlocal query_skipped
+            k = 0
+            busy: set[int] = set()
+            running: set[asyncio.Task[None]] = set()
+            while True:
+                now = time.monotonic()
+                if now >= end:
+                    break
+                due = int((now - t0) * query_rate) + 1
+                while k < due:
+                    idx = k % len(queriers)
+                    k += 1
+                    if idx in busy:
+                        query_skipped += 1
+                        continue
+                    busy.add(idx)
+                    task = asyncio.create_task(one_query(queriers[idx]))
+                    running.add(task)
+                    task.add_done_callback(lambda t, i=idx: (busy.discard(i), running.discard(t)))
+                await asyncio.sleep(max(0.0, min(end, t0 + k / query_rate) - time.monotonic()))
+            if running:
+                await asyncio.wait(list(running), timeout=query_timeout_s + 1)
+
+        jobs = [changer()]
+        if query_rate > 0 and queriers:
+            jobs.append(querier())
+        await asyncio.gather(*jobs)
+        cpu_load, wall = time.process_time() - cpu0, time.monotonic() - t0
+        await asyncio.sleep(drain_s)
+        self.recording = False
+        return {
+            "cpu_s": cpu_load,
+            "wall_s": wall,
+            "sends": (sends_user.tobytes(), bytes(sends_status), sends_t.tobytes()),
+            "receipts": (
+                self.receipts_user.tobytes(),
+                bytes(self.receipts_status),
+                self.receipts_t.tobytes(),
+            ),
+            "query_latencies": query_lat,
+            "query_failures": query_fail,
+            "query_skipped": query_skipped,
+            "open": len(conns),
+        }
+
+
+# ------------------------------------------------------------------------------- command line and results
+
+
+def add_common_args(p: Any) -> None:
+    """Options every websocket benchmark takes."""
+    p.add_argument("--quick", action="store_true", help="small sizes for a smoke test (well under a minute)")
+    p.add_argument("--no-record", action="store_true", help="do not append a row to bench/RESULTS.md")
+    p.add_argument("--output", type=Path, default=None, help="JSON results file (default bench/results/…)")
+    p.add_argument("--database-url", default=None, help="PostgreSQL to use (default: embedded, temp dir)")
+    p.add_argument("--redis-url", default=None, help="Redis to use (default: embedded, temp dir)")
+    p.add_argument(
+        "--shards", type=int, default=None, help="PresenceActor shards (default 4, PRESENCE_SHARDS)"
+    )
+
+
+def target(name: str, figure: float, unit: str, goal: str, met: bool) -> dict[str, Any]:
+    """One target of a benchmark, as `bench all` summarises them."""
+    return {"name": name, "figure": figure, "unit": unit, "target": goal, "met": bool(met)}
+
+
+def finish(
+    name: str,
+    report: dict[str, Any],
+    args: Any,
+    title: str,
+    header: list[str],
+    row: list[str],
+    notes: str = "",
+) -> Path:
+    """Write the JSON record, print where it is, append the RESULTS.md row unless --no-record."""
+    from bench import results
+
+    path = results.write_json(name, report, args.output)
+    print(f"\nresults: {path}" + ("" if args.no_record else f"; row appended to {results.RESULTS_MD}"))
+    if not args.no_record:
+        results.append_row(name, title, header, row, notes)
+    return path
+
+
+def met_text(met: bool) -> str:
+    return "met" if met else "missed"
+
+
+class Stage:
+    """Progress of one benchmark on stderr: a stage label plus a live line (bench.results.Progress)."""
+
+    def __init__(self, bench: str) -> None:
+        self.bench = bench
+        self.started = time.monotonic()
+
+    def log(self, text: str) -> None:
+        sys.stderr.write(f"[{self.bench} {time.monotonic() - self.started:6.1f}s] {text}\n")
+        sys.stderr.flush()
+
+    def progress(self, label: str, total: int) -> Callable[[list[dict[str, Any]]], None]:
+        from bench.results import Progress
+
+        bar = Progress(f"{self.bench}: {label}", total)
+
+        def update(latest: list[dict[str, Any]]) -> None:
+            done = sum(int(x.get("done", 0)) for x in latest)
+            ok = sum(int(x.get("ok", 0)) for x in latest)
+            bar.update(done, f"{ok:,}/{total:,} ({time.monotonic() - self.started:.0f} s)", time.monotonic())
+
+        return update

@@ -1,0 +1,308 @@
+"""Faults under load, checked on a recorded history (tests/integration/history.py).
+
+Each test runs a small load (accounts connecting, subscribing, changing status, querying and
+leaving, on two edges) against the real pool, injects one fault in the middle, lets the load
+finish and the aging pass, and then checks the whole history: no ghost online accounts, every
+departure's last-seen stored and never moved backwards, counts never negative and right once
+quiet, and no invisible status, last-seen time or audience-private fact in any frame.
+
+The mechanics of each fault are those of test_failures.py / test_outages.py (an edge process
+killed with SIGKILL, a shard or the FlushActor killed through Ray, the embedded PostgreSQL and
+Redis stopped and restarted); this module adds the load and the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import pytest
+import websockets
+
+from actors import ray_api
+from actors.core.slots import slot_of
+from actors.ray_api import DirectoryClient, ShardClient
+from edge.server import Edge
+
+from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
+from .history import Graph, check
+from .recorder import RecordedClient, Recorder, Sampler, operator_view, read_count, read_last_seen
+from .test_failures import start_edge_process
+from .wsclient import eventually
+
+pytestmark = pytest.mark.integration
+
+LOAD_S = 3.0  # load before the fault, and again after it
+
+
+@dataclass
+class World:
+    graph: Graph
+    server: str
+    members: list[str]
+    invisible: str
+    outsider: str
+
+
+async def make_world(conn: asyncpg.Connection, ids: Ids, n: int = 8) -> World:
+    """n members of one server (one invisible throughout, one `friends`, one `nobody`), a friend
+    from outside the server, and an outsider who knows nobody."""
+    members = [ids(f"m{i}") for i in range(n)]
+    friend, outsider = ids("friend"), ids("outsider")
+    server = ids("g")
+    invisible = members[-1]
+    visibility = {members[1]: "friends", members[2]: "nobody"}
+    await load(
+        conn,
+        {
+            "users": [{"id": u, "lastSeenVisibility": visibility.get(u, "everyone")} for u in members]
+            + [{"id": friend}, {"id": outsider}],
+            "friendships": [[members[0], friend], [members[1], members[3]]],
+            "servers": [{"id": server, "members": members, "channels": [ids("c")]}],
+        },
+    )
+    # Invisible before anything of this run happens (no shard has loaded the account yet).
+    await conn.execute("UPDATE users SET chosen_status = 'invisible' WHERE id = $1", invisible)
+    graph = Graph(
+        users=frozenset([*members, friend, outsider]),
+        friends=frozenset({frozenset((members[0], friend)), frozenset((members[1], members[3]))}),
+        servers={server: frozenset(members)},
+        visibility=visibility,
+        invisible=frozenset({invisible}),
+    )
+    return World(graph, server, members, invisible, outsider)
+
+
+@dataclass
+class Load:
+    """Accounts that connect, act and leave, over and over, on the edges they are given."""
+
+    cluster: Cluster
+    recorder: Recorder
+    world: World
+    urls: list[str]
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    live: dict[str, tuple[RecordedClient, str]] = field(default_factory=dict)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    retired: set[str] = field(default_factory=set)
+
+    def start(self) -> None:
+        users = [*self.world.members, *(u for u in self.world.graph.users if u not in self.world.members)]
+        for i, user in enumerate(users):
+            self.tasks.append(asyncio.create_task(self._worker(user, random.Random(i))))
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.gather(*self.tasks)
+
+    def on(self, url: str) -> list[RecordedClient]:
+        return [c for c, u in self.live.values() if u == url]
+
+    async def retire(self, n: int, wait: bool = True) -> list[str]:
+        """Make `n` connected accounts leave for good now, so that their last departure is the one
+        made around the fault (a later one would cover up a departure the fault lost)."""
+        candidates = sorted({c.user for c, _ in self.live.values()} - self.retired - {self.world.invisible})
+        chosen = candidates[:n]
+        self.retired.update(chosen)
+        closing = [c.close() for c, _ in list(self.live.values()) if c.user in chosen]
+        if wait:
+            await asyncio.gather(*closing)
+        else:
+            for coro in closing:
+                asyncio.ensure_future(coro)
+        return chosen
+
+    async def _worker(self, user: str, rng: random.Random) -> None:
+        everyone = sorted(self.world.graph.users)
+        while not self.stop.is_set() and user not in self.retired:
+            url = rng.choice(self.urls)
+            try:
+                client = await self.recorder.connect(url, user, self.cluster.token(user), timeout=12)
+            except (OSError, AssertionError, websockets.InvalidHandshake, TimeoutError) as e:
+                self.errors.append(f"{user}: connect to {url}: {type(e).__name__}")
+                await asyncio.sleep(0.3)
+                continue
+            self.live[client.name] = (client, url)
+            try:
+                await client.send({"type": "presence.subscribe", "userIds": rng.sample(everyone, 4)})
+                for _ in range(rng.randint(2, 8)):
+                    if self.stop.is_set() or client.close_code is not None or user in self.retired:
+                        break
+                    await client.send(self._frame(rng, everyone, user == self.world.invisible))
+                    await asyncio.sleep(rng.uniform(0.05, 0.3))
+            except websockets.ConnectionClosed:
+                pass
+            finally:
+                self.live.pop(client.name, None)
+                await client.close()
+
+    @staticmethod
+    def _frame(rng: random.Random, everyone: list[str], hidden: bool) -> dict[str, Any]:
+        kind = rng.random()
+        if kind < 0.4:
+            # The invisible account stays invisible: it only idles (or says so again).
+            choices = ["idle", "invisible"] if hidden else ["online", "dnd", "idle", "online"]
+            return {"type": "presence.update", "status": rng.choice(choices)}
+        if kind < 0.6:
+            return {"type": "presence.query", "userIds": rng.sample(everyone, 3)}
+        if kind < 0.7:
+            return {"type": "presence.unsubscribe", "userIds": rng.sample(everyone, 2)}
+        return {"type": "heartbeat"}
+
+
+async def no_pending_last_seen() -> bool:
+    _, _, count = await DirectoryClient().get_map()
+    for i in range(count):
+        if (await ShardClient(i).stats(timeout_s=5))["pending_last_seen"]:
+            return False
+    flush = await ray_api.flush_stats(5)
+    return not flush["pending_rows"] and not flush["in_flight_rows"]
+
+
+async def run_with_fault(
+    cluster: Cluster,
+    edges: list[Edge],
+    conn: asyncpg.Connection,
+    ids: Ids,
+    fault: Callable[[Load], Awaitable[float]],
+    extra_urls: list[str] | None = None,
+) -> Recorder:
+    """Load, `fault(load)` (returns how long the aging must wait after it), load, finish, check."""
+    world = await make_world(conn, ids)
+    recorder = Recorder(world.graph)
+    users = sorted(world.graph.users)
+    recorder.history.stored_before = await read_last_seen(cluster.database_url, users) or {}
+    internal = internal_url(edges[0])
+    load_ = Load(cluster, recorder, world, [ws_url(e) for e in edges] + (extra_urls or []))
+    async with Sampler(recorder, cluster.database_url, internal, [world.server]):
+        load_.start()
+        await asyncio.sleep(LOAD_S)
+        aging_until = time.monotonic() + await fault(load_)
+        await asyncio.sleep(LOAD_S)
+        await load_.finish()
+        await asyncio.sleep(max(0.0, aging_until - time.monotonic()))
+        h = recorder.history
+
+        async def all_offline() -> bool:
+            for u in users:
+                view = await operator_view(internal, u)
+                h.final_status[u], h.final_sockets[u] = view["status"], view["sockets"]
+            return all(h.final_status[u] == "offline" and h.final_sockets[u] == 0 for u in users)
+
+        try:
+            await eventually(all_offline, timeout=10, interval=0.5)
+        except AssertionError:
+            pass  # the checker names the ghosts
+        await eventually(no_pending_last_seen, timeout=30, interval=0.3)
+        h.stored_after = await read_last_seen(cluster.database_url, users) or {}
+        try:
+            await eventually(lambda: _count_is(internal, world.server, 0), timeout=10)
+        except AssertionError:
+            pass
+        h.quiet_counts[world.server] = (0, await read_count(internal, world.server))
+    violations = check(h)
+    assert not violations, "\n".join(violations[:30])
+    opened = len(h.sockets)
+    assert opened >= 3 * len(users), f"the load was too thin to mean anything ({opened} sockets)"
+    return recorder
+
+
+async def _count_is(internal: str, server: str, expected: int) -> bool:
+    return await read_count(internal, server) == expected
+
+
+# --------------------------------------------------------------------------- the faults
+
+
+async def test_edge_killed_with_sigkill(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    proc, url = start_edge_process(cluster)
+
+    async def kill(load: Load) -> float:
+        await eventually(lambda: len(load.on(url)) >= 2, timeout=10)
+        at = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        # Its sockets go when the edge's lease on the shards runs out: within the socket timeout
+        # of its last renewal (at most 1 s before the kill here), never before the kill.
+        killed = load.on(url)
+        load.recorder.killed(killed, at, at + SOCKET_TIMEOUT_S + 1.0)
+        load.retired.update(c.user for c in killed)  # their last departure is the edge's death
+        load.recorder.fault("edge SIGKILL")
+        load.urls.remove(url)
+        proc.wait(10)
+        return SOCKET_TIMEOUT_S + 2.0
+
+    try:
+        await run_with_fault(cluster, [edge], conn, ids, kill, extra_urls=[url])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+async def test_presence_actor_killed_under_load(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    async def kill(load: Load) -> float:
+        _, owners, _ = await DirectoryClient().get_map()
+        shard = owners[slot_of(load.world.members[0])]
+        await load.retire(2)  # departures still on their way to PostgreSQL when the shard dies
+        load.recorder.fault(f"shard {shard} killed")
+        ray_api.kill(ray_api.find_shard(shard), restart=True)
+        await load.retire(2)  # departures while the shard restarts
+        return 0.0
+
+    await run_with_fault(cluster, [edge, second_edge], conn, ids, kill)
+
+
+async def test_flush_actor_killed_with_departures_pending(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    async def kill(load: Load) -> float:
+        for _ in range(2):
+            await load.retire(1)
+            load.recorder.fault("FlushActor killed")
+            ray_api.kill(ray_api.flush_actor(), restart=True)
+            await load.retire(1)
+            await asyncio.sleep(1.0)
+        return 0.0
+
+    await run_with_fault(cluster, [edge, second_edge], conn, ids, kill)
+
+
+async def test_postgres_restarted_mid_flush(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    pg, _ = cluster.require_servers()
+
+    async def restart(load: Load) -> float:
+        load.recorder.fault("PostgreSQL restart")
+        restarting = asyncio.create_task(asyncio.to_thread(pg.restart))
+        await load.retire(2)  # departures while PostgreSQL goes and comes back
+        await restarting
+        return 0.0
+
+    await run_with_fault(cluster, [edge, second_edge], conn, ids, restart)
+
+
+async def test_redis_wiped_and_restarted(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    _, redis = cluster.require_servers()
+
+    async def restart(load: Load) -> float:
+        load.recorder.fault("Redis wiped and restarted")
+        restarting = asyncio.create_task(asyncio.to_thread(redis.restart))  # no persistence: empty
+        await load.retire(2)
+        await restarting
+        return 0.0
+
+    await run_with_fault(cluster, [edge, second_edge], conn, ids, restart)

@@ -1,0 +1,437 @@
+"""Limits of issue 7, without I/O: floods, sockets per account and per address, the query budget,
+hostile bytes and odd ids, and how Settings reach them.
+
+docs/protocol.md ("Limits and floods"): a per-socket token bucket answers a frame over it with
+`rate_limited` and closes a socket that goes on with 1008; an edge admits at most
+`max_sockets_per_account` sockets of one account and `max_sockets_per_ip` from one address (one
+more is closed with 4029, before anything reaches an actor); each account has a budget of ids it
+may name in `presence.query` per edge (a token bucket), over which a query gets `rate_limited`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from edge import protocol as p
+from edge.session import (
+    Admission,
+    Close,
+    Command,
+    Connect,
+    Limits,
+    Query,
+    Reply,
+    Session,
+    TokenBucket,
+)
+from edge.tokens import mint_token
+
+from .conftest import T0
+
+SECRET = "session-limits-secret-long-enough-for-hs256"
+
+
+def token(user: str, ttl: int = 3600, secret: str = SECRET) -> str:
+    return mint_token(user, secret, ttl_s=ttl, now=T0)
+
+
+def frame(**fields: Any) -> str:
+    return json.dumps(fields)
+
+
+def identify(user: str) -> str:
+    return frame(type="identify", token=token(user))
+
+
+def errors(cmds: list[Command]) -> list[str]:
+    return [c.frame["code"] for c in cmds if isinstance(c, Reply) and c.frame.get("type") == "error"]
+
+
+def closes(cmds: list[Command]) -> list[int]:
+    return [c.code for c in cmds if isinstance(c, Close)]
+
+
+def session(admission: Admission | None = None, ip: str | None = "10.0.0.1", **limits: Any) -> Session:
+    lim = admission.limits if admission is not None else Limits(**limits)
+    return Session(secret=SECRET, now=T0, limits=lim, admission=admission, ip=ip)
+
+
+def authed(admission: Admission, user: str = "u1", ip: str = "10.0.0.1") -> Session:
+    s = session(admission, ip)
+    assert s.open() == []
+    assert s.receive(identify(user), T0) == [Connect(user)]
+    s.connected("online", "everyone")
+    return s
+
+
+def query(ids: list[str]) -> str:
+    return frame(type="presence.query", userIds=ids)
+
+
+HB = frame(type="heartbeat")
+ACK = [Reply({"type": "heartbeat.ack"})]
+
+
+# ---------------------------------------------------------------------------- defaults
+
+
+def test_defaults() -> None:
+    lim = Limits()
+    assert (lim.rate_per_s, lim.rate_burst, lim.flood_close_after) == (20.0, 60.0, 100)
+    assert lim.max_sockets_per_account == 20
+    assert lim.max_sockets_per_ip == 1_000
+    assert lim.query_ids_per_min == 600.0
+    assert p.CLOSE_TOO_MANY_CONNECTIONS == 4029
+
+
+# ---------------------------------------------------------------------------- token bucket
+
+
+class TestTokenBucket:
+    def test_take_several(self) -> None:
+        b = TokenBucket(rate_per_s=10, burst=600, tokens=600, at=T0)
+        assert b.take(T0, 100)
+        assert b.level(T0) == 500
+        assert not b.take(T0, 501), "all or nothing"
+        assert b.level(T0) == 500, "a refused take spends nothing"
+        assert b.take(T0 + 1, 510)
+
+    def test_never_above_burst(self) -> None:
+        b = TokenBucket(rate_per_s=10, burst=5, tokens=0, at=T0)
+        assert b.level(T0 + 1_000) == 5
+
+    def test_clock_going_backwards_credits_nothing_twice(self) -> None:
+        b = TokenBucket(rate_per_s=1, burst=100, tokens=0, at=T0)
+        assert b.take(T0 + 10, 10)  # 10 s earned, 10 spent
+        assert not b.take(T0 + 5)  # backwards: nothing
+        # Back to T0 + 10: the seconds between T0 + 5 and T0 + 10 were already paid out.
+        assert not b.take(T0 + 10)
+        assert b.take(T0 + 11)
+
+
+# ---------------------------------------------------------------------------- floods
+
+
+class TestFlood:
+    def test_sustained_flood_at_1000_per_s_is_closed_within_a_fraction_of_a_second(self) -> None:
+        s = authed(Admission())
+        for i in range(5_000):
+            out = s.receive(HB, T0 + i / 1000)
+            if closes(out):
+                assert closes(out) == [1008]
+                assert i < 300, f"closed only after {i} frames"
+                return
+        pytest.fail("a flood of 1000 frames/s was never closed")
+
+    def test_flood_just_over_the_rate_is_closed_eventually(self) -> None:
+        s = authed(Admission())
+        # 25 frames/s against a refill of 20: 5 refused a second, never time to refill.
+        for i in range(25 * 120):
+            if closes(s.receive(HB, T0 + i / 25)):
+                return
+        pytest.fail("two minutes at 25 frames/s (limit 20) were never closed")
+
+    def test_bursts_that_calm_down_are_forgiven(self) -> None:
+        s = authed(Admission())
+        now = T0
+        for _ in range(20):  # 20 bursts of 90 frames (30 refused each): 600 refused in all
+            for _ in range(90):
+                assert not closes(s.receive(HB, now))
+            now += 3.0  # 3 s refills the 60-frame bucket
+        assert s.receive(HB, now) == ACK
+
+    def test_rate_limited_first_then_every_20th_and_nothing_acted_upon(self) -> None:
+        s = authed(Admission())
+        for _ in range(59):  # identify took one token of 60
+            assert s.receive(HB, T0) == ACK
+        refused = [s.receive(frame(type="presence.subscribe", userIds=["x"]), T0) for _ in range(60)]
+        codes = [errors(r) for r in refused]
+        assert codes[0] == ["rate_limited"]
+        assert [i + 1 for i, c in enumerate(codes) if c] == [1, 20, 40, 60]
+        assert s.subscriptions == set()
+
+    def test_configured_rate(self) -> None:
+        s = authed(Admission(Limits(rate_per_s=100, rate_burst=5, flood_close_after=3)))
+        for _ in range(4):
+            assert s.receive(HB, T0) == ACK
+        assert errors(s.receive(HB, T0)) == ["rate_limited"]
+        s.receive(HB, T0)
+        assert closes(s.receive(HB, T0)) == [1008]
+
+
+# ---------------------------------------------------------------------------- sockets per account
+
+
+class TestSocketsPerAccount:
+    def test_the_21st_socket_is_closed_4029_before_anything_goes_upstream(self) -> None:
+        adm = Admission()
+        sockets = [authed(adm, "u1") for _ in range(20)]
+        extra = session(adm)
+        assert extra.open() == []
+        out = extra.receive(identify("u1"), T0)
+        assert closes(out) == [4029]
+        assert not any(isinstance(c, Connect) for c in out)
+        assert extra.user_id is None and not extra.authenticated
+        assert "too many connections" in next(c for c in out if isinstance(c, Close)).reason
+        # Other accounts are not affected.
+        assert authed(adm, "u2").user_id == "u2"
+        # One goes; one more may come.
+        sockets[0].gone()
+        again = session(adm)
+        again.open()
+        assert again.receive(identify("u1"), T0) == [Connect("u1")]
+
+    def test_header_authentication_is_limited_too(self) -> None:
+        adm = Admission(Limits(max_sockets_per_account=1))
+        first = session(adm)
+        assert first.authenticate_header(f"Bearer {token('u1')}", T0) == [Connect("u1")]
+        second = session(adm)
+        assert closes(second.authenticate_header(f"Bearer {token('u1')}", T0)) == [4029]
+
+    def test_refused_socket_releases_nothing_it_did_not_hold(self) -> None:
+        adm = Admission(Limits(max_sockets_per_account=1))
+        kept = authed(adm, "u1")
+        refused = session(adm)
+        refused.open()
+        refused.receive(identify("u1"), T0)
+        refused.gone()
+        assert adm.by_account == {"u1": {kept.socket_id}}
+
+    def test_gone_is_idempotent(self) -> None:
+        adm = Admission()
+        s = authed(adm, "u1")
+        s.gone()
+        s.gone()
+        assert adm.by_account == {} and adm.by_ip == {}
+
+    def test_bad_token_never_counts(self) -> None:
+        adm = Admission(Limits(max_sockets_per_account=1))
+        bad = session(adm)
+        bad.open()
+        assert closes(
+            bad.receive(
+                frame(type="identify", token=mint_token("u1", "another-key-of-at-least-32-bytes-long")), T0
+            )
+        ) == [4001]
+        assert adm.by_account == {}
+
+
+# ---------------------------------------------------------------------------- sockets per address
+
+
+class TestSocketsPerAddress:
+    def test_one_more_than_the_limit_is_closed_4029(self) -> None:
+        adm = Admission(Limits(max_sockets_per_ip=3))
+        held = [session(adm, "10.0.0.1") for _ in range(3)]
+        assert all(s.open() == [] for s in held)
+        extra = session(adm, "10.0.0.1")
+        assert closes(extra.open()) == [4029]
+        extra.gone()  # the refused socket held nothing
+        assert adm.by_ip == {"10.0.0.1": 3}
+        # Another address is not affected; unauthenticated sockets count.
+        assert session(adm, "10.0.0.2").open() == []
+        held[0].gone()
+        assert session(adm, "10.0.0.1").open() == []
+
+    def test_default_is_1000(self) -> None:
+        adm = Admission()
+        for _ in range(1_000):
+            assert session(adm).open() == []
+        assert closes(session(adm).open()) == [4029]
+
+    def test_no_address_no_limit(self) -> None:
+        adm = Admission(Limits(max_sockets_per_ip=0))
+        assert session(adm, ip=None).open() == []
+
+
+# ---------------------------------------------------------------------------- query budget
+
+
+class TestQueryBudget:
+    ids = [f"t{i}" for i in range(100)]
+
+    def test_600_ids_a_minute_then_rate_limited(self) -> None:
+        s = authed(Admission(Limits(rate_burst=1_000)))
+        for _ in range(6):
+            assert s.receive(query(self.ids), T0) == [Query(tuple(self.ids), "everyone")]
+        out = s.receive(query(self.ids), T0)
+        assert errors(out) == ["rate_limited"]
+        assert not any(isinstance(c, Query) for c in out), "a refused query goes nowhere"
+        assert "budget" in out[0].frame["message"]  # type: ignore[union-attr]
+        # The socket stays usable.
+        assert s.receive(HB, T0) == ACK
+        # 10 ids a second come back.
+        assert errors(s.receive(query(self.ids[:11]), T0 + 1)) == ["rate_limited"]
+        assert s.receive(query(self.ids[:10]), T0 + 1) == [Query(tuple(self.ids[:10]), "everyone")]
+
+    def test_duplicates_count_once_and_refused_frames_cost_nothing(self) -> None:
+        adm = Admission(Limits(query_ids_per_min=60, rate_burst=1_000))
+        s = authed(adm)
+        assert errors(s.receive(query(["x"] * 101), T0)) == ["too_many_ids"]
+        assert errors(s.receive(frame(type="presence.query", userIds=[1]), T0)) == ["bad_frame"]
+        assert s.receive(query(["a", "a", "b"] * 20), T0) == [Query(("a", "b"), "everyone")]
+        assert adm.query_budgets["u1"].level(T0) == 58
+
+    def test_shared_by_the_accounts_sockets_not_by_other_accounts(self) -> None:
+        adm = Admission(Limits(query_ids_per_min=100, rate_burst=1_000))
+        one, two = authed(adm, "u1"), authed(adm, "u1")
+        other = authed(adm, "u2")
+        assert errors(one.receive(query(self.ids[:60]), T0)) == []
+        assert errors(two.receive(query(self.ids[:60]), T0)) == ["rate_limited"]
+        assert errors(two.receive(query(self.ids[:40]), T0)) == []
+        assert errors(other.receive(query(self.ids), T0)) == []
+
+    def test_reconnecting_does_not_buy_a_fresh_budget(self) -> None:
+        adm = Admission(Limits(query_ids_per_min=100, rate_burst=1_000))
+        s = authed(adm, "u1")
+        s.receive(query(self.ids), T0)
+        s.gone()
+        adm.sweep(T0 + 1)
+        again = authed(adm, "u1")
+        assert errors(again.receive(query(self.ids[:10]), T0 + 1)) == ["rate_limited"]
+        again.gone()
+        # Forgotten only once it has refilled (100 ids at 100 a minute: 60 s).
+        adm.sweep(T0 + 30)
+        assert "u1" in adm.query_budgets
+        adm.sweep(T0 + 61)
+        assert "u1" not in adm.query_budgets
+
+    def test_sweep_keeps_budgets_of_connected_accounts(self) -> None:
+        adm = Admission()
+        s = authed(adm, "u1")
+        s.receive(query(["a"]), T0)
+        adm.sweep(T0 + 3_600)
+        assert "u1" in adm.query_budgets
+
+    def test_without_admission_no_budget(self) -> None:
+        s = Session(secret=SECRET, now=T0, limits=Limits(rate_burst=1_000))
+        s.receive(identify("u1"), T0)
+        for _ in range(20):
+            assert errors(s.receive(query(self.ids), T0)) == []
+
+
+# ---------------------------------------------------------------------------- hostile bytes, odd ids
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xff\xfe\xfd",  # a binary frame that is not UTF-8
+        b'{"type":"heartbeat","x":"\xc3\x28"}',
+        "[" * 10_000 + "]" * 10_000,  # deeper than the JSON parser goes
+        '{"type":"presence.query","userIds":' + "[" * 500 + "]" * 500 + "}",
+        frame(type="presence.query", userIds=["x"] * 10_001),  # absurdly long list
+        frame(type="presence.subscribe", userIds=[["nested"]]),
+        frame(type="heartbeat", extra=True),
+        frame(type="presence.update", status="offline"),
+        frame(type=None),
+        "null",
+        "",
+        b"",
+    ],
+)
+def test_hostile_bytes_are_bad_frame_and_the_socket_stays(raw: str | bytes) -> None:
+    s = authed(Admission(Limits(rate_burst=1_000)))
+    assert errors(s.receive(raw, T0)) == ["bad_frame"]
+    assert s.receive(HB, T0) == ACK
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "",
+        "x" * 129,
+        "a\x00b",
+        "tab\there",
+        "nl\n",
+        "del\x7f",
+        "nel\x85",
+        "csi\x9b31m",
+        "ls\u2028",
+        "ps\u2029",
+    ],
+)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: {"type": "presence.subscribe", "userIds": ["ok", i]},
+        lambda i: {"type": "presence.unsubscribe", "userIds": [i]},
+        lambda i: {"type": "presence.query", "userIds": [i]},
+        lambda i: {"type": "focus", "channelId": i},
+        lambda i: {"type": "channel.subscribe", "channelId": i},
+        lambda i: {"type": "typing.start", "channelId": i},
+        lambda i: {"type": "voice.join", "channelId": i},
+    ],
+)
+def test_odd_ids_are_refused_at_the_edge(odd: str, make: Any) -> None:
+    s = authed(Admission(Limits(rate_burst=1_000)))
+    assert errors(s.receive(json.dumps(make(odd)), T0)) == ["bad_frame"]
+    assert s.subscriptions == set() and s.focus is None
+
+
+@pytest.mark.parametrize(
+    "fine", ["x" * 128, "é日本語", "a b", "\u00a0nbsp", "emoji-😀", "'; DROP TABLE users; --"]
+)
+def test_unusual_but_valid_ids_pass(fine: str) -> None:
+    s = authed(Admission(Limits(rate_burst=1_000)))
+    assert s.receive(query([fine]), T0) == [Query((fine,), "everyone")]
+
+
+@pytest.mark.parametrize("sub", ["nel\x85", "ls\u2028", "x" * 129, ""])
+def test_tokens_naming_odd_accounts_close_4001(sub: str) -> None:
+    import jwt
+
+    tok = jwt.encode({"sub": sub, "exp": int(T0) + 60}, SECRET, algorithm="HS256")
+    s = session(Admission())
+    assert closes(s.receive(frame(type="identify", token=tok), T0)) == [4001]
+
+
+def test_alg_none_closes_4001() -> None:
+    import base64
+
+    def b64(d: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+
+    tok = b64({"alg": "none", "typ": "JWT"}) + "." + b64({"sub": "u1", "exp": int(T0) + 60}) + "."
+    s = session(Admission())
+    assert closes(s.receive(frame(type="identify", token=tok), T0)) == [4001]
+    assert s.user_id is None
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+def test_settings_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cluster.config import Settings
+    from cluster.up import edge_config
+
+    env = {
+        "PRESENCE_SOCKET_RATE_PER_S": "7",
+        "PRESENCE_SOCKET_RATE_BURST": "11",
+        "PRESENCE_FLOOD_CLOSE_AFTER": "13",
+        "PRESENCE_MAX_SOCKETS_PER_ACCOUNT": "3",
+        "PRESENCE_MAX_SOCKETS_PER_IP": "17",
+        "PRESENCE_QUERY_IDS_PER_MIN": "120",
+        "PRESENCE_MAX_FRAME_BYTES": "4096",
+        "PRESENCE_SEND_BUFFER_BYTES": "65536",
+        "PRESENCE_CLIENT_IP_HEADER": "X-Forwarded-For",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    config = edge_config(Settings(), "secret", None)
+    lim = config.limits
+    assert (lim.rate_per_s, lim.rate_burst, lim.flood_close_after) == (7, 11, 13)
+    assert (lim.max_sockets_per_account, lim.max_sockets_per_ip, lim.query_ids_per_min) == (3, 17, 120)
+    assert (config.max_frame_bytes, config.send_buffer_bytes) == (4096, 65536)
+    assert config.client_ip_header == "X-Forwarded-For"
+
+
+def test_default_settings_give_default_limits() -> None:
+    from cluster.config import Settings
+    from cluster.up import edge_config
+
+    lim = edge_config(Settings(), "secret", None).limits
+    assert lim == Limits()
