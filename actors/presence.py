@@ -51,7 +51,7 @@ UNAVAILABLE = "__unavailable__"
 def op_keys(op: tuple[Any, ...]) -> list[str]:
     """The slot keys an operation touches (accounts by id, channels by `#id`)."""
     kind = op[0]
-    if kind in ("connect", "disconnect", "status", "focus", "settings"):
+    if kind in ("connect", "disconnect", "status", "focus", "settings", "departed"):
         return [op[1]]
     if kind in ("watch", "query"):
         return list(op[3])
@@ -97,6 +97,7 @@ class PresenceShard:
             socket_timeout_s=config.socket_timeout_s,
             last_seen_precision_s=config.last_seen_precision_s,
             typing_lapse_s=config.typing_lapse_s,
+            checkpoint_interval_s=config.checkpoint_interval_s,
         )
         self.mail: dict[str, Mailbox] = {}
         self.metrics = Metrics()
@@ -314,6 +315,8 @@ class PresenceShard:
             elif kind in ("status", "settings"):
                 acc_ids.append(op[1])
                 rel_ids.append(op[1])
+            elif kind == "departed":
+                acc_ids.append(op[1])
             elif kind in ("ch_sub", "typing_start", "voice_join"):
                 channel_ids.append(op[1])
                 rel_ids.append(op[2])
@@ -359,6 +362,9 @@ class PresenceShard:
             return status, s.relations[user_id].last_seen_visibility
         if kind == "disconnect":
             s.disconnect(op[1], op[2], now)
+            return None
+        if kind == "departed":
+            s.departed(op[1], op[2], now)
             return None
         if kind == "status":
             return s.set_status(op[1], op[2], op[3], now)
@@ -477,9 +483,10 @@ class PresenceShard:
                 self._flush_wake.set()
 
     async def _checkpoint_loop(self) -> None:
+        # A slice a second: the checkpoint shares the departures' batches (see checkpoint_chunk).
         while True:
-            await asyncio.sleep(self.config.checkpoint_interval_s)
-            entries = self.state.checkpoint(self.clock())
+            await asyncio.sleep(1.0)
+            entries = self.state.checkpoint_chunk(self.clock())
             if entries:
                 await self.flush_write(entries)
                 self.metrics.inc("checkpoint_rows_total", n=len(entries))

@@ -16,8 +16,9 @@ Designs, run one after the other in the same invocation, each on its own schema:
   them and liveness is a per-edge lease, so they cost last-seen nothing and are not simulated
   beyond counting them. Departures go `last_seen_to_flush()` → the real `FlushActor` (its clock
   is the virtual clock, so `flush_interval_s` is in simulated seconds) → PostgreSQL, and are
-  acknowledged with `last_seen_flushed()`; every `checkpoint_interval_s` each shard's
-  `checkpoint(now)` goes through the same FlushActor. Interval, batch size, checkpoint interval
+  acknowledged with `last_seen_flushed()`; once a simulated second each shard hands its slice of
+  the rolling checkpoint (`checkpoint_chunk(now)`) to the same FlushActor, where it rides along
+  with the departures in the once-a-second batch. Interval, batch size, checkpoint interval
   and shard count are the product's settings (`PRESENCE_*` environment variables change them).
 - write-through: every heartbeat is a real `UPDATE … WHERE id = $1`. 16,000 statements per
   simulated second cannot be run for 30 simulated minutes here, so it runs for a short window
@@ -449,7 +450,10 @@ async def run_ours(
         statement_timeout_s=STATEMENT_TIMEOUT_S,
     )
     await actor.start()
-    shards = [ShardState(socket_timeout_s=cfg.socket_timeout_s) for _ in range(cfg.shards)]
+    shards = [
+        ShardState(socket_timeout_s=cfg.socket_timeout_s, checkpoint_interval_s=cfg.checkpoint_interval_s)
+        for _ in range(cfg.shards)
+    ]
     slot_map = SlotMap.even(cfg.shards)
     edges = [f"edge-{i}" for i in range(cfg.edges)]
     row = AccountRow()
@@ -477,7 +481,6 @@ async def run_ours(
     checkpoint_tasks: list[asyncio.Task[None]] = []
     checkpoints = checkpoint_rows = 0
     checkpoint_step_statements = 0
-    last_checkpoint = float(T0)
     acked = 0
 
     async def flush_shard(st: ShardState) -> None:
@@ -520,17 +523,17 @@ async def run_ours(
             st.outbox.drain()  # frames, counts: not last-seen, not measured here
             if t % cfg.sweep_every_s == 0:
                 st.sweep(now)
-        is_checkpoint = now - last_checkpoint >= cfg.checkpoint_interval_s
+        # PresenceShard._checkpoint_loop: once a second each shard hands over its slice of the
+        # rolling checkpoint, which rides along with the departures in the FlushActor's batches.
         before = actor.statements
-        if is_checkpoint:
-            last_checkpoint = now
-            checkpoints += 1
-            for st in shards:
-                entries = st.checkpoint(now)
+        for st in shards:
+            entries = st.checkpoint_chunk(now)
+            if entries:
                 checkpoint_rows += len(entries)
                 checkpoint_tasks.append(asyncio.get_running_loop().create_task(actor.write(entries)))
-            await actor.settle()
-            checkpoint_step_statements += actor.statements - before
+        checkpoints = max(st.checkpoint_rounds for st in shards)
+        await actor.settle()
+        checkpoint_step_statements += actor.statements - before
         start_flushes()
         progress.update(
             t,

@@ -622,9 +622,11 @@ class Workers:
         kwargs: dict[str, Any] | list[dict[str, Any]] | None = None,
         timeout: float = 600.0,
         on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> list[Any]:
         """Run `method(**kwargs)` in every generator (kwargs per generator when a list); returns
-        their results in order. `on_progress` gets the latest progress report of each."""
+        their results in order. `on_progress` gets the latest progress report of each; `tick` is
+        called at least once a second while they run."""
         per = kwargs if isinstance(kwargs, list) else [kwargs or {}] * len(self.procs)
         for conn, kw in zip(self._cmd, per, strict=True):
             conn.send((method, kw))
@@ -636,6 +638,8 @@ class Workers:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"generators did not finish {method} within {timeout} s")
+            if tick is not None:
+                tick()
             for r in wait([o for o, d in zip(self._out, done, strict=True) if not d], min(left, 1.0)):
                 assert isinstance(r, Connection)
                 i = self._out.index(r)
@@ -1109,9 +1113,16 @@ def add_common_args(p: Any) -> None:
     )
 
 
-def target(name: str, figure: float, unit: str, goal: str, met: bool) -> dict[str, Any]:
-    """One target of a benchmark, as `bench all` summarises them."""
-    return {"name": name, "figure": figure, "unit": unit, "target": goal, "met": bool(met)}
+def target(name: str, figure: float, unit: str, goal: str, met: bool | None) -> dict[str, Any]:
+    """One target of a benchmark, as `bench all` summarises them; `met` None: not measured at this
+    size (--quick)."""
+    return {
+        "name": name,
+        "figure": figure,
+        "unit": unit,
+        "target": goal,
+        "met": None if met is None else bool(met),
+    }
 
 
 def finish(
@@ -1133,8 +1144,8 @@ def finish(
     return path
 
 
-def met_text(met: bool) -> str:
-    return "met" if met else "missed"
+def met_text(met: bool | None) -> str:
+    return "not at this size (--quick)" if met is None else ("met" if met else "missed")
 
 
 class Stage:

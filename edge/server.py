@@ -14,6 +14,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +99,9 @@ class EdgeConfig:
     # Behind a proxy: the header naming the client's address (its last entry, the one the
     # proxy added), for the per-address socket limit. None: the peer address of the socket.
     client_ip_header: str | None = None
+    # How long the edge remembers each departure, to report it again to a shard that restarts
+    # meanwhile (the dead incarnation may not have written its last-seen yet).
+    departure_journal_s: float = 120.0
 
 
 class Edge:
@@ -116,6 +120,8 @@ class Edge:
         )
         self.conns: dict[str, Conn] = {}
         self.admission = Admission(config.limits)
+        # (time, account) of recent departures, oldest first: see `_reregister`.
+        self.departures: deque[tuple[float, str]] = deque()
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
         self.api = InternalApi(self)
         self.demo = DemoSite(config.secret) if config.demo else None
@@ -230,11 +236,23 @@ class Edge:
             pass
         finally:
             self.conns.pop(session.socket_id, None)
+            # In the same step as the pop (no await between): a restart noticed from now on
+            # finds the socket either live or in the journal, never in neither.
+            self._journal_departure(conn)
             session.gone()
             try:
                 await self._cleanup(conn)
             finally:
                 self._handlers.discard(task)
+
+    def _journal_departure(self, conn: Conn) -> None:
+        if not conn.connected or conn.session.user_id is None:
+            return
+        now = time.time()
+        self.departures.append((now, conn.session.user_id))
+        horizon = now - self.config.departure_journal_s
+        while self.departures and self.departures[0][0] < horizon:
+            self.departures.popleft()
 
     def _client_ip(self, ws: ServerConnection) -> str:
         header = self.config.client_ip_header
@@ -523,6 +541,15 @@ class Edge:
                     calls.append(self._call(shard, ("ch_sub", channel, user, sid)))
             if s.voice_channel is not None and self.router.shard_of_channel(s.voice_channel) == shard:
                 calls.append(self._call(shard, ("voice_join", s.voice_channel, user, sid)))
+        # Departures the dead incarnation may not have written yet (its last-seen lived in memory
+        # until the FlushActor committed it). The shard applies one only to an account that is
+        # not present now, and last-seen never moves back, so reporting too much is harmless.
+        latest: dict[str, float] = {}
+        for at, user in self.departures:
+            if self.router.shard_of_user(user) == shard:
+                latest[user] = at
+        for user, at in latest.items():
+            calls.append(self._call(shard, ("departed", user, at)))
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("re-registration on shard %d incomplete: %s", shard, result)

@@ -19,6 +19,7 @@ shell rather than bad input.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -91,6 +92,7 @@ class ShardState:
         last_seen_precision_s: int = 60,
         typing_lapse_s: float = 10.0,
         account_idle_evict_s: float = 600.0,
+        checkpoint_interval_s: float = 600.0,
     ) -> None:
         self.socket_timeout_s = socket_timeout_s
         self.precision_s = last_seen_precision_s
@@ -108,6 +110,13 @@ class ShardState:
         # Last-seen values waiting for the FlushActor's acknowledgement, latest per account.
         self.pending_last_seen: dict[str, float] = {}
         self.channels = ChannelState(self.outbox, self.relations, typing_lapse_s=typing_lapse_s)
+        # The rolling checkpoint of accounts that stay online (see checkpoint_chunk).
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.checkpoint_spread = 0.8
+        self.checkpoint_rounds = 0
+        self._round: list[str] = []
+        self._round_started: float | None = None
+        self._round_sent = 0
         # Relations are loaded for readers and watchers too; unreferenced ones are dropped this often.
         self.relations_sweep_s = 60.0
         self._relations_swept_at = 0.0
@@ -246,6 +255,24 @@ class ShardState:
     def disconnect(self, user_id: str, socket_id: str, now: float) -> None:
         self._expire(now)
         self._remove_socket(user_id, socket_id, now)
+
+    def departed(self, user_id: str, at: float, now: float) -> None:
+        """An edge reports again a departure that an earlier incarnation of this shard may have
+        lost (it died before the value was written): a socket of the account went away at `at`.
+
+        Applied only to an account that is not visibly present now and whose chosen status is
+        visible (an invisible account's last-seen is frozen); last-seen never moves back, nor
+        past `now`. The flush writes it with GREATEST, so a value that did survive is untouched.
+        """
+        self._expire(now)
+        acc = self.accounts[user_id]
+        if acc.sockets or is_visibly_present(acc.real) or acc.chosen == "invisible":
+            return
+        at = min(at, now)
+        if acc.last_seen_at is not None and acc.last_seen_at >= at:
+            return
+        acc.last_seen_at = at
+        self.pending_last_seen[user_id] = max(at, self.pending_last_seen.get(user_id, 0.0))
 
     def _remove_socket(self, user_id: str, socket_id: str, now: float) -> None:
         acc = self.accounts.get(user_id)
@@ -441,6 +468,27 @@ class ShardState:
         for user_id, ts in entries:
             if self.pending_last_seen.get(user_id, float("inf")) <= ts:
                 del self.pending_last_seen[user_id]
+
+    def checkpoint_chunk(self, now: float) -> list[tuple[str, float]]:
+        """The slice of the rolling checkpoint due by `now`, to be called about once a second.
+
+        Every `checkpoint_interval_s` a round takes the accounts then visibly present and hands
+        them out in even slices over `checkpoint_spread` of the interval. Trickled like this, the
+        rows ride along in the FlushActor's once-a-second batches with the departures instead of
+        adding statements of their own (400,000 accounts every 10 minutes are ~830 rows a second,
+        under the 1,000-row batch). An account that left since the round began is skipped: its
+        departure already holds the right time, and `now` would be later than it.
+        """
+        if self._round_started is None or now - self._round_started >= self.checkpoint_interval_s:
+            self._round = [u for u, acc in self.accounts.items() if is_visibly_present(acc.real)]
+            self._round.sort()
+            self._round_started, self._round_sent = now, 0
+            self.checkpoint_rounds += 1
+        spread = max(self.checkpoint_interval_s * self.checkpoint_spread, 1e-9)
+        due = min(len(self._round), math.ceil(len(self._round) * (now - self._round_started) / spread))
+        chunk = self._round[self._round_sent : due]
+        self._round_sent = max(self._round_sent, due)
+        return [(u, now) for u in chunk if u in self.accounts and is_visibly_present(self.accounts[u].real)]
 
     def checkpoint(self, now: float) -> list[tuple[str, float]]:
         """Accounts visibly present right now, with `now` as their last-seen: bounds what a crash of

@@ -209,6 +209,13 @@ async def run_with_fault(
             pass
         h.quiet_counts[world.server] = (0, await read_count(internal, world.server))
     violations = check(h)
+    if os.environ.get("HISTORY_DEBUG"):
+        from .history import _departure_windows
+
+        for u, w in sorted(_departure_windows(h).items()):
+            mark = "*" if u in load_.retired else " "
+            print(mark, u, w and (round(w[0] % 1000, 3), round(w[1] % 1000, 3)), round(h.stored_after.get(u, 0) % 1000, 3))
+        print(h.faults, len(h.events), "events", len(h.sockets), "sockets", load_.errors[:5])
     assert not violations, "\n".join(violations[:30])
     opened = len(h.sockets)
     assert opened >= 3 * len(users), f"the load was too thin to mean anything ({opened} sockets)"

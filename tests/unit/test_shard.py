@@ -1400,19 +1400,24 @@ class ShardMachine(RuleBasedStateMachine):
     # ---------------------------------------------------------------- audience changes
 
     def _set_rel(self, u: str, new: Relations) -> None:
+        """The database changed; like the shell's reload loop, only a shard caching the account
+        reloads it (one that does not loads the new row when it next needs it)."""
+        cached = not self.state.missing_relations([u])
         self.rel[u] = new
-        self.state.set_relations(u, new, self.now)
+        if cached:
+            self.state.set_relations(u, new, self.now)
         self.drain_check(audience_changed=True)
 
     @rule(dt=dts | jumps, pair=st.sampled_from(PAIRS), flip=st.booleans(), sweep_first=st.booleans())
     def toggle_friendship(self, dt: float, pair: frozenset[str], flip: bool, sweep_first: bool) -> None:
         self.begin(dt)
+        a, b = sorted(pair, reverse=flip)
+        sweep_first = sweep_first or bool(self.state.missing_relations([a]))  # else nothing expires
         if sweep_first:
             self.state.sweep(self.now)
         self.model_expire()
         if sweep_first:
             self.drain_check()
-        a, b = sorted(pair, reverse=flip)
         adding = b not in self.rel[a].friends
         for x, y in ((a, b), (b, a)):
             r = self.rel[x]
@@ -1422,6 +1427,7 @@ class ShardMachine(RuleBasedStateMachine):
     @rule(dt=dts | jumps, u=users, g=st.sampled_from(SERVERS), sweep_first=st.booleans())
     def toggle_membership(self, dt: float, u: str, g: str, sweep_first: bool) -> None:
         self.begin(dt)
+        sweep_first = sweep_first or bool(self.state.missing_relations([u]))  # else nothing expires
         if sweep_first:
             self.state.sweep(self.now)
         self.model_expire()
