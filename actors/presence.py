@@ -177,8 +177,11 @@ class PresenceShard:
             await self._preload(ops, now)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             self.metrics.inc("shard_preload_failures_total")
-            log.warning("shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
-                        self.config.shard_index, type(e).__name__)
+            log.warning(
+                "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
+                self.config.shard_index,
+                type(e).__name__,
+            )
         now = self.clock()
         # Ownership is checked after the awaits above, so a slot exported meanwhile is refused.
         results = [self._apply_checked(edge_id, op, now) if self._owns(op) else MOVED for op in ops]
@@ -361,7 +364,7 @@ class PresenceShard:
             status = s.connect(user_id, socket_id, edge_id, now)
             return status, s.relations[user_id].last_seen_visibility
         if kind == "disconnect":
-            s.disconnect(op[1], op[2], now)
+            s.disconnect(op[1], op[2], now, at=op[3] if len(op) > 3 else None)
             return None
         if kind == "departed":
             s.departed(op[1], op[2], now)

@@ -95,6 +95,9 @@ def _connect(
     """Open shares[i] connections from generator i; returns totals and the connect rate."""
     firsts = [first_index + sum(shares[:i]) for i in range(len(shares))]
     per = max(1, concurrency // len(shares))
+    # Heartbeats run from the first connection on: connecting all may take longer than the 90 s
+    # after which the edge closes a silent socket.
+    workers.call("heartbeats", {"group": group, "interval_s": HEARTBEAT_S})
     started = time.monotonic()
     res = workers.call(
         "connect",
@@ -119,7 +122,6 @@ def _connect(
     for r in res:
         for k, v in r["errors"].items():
             errors[k] = errors.get(k, 0) + v
-    workers.call("heartbeats", {"group": group, "interval_s": HEARTBEAT_S})
     stage.log(f"{label}: {connected:,} connected in {seconds:.1f} s ({connected / seconds:,.0f}/s)")
     return {
         "connected": connected,
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
     shares = _split(n, procs)
     tag = secrets.token_hex(3)
     out: dict[str, Any] = {"per_edge": n, "generators": procs}
-    pool_before = env.sockets_in_pool()
+    pool_before = env.sockets_in_pool(settle_s=1.0)
     with lg.Workers(procs, {"secret": env.secret}) as workers:
         # -- bare
         stage.log(f"bare echo server: {n:,} connections from {procs} generator processes")
@@ -202,7 +204,7 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
         if args.three_edges:
             out["three_edges"] = _three_edges(args, env, stage, edge, open_now, pool_before, tag)
         workers.call("close", {"group": "ours"})
-    out["sockets_in_pool_after_close"] = env.sockets_in_pool() - pool_before
+    out["sockets_in_pool_after_close"] = env.sockets_in_pool(settle_s=1.0) - pool_before
     return out
 
 
@@ -269,7 +271,14 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
     bare, ours = m["bare"], m["ours"]
     extra = ours["kib_per_connection"] - bare["kib_per_connection"]
     held = min(ours["open_after_settle"], ours["sockets_in_pool"])
-    met_one = held >= TARGET_PER_EDGE and extra <= TARGET_EXTRA_KIB
+    # At --quick size the connection count is not what the target asks; memory per socket still is.
+    met_held: bool | None = None if args.quick else held >= TARGET_PER_EDGE
+    met_one = (met_held is not False) and extra <= TARGET_EXTRA_KIB
+    one_text = (
+        lg.met_text(met_one)
+        if not args.quick
+        else f"memory {lg.met_text(extra <= TARGET_EXTRA_KIB)}, count not at this size (--quick)"
+    )
     three = m.get("three_edges")
     held3 = min(three["open"], three["sockets_in_pool"]) if three else 0
     met_three = held3 >= TARGET_TOTAL
@@ -297,7 +306,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
     )
     print(
         f"target: {TARGET_PER_EDGE:,} on one edge at ≤ {TARGET_EXTRA_KIB:g} KiB/connection above the bare "
-        f"server: {lg.met_text(met_one)} ({held:,} held, {extra:+.1f} KiB)"
+        f"server: {one_text} ({held:,} held, {extra:+.1f} KiB)"
     )
     targets = [
         lg.target(
@@ -305,7 +314,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
             held,
             "connections",
             f"≥ {TARGET_PER_EDGE:,}",
-            held >= TARGET_PER_EDGE,
+            met_held,
         ),
         lg.target(
             "edge memory per connection above the bare server",
@@ -380,7 +389,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
             f"{extra:+.1f}",
             f"{ours['per_s']:,.0f}/s",
             f"{held3:,}" if three else "skipped (--quick)",
-            lg.met_text(met_one),
+            one_text,
             lg.met_text(met_three) if three else "-",
             f"{runtime:.0f} s",
         ],

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import secrets
-import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,7 +125,9 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
             spy = None
             if args.profile is not None and name not in profiled:
                 profiled.add(name)
-                spy = _start_profile(args.profile, name, server.pid, args.warmup_s + args.seconds)
+                spy = lg.start_profile(
+                    args.profile / f"edge-{name}-pyspy.txt", server.pid, args.warmup_s + args.seconds
+                )
             cpu0, wall0 = server.cpu_seconds(), time.monotonic()
             res = workers.call(
                 "pipeline",
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
             server_cpu = (server.cpu_seconds() - cpu0) / (time.monotonic() - wall0)
             if spy is not None:
                 spy.wait(60)
+                lg.summarize_profile(args.profile / f"edge-{name}-pyspy.txt")
             wall = max(r["wall_s"] for r in res)
             count = sum(r["count"] for r in res)
             out["windows"].append(
@@ -157,34 +159,6 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
             workers.call("close", {"group": name})
     out["edge_log_tail"] = edge.log.read_text(errors="replace")[-2000:]
     return out
-
-
-def _start_profile(directory: Path, name: str, pid: int, seconds: float) -> subprocess.Popen[bytes] | None:
-    """py-spy `record` of one server for one window, as collapsed stacks (text)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"edge-{name}-pyspy.txt"
-    try:
-        return subprocess.Popen(
-            [
-                "py-spy",
-                "record",
-                "--pid",
-                str(pid),
-                "--duration",
-                str(int(seconds)),
-                "--rate",
-                "200",
-                "--format",
-                "raw",
-                "--output",
-                str(path),
-                "--nonblocking",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    except OSError:
-        return None
 
 
 def _aggregate(windows: list[dict[str, Any]], server: str) -> dict[str, float]:

@@ -31,6 +31,7 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
@@ -64,11 +65,17 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edges", type=int, default=2, help="`presence edge` processes (default 2)")
     p.add_argument("--generators", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--concurrency", type=int, default=100, help="connects in flight over all generators")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy profiles of the first edge and of shard 0 during the window, into DIR",
+    )
 
 
 def quick_load(args: argparse.Namespace) -> None:
     args.accounts, args.subscriptions, args.rate, args.seconds = 1_000, 20, 50.0, 5.0
-    args.drain_s, args.edges, args.generators = 2.0, 1, 1
+    args.drain_s, args.edges, args.generators = 1.0, 1, 1
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -235,7 +242,7 @@ def run_load(
         )
         if connected < args.accounts or subscribed < connected:
             raise RuntimeError(f"set-up incomplete: {out['setup']}")
-        time.sleep(2.0)  # frames of the set-up (accounts coming online) drain
+        time.sleep(1.0 if args.quick else 2.0)  # frames of the set-up (accounts coming online) drain
         start_at = time.monotonic() + 1.0
         collect = beside(start_at, args.seconds) if beside is not None else None
         pids = pool_pids()
@@ -248,6 +255,16 @@ def run_load(
             f"running: {args.rate:g} changes/s for {args.seconds:g} s"
             + (f", {queries.rate:g} queries/s of {queries.ids} ids" if queries else "")
         )
+        spies = []
+        if args.profile is not None:
+            spies = [
+                (
+                    lg.start_profile(args.profile / f"{stage.bench}-{label}-pyspy.txt", pid, args.seconds),
+                    label,
+                )
+                for label, pid in (("edge", edges[0].pid), ("shard0", (pids["shards"] or [0])[0]))
+                if pid
+            ]
         per_gen = args.rate / args.generators
         ticker = _Ticker(stage, start_at, args.seconds)
         res = workers.call(
@@ -267,6 +284,10 @@ def run_load(
             tick=ticker,
         )
         ticker.done()
+        for spy, label in spies:
+            if spy is not None:
+                spy.wait(60)
+                lg.summarize_profile(args.profile / f"{stage.bench}-{label}-pyspy.txt")
         wall = max(r["wall_s"] for r in res)
         window = args.seconds + args.drain_s
         cpu = {
@@ -456,3 +477,8 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
     )
     print(f"runtime {runtime:.1f} s")
     return 0
+
+
+def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
+    """The benchmark's measurement in a given environment (what `bench all` calls)."""
+    return run_load(args, env, stage)

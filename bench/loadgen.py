@@ -495,8 +495,18 @@ class BenchEnv:
 
         return asyncio.run(all_stats())
 
-    def sockets_in_pool(self) -> int:
-        return sum(int(s["sockets"]) for s in self.shard_stats())
+    def sockets_in_pool(self, settle_s: float = 0.0) -> int:
+        """Sockets registered in the shards; with `settle_s`, once the count has stopped moving for
+        that long (departures of an edge just stopped are still arriving), at most 30 s."""
+        count = sum(int(s["sockets"]) for s in self.shard_stats())
+        deadline = time.monotonic() + 30
+        while settle_s > 0 and time.monotonic() < deadline:
+            time.sleep(settle_s)
+            again = sum(int(s["sockets"]) for s in self.shard_stats())
+            if again == count:
+                break
+            count = again
+        return count
 
 
 @contextlib.contextmanager
@@ -789,6 +799,7 @@ class Generator:
                     conn.transport.abort()
                 raise
             conns[k] = conn
+            group_list.append(conn)  # heartbeats (if running for the group) start at once
 
         async def runner() -> None:
             nonlocal next_k, done, last_report
@@ -806,9 +817,9 @@ class Generator:
                     last_report = now
                     self.progress({"done": done, "ok": done - sum(errors.values()), "of": count})
 
+        group_list = self.groups.setdefault(group, [])
         await asyncio.gather(*(runner() for _ in range(min(concurrency, max(count, 1)))))
         ok = [c for c in conns if c is not None]
-        self.groups.setdefault(group, []).extend(ok)
         self.progress({"done": count, "ok": len(ok), "of": count})
         return {
             "connected": len(ok),
@@ -910,6 +921,10 @@ class Generator:
         queriers, then subscribe every account to its `subscriptions` targets."""
         self.prefix = prefix
         self.query_prefix = query_prefix
+        # Idle clients heartbeat (every 30 s, the contract's interval): a long set-up must not let
+        # the edge close the first sockets as silent.
+        await self.heartbeats("fanout", 30.0)
+        await self.heartbeats("queriers", 30.0)
         mine = list(range(self.index, accounts, self.count))
         # Account i goes to edge i % edges, so its watchers sit on every edge.
         per_edge: dict[int, list[int]] = {}
@@ -1170,3 +1185,72 @@ class Stage:
             bar.update(done, f"{ok:,}/{total:,} ({time.monotonic() - self.started:.0f} s)", time.monotonic())
 
         return update
+
+
+# ------------------------------------------------------------------------------- profiles
+
+
+def start_profile(path: Path, pid: int, seconds: float, rate: int = 200) -> subprocess.Popen[bytes] | None:
+    """`py-spy record` of one process for `seconds`, as collapsed stacks (text) at `path`;
+    None when py-spy is not installed (`pip install py-spy`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(max(1, round(seconds))),
+                "--rate",
+                str(rate),
+                "--format",
+                "raw",
+                "--output",
+                str(path),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+
+
+def summarize_profile(raw: Path, top: int = 30) -> Path | None:
+    """A text report next to a collapsed-stack profile: the share of samples by function (own =
+    leaf frame, then inclusive), then the hottest lines. `Runner.run` as a leaf is the event loop
+    itself (uvloop's C code, mostly waiting in epoll)."""
+    if not raw.exists():
+        return None
+    line_own: dict[str, int] = {}
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f for f in stack.split(";") if f] or ["(native)"]
+        line_own[frames[-1]] = line_own.get(frames[-1], 0) + n
+        funcs = [re.sub(r":\d+\)$", ")", f) for f in frames]
+        own[funcs[-1]] = own.get(funcs[-1], 0) + n
+        for f in set(funcs):
+            incl[f] = incl.get(f, 0) + n
+    if not total:
+        return None
+
+    def block(title: str, counts: dict[str, int], k: int) -> list[str]:
+        rows = sorted(counts.items(), key=lambda kv: -kv[1])[:k]
+        return ["", title, *(f"{100 * c / total:6.1f}%  {f}" for f, c in rows)]
+
+    lines = [f"{raw.name}: {total} samples (py-spy record --format raw)"]
+    lines += block("own samples, by function:", own, top)
+    lines += block("inclusive, by function:", incl, top)
+    lines += block("own samples, by line:", line_own, 20)
+    out = raw.with_name(raw.stem + "-summary.txt")
+    out.write_text("\n".join(lines) + "\n")
+    return out

@@ -74,6 +74,12 @@ class Conn:
     # being prepared, so that no change overtakes the state it changes.
     hold: int = 1
     held: list[str] = field(default_factory=list)
+    # When the connection went: the handler may notice later (it waits on a shard meanwhile),
+    # and the departure is stamped with this time.
+    closed_at: float | None = None
+
+    def gone_at(self) -> float:
+        return self.closed_at if self.closed_at is not None else time.time()
 
 
 @dataclass
@@ -211,6 +217,7 @@ class Edge:
         )
         conn = Conn(ws, session)
         self.conns[session.socket_id] = conn
+        ws.connection_lost_waiter.add_done_callback(lambda _: setattr(conn, "closed_at", time.time()))
         self.metrics.inc("connections_total")
         try:
             assert ws.request is not None
@@ -249,7 +256,7 @@ class Edge:
         if not conn.connected or conn.session.user_id is None:
             return
         now = time.time()
-        self.departures.append((now, conn.session.user_id))
+        self.departures.append((conn.gone_at(), conn.session.user_id))
         horizon = now - self.config.departure_journal_s
         while self.departures and self.departures[0][0] < horizon:
             self.departures.popleft()
@@ -418,7 +425,9 @@ class Edge:
         if not conn.connected or s.user_id is None:
             return
         sid = s.socket_id
-        calls: list[Awaitable[Any]] = [self._for_user(s.user_id, ("disconnect", s.user_id, sid))]
+        calls: list[Awaitable[Any]] = [
+            self._for_user(s.user_id, ("disconnect", s.user_id, sid, conn.gone_at()))
+        ]
         if s.subscriptions:
             calls.append(
                 self._gather_by_shard(sorted(s.subscriptions), lambda targets: ("unwatch", sid, targets))
@@ -522,10 +531,18 @@ class Edge:
     async def _reregister(self, shard: int) -> None:
         """A shard restarted empty: tell it again about every live socket of ours it owns."""
         calls: list[Awaitable[Any]] = []
-        for conn in list(self.conns.values()):
+        registered = [c for c in self.conns.values() if c.connected and c.session.user_id is not None]
+        # A connection already lost whose handler has not caught up yet (it waits on this very
+        # shard) is not registered again: that would show it present (and checkpoint it) after
+        # it went. Its departure is reported instead, with the time it happened.
+        for conn in [c for c in registered if c.closed_at is not None]:
+            user = conn.session.user_id
+            if user is not None and self.router.shard_of_user(user) == shard:
+                calls.append(self._call(shard, ("departed", user, conn.closed_at)))
+        registered = [c for c in registered if c.closed_at is None]
+        for conn in registered:
             s = conn.session
-            if not conn.connected or s.user_id is None:
-                continue
+            assert s.user_id is not None
             user, sid = s.user_id, s.socket_id
             if self.router.shard_of_user(user) == shard:
                 calls.append(self._call(shard, ("connect", user, sid)))
@@ -553,6 +570,13 @@ class Edge:
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("re-registration on shard %d incomplete: %s", shard, result)
+        # A socket that closed meanwhile may have had its clean-up overtaken by its registration
+        # here (a retried call lands after a later one): undo it, or it stays a ghost online for
+        # as long as this edge lives.
+        for conn in registered:
+            if conn.session.socket_id not in self.conns:
+                self.metrics.inc("edge_reregister_undone_total")
+                await self._cleanup(conn)
 
 
 class ShardUnavailable(RuntimeError):

@@ -169,9 +169,9 @@ class ShardState:
                 self.outbox.add(OnlineCount(user_id, rel.servers - old.servers, True))
 
     def _announce_to_new_audience(self, target: str, changed_user: str, old: Relations) -> None:
+        # Offline too: a watcher that was told "online" before it left the audience would
+        # otherwise keep that stale view until the account's next change.
         status = self.visible_status_of(target)
-        if status == "offline":
-            return
         target_rel = self.relations.get(target, NO_RELATIONS)
         recipients: dict[str, list[str]] = {}
         for socket_id, w in self.watchers.get(target, {}).items():
@@ -252,9 +252,11 @@ class ShardState:
         self._settle(acc, now, skip_self=socket_id)
         return acc.real
 
-    def disconnect(self, user_id: str, socket_id: str, now: float) -> None:
+    def disconnect(self, user_id: str, socket_id: str, now: float, at: float | None = None) -> None:
+        """The socket closed at `at` (default `now`): the edge may report it late, e.g. after
+        waiting for this shard to restart, and the departure keeps the time it happened."""
         self._expire(now)
-        self._remove_socket(user_id, socket_id, now)
+        self._remove_socket(user_id, socket_id, now if at is None else min(at, now))
 
     def departed(self, user_id: str, at: float, now: float) -> None:
         """An edge reports again a departure that an earlier incarnation of this shard may have
@@ -344,8 +346,7 @@ class ShardState:
         if was_present != is_present:
             servers = self.relations.get(acc.user_id, NO_RELATIONS).servers
             self.outbox.add(OnlineCount(acc.user_id, servers, is_present))
-        if visible_status(before) != visible_status(after):
-            self._broadcast_change(acc.user_id, visible_status(after))
+        self._broadcast_change(acc.user_id, before, after)
         self._tell_self(acc, {"type": "presence.self", "status": after}, skip=skip_self)
 
     def _tell_self(self, acc: Account, frame: dict[str, object], skip: str | None = None) -> None:
@@ -355,22 +356,35 @@ class ShardState:
                 recipients.setdefault(s.edge_id, []).append(s.socket_id)
         self.outbox.deliver(recipients, frame)
 
-    def _broadcast_change(self, target: str, status: Status) -> None:
+    def _broadcast_change(self, target: str, before: Status, after: Status) -> None:
+        """Tell the target's watchers what changed for them: everybody else the visible status,
+        the account's own sockets (subscribed to themselves) the real one."""
         watchers = self.watchers.get(target)
         if not watchers:
             return
         target_rel = self.relations.get(target, NO_RELATIONS)
-        recipients: dict[str, list[str]] = {}
+        others: dict[str, list[str]] = {}
+        own: dict[str, list[str]] = {}
         for socket_id, w in watchers.items():
-            if in_audience(target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)):
-                recipients.setdefault(w.edge_id, []).append(socket_id)
-        self.outbox.deliver(recipients, {"type": "presence.changed", "userId": target, "status": status})
+            if w.user_id == target:
+                own.setdefault(w.edge_id, []).append(socket_id)
+            elif in_audience(target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)):
+                others.setdefault(w.edge_id, []).append(socket_id)
+        if visible_status(before) != visible_status(after):
+            frame = {"type": "presence.changed", "userId": target, "status": visible_status(after)}
+            self.outbox.deliver(others, frame)
+        if before != after:
+            self.outbox.deliver(own, {"type": "presence.changed", "userId": target, "status": after})
 
     # ------------------------------------------------------------------ reading statuses
 
     def real_status_of(self, user_id: str) -> Status:
         acc = self.accounts.get(user_id)
         return acc.real if acc is not None else "offline"
+
+    def status_for(self, user_id: str, reader: str) -> Status:
+        """The account's own sockets see its real status; everybody else the visible one."""
+        return self.real_status_of(user_id) if reader == user_id else self.visible_status_of(user_id)
 
     def visible_status_of(self, user_id: str) -> Status:
         return visible_status(self.real_status_of(user_id))
@@ -403,7 +417,7 @@ class ShardState:
             self.watchers.setdefault(target, {})[socket_id] = w
             self.edge_watches.setdefault(edge_id, set()).add((target, socket_id))
             if in_audience(target, self.relations[target], watcher, watcher_rel):
-                answer.append((target, self.visible_status_of(target)))
+                answer.append((target, self.status_for(target, watcher)))
         return answer
 
     def unwatch(self, socket_id: str, edge_id: str, targets: Iterable[str]) -> None:
@@ -450,7 +464,7 @@ class ShardState:
                 reader_rel=reader_rel,
                 precision_s=self.precision_s,
             )
-            out.append(QueryAnswer(target, visible_status(acc.real), seen))
+            out.append(QueryAnswer(target, self.status_for(target, reader), seen))
         return out
 
     def audience_of_query(self, reader: str, targets: Iterable[str]) -> list[str]:
@@ -479,7 +493,13 @@ class ShardState:
         under the 1,000-row batch). An account that left since the round began is skipped: its
         departure already holds the right time, and `now` would be later than it.
         """
-        if self._round_started is None or now - self._round_started >= self.checkpoint_interval_s:
+        self._expire(now)  # an account whose edge died is no longer present, swept yet or not
+        if self._round_started is None:
+            # The first round begins one interval after the shard starts: what is online now was
+            # connected moments ago and has nothing a crash could lose yet.
+            self._round_started = now
+            return []
+        if now - self._round_started >= self.checkpoint_interval_s:
             self._round = [u for u, acc in self.accounts.items() if is_visibly_present(acc.real)]
             self._round.sort()
             self._round_started, self._round_sent = now, 0

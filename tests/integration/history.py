@@ -231,7 +231,9 @@ def last_seen_leaks(h: History, slack_s: float = 2.0) -> list[str]:
         f = e.frame
         kind = f.get("type")
         if kind == "presence.sync":
-            out += [f"{e.socket}: presence.sync carries lastSeenAt: {f}" for u in f["users"] if "lastSeenAt" in u]
+            out += [
+                f"{e.socket}: presence.sync carries lastSeenAt: {f}" for u in f["users"] if "lastSeenAt" in u
+            ]
             continue
         if "lastSeenAt" not in f:
             continue
@@ -320,7 +322,9 @@ def last_seen_backwards(h: History) -> list[str]:
         for user, value in values.items():
             if user in latest and value < latest[user][1]:
                 seen_at, old = latest[user]
-                out.append(f"{user}: last-seen went back from {old:.3f} (read at {seen_at}) to {value:.3f} ({t})")
+                out.append(
+                    f"{user}: last-seen went back from {old:.3f} (read at {seen_at}) to {value:.3f} ({t})"
+                )
             if user not in latest or value >= latest[user][1]:
                 latest[user] = (t, value)
     return out

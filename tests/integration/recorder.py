@@ -5,6 +5,7 @@ and the operator view hold."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -55,10 +56,8 @@ class RecordedClient(Client):
         life = self.recorder.history.sockets.get(self.name)
         if life is not None and life.gone_after is None:
             life.gone_after = time.time()
-        try:
+        with contextlib.suppress(TimeoutError, websockets.ConnectionClosed, OSError):
             await super().close()
-        except (TimeoutError, websockets.ConnectionClosed, OSError):
-            pass
         if life is not None and life.gone_before is None:
             life.gone_before = time.time()
 
@@ -121,7 +120,9 @@ def _get_json(url: str) -> Any:
 
 
 async def read_count(internal: str, server: str) -> int | None:
-    answer = await asyncio.to_thread(_get_json, f"{internal}/api/v1/internal/presence/online?serverId={server}")
+    answer = await asyncio.to_thread(
+        _get_json, f"{internal}/api/v1/internal/presence/online?serverId={server}"
+    )
     value = answer["online"]
     return None if value is None else int(value)
 
@@ -147,10 +148,8 @@ class Sampler:
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
 
     async def _run(self) -> None:
         h = self.recorder.history
@@ -160,8 +159,6 @@ class Sampler:
             if values is not None:
                 h.stored_samples.append((time.time(), values))
             for server in self.servers:
-                try:
+                with contextlib.suppress(OSError):  # the edge answering may be the one a fault took away
                     h.counts.append(CountSample(time.time(), server, await read_count(self.internal, server)))
-                except OSError:
-                    pass  # the edge answering may be the one a fault took away
             await asyncio.sleep(self.interval)

@@ -25,9 +25,11 @@ from .wsclient import Client, changed, eventually, of_type
 pytestmark = pytest.mark.integration
 
 
-def start_edge_process(cluster: Cluster) -> tuple[subprocess.Popen[str], str]:
+def start_edge_process(
+    cluster: Cluster, env_extra: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     """`presence edge` as its own OS process, joining the test cluster through the data directory."""
-    env = {**os.environ, "PRESENCE_EDGE_LEASE_REFRESH_S": "1"}
+    env = {**os.environ, "PRESENCE_EDGE_LEASE_REFRESH_S": "1", **(env_extra or {})}
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -14,6 +14,7 @@ Redis stopped and restarted); this module adds the load and the history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -32,7 +33,7 @@ from actors.ray_api import DirectoryClient, ShardClient
 from edge.server import Edge
 
 from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
-from .history import Graph, check
+from .history import Graph, SocketLife, check
 from .recorder import RecordedClient, Recorder, Sampler, operator_view, read_count, read_last_seen
 from .test_failures import start_edge_process
 from .wsclient import eventually
@@ -106,18 +107,13 @@ class Load:
     def on(self, url: str) -> list[RecordedClient]:
         return [c for c, u in self.live.values() if u == url]
 
-    async def retire(self, n: int, wait: bool = True) -> list[str]:
+    async def retire(self, n: int) -> list[str]:
         """Make `n` connected accounts leave for good now, so that their last departure is the one
         made around the fault (a later one would cover up a departure the fault lost)."""
         candidates = sorted({c.user for c, _ in self.live.values()} - self.retired - {self.world.invisible})
         chosen = candidates[:n]
         self.retired.update(chosen)
-        closing = [c.close() for c, _ in list(self.live.values()) if c.user in chosen]
-        if wait:
-            await asyncio.gather(*closing)
-        else:
-            for coro in closing:
-                asyncio.ensure_future(coro)
+        await asyncio.gather(*(c.close() for c, _ in list(self.live.values()) if c.user in chosen))
         return chosen
 
     async def _worker(self, user: str, rng: random.Random) -> None:
@@ -197,25 +193,14 @@ async def run_with_fault(
                 h.final_status[u], h.final_sockets[u] = view["status"], view["sockets"]
             return all(h.final_status[u] == "offline" and h.final_sockets[u] == 0 for u in users)
 
-        try:
+        with contextlib.suppress(AssertionError):  # the checker names the ghosts
             await eventually(all_offline, timeout=10, interval=0.5)
-        except AssertionError:
-            pass  # the checker names the ghosts
         await eventually(no_pending_last_seen, timeout=30, interval=0.3)
         h.stored_after = await read_last_seen(cluster.database_url, users) or {}
-        try:
+        with contextlib.suppress(AssertionError):
             await eventually(lambda: _count_is(internal, world.server, 0), timeout=10)
-        except AssertionError:
-            pass
         h.quiet_counts[world.server] = (0, await read_count(internal, world.server))
     violations = check(h)
-    if os.environ.get("HISTORY_DEBUG"):
-        from .history import _departure_windows
-
-        for u, w in sorted(_departure_windows(h).items()):
-            mark = "*" if u in load_.retired else " "
-            print(mark, u, w and (round(w[0] % 1000, 3), round(w[1] % 1000, 3)), round(h.stored_after.get(u, 0) % 1000, 3))
-        print(h.faults, len(h.events), "events", len(h.sockets), "sockets", load_.errors[:5])
     assert not violations, "\n".join(violations[:30])
     opened = len(h.sockets)
     assert opened >= 3 * len(users), f"the load was too thin to mean anything ({opened} sockets)"
@@ -313,3 +298,93 @@ async def test_redis_wiped_and_restarted(
         return 0.0
 
     await run_with_fault(cluster, [edge, second_edge], conn, ids, restart)
+
+
+async def storm(
+    cluster: Cluster, conn: asyncpg.Connection, ids: Ids, edge: Edge, accounts: int, per_account: int
+) -> None:
+    """`accounts * per_account` sockets connect as fast as they can to an edge process of their
+    own, then all drop at once (no close frame); recorded watchers see it all."""
+    members = [ids(f"s{i}") for i in range(accounts)]
+    server = ids("storm")
+    await load(conn, {"servers": [{"id": server, "members": members, "channels": []}]})
+    watchers = members[:3]
+    graph = Graph(users=frozenset(members), servers={server: frozenset(members)})
+    recorder = Recorder(graph)
+    h = recorder.history
+    h.stored_before = await read_last_seen(cluster.database_url, members) or {}
+    proc, url = start_edge_process(
+        cluster, {"PRESENCE_MAX_SOCKETS_PER_IP": str(accounts * per_account + 100)}
+    )
+    try:
+        watching = [await recorder.connect(ws_url(edge), u, cluster.token(u)) for u in watchers]
+        for w in watching:
+            await w.send({"type": "presence.subscribe", "userIds": members[:1000]})
+        tokens = {u: cluster.token(u) for u in members}
+
+        async def one(user: str, k: int) -> tuple[str, Any]:
+            ws = await websockets.connect(url, open_timeout=60, max_queue=None)
+            await ws.send(f'{{"type":"identify","token":"{tokens[user]}"}}')
+            while True:  # ready, then maybe presence.self of the account's other sockets
+                frame = await asyncio.wait_for(ws.recv(), 60)
+                if '"ready"' in frame:
+                    break
+            name = f"{user}#storm{k}"
+            h.sockets[name] = SocketLife(user, time.time())
+            return name, ws
+
+        started = time.monotonic()
+        sockets = await asyncio.gather(*(one(u, k) for k in range(per_account) for u in members))
+        took = time.monotonic() - started
+        recorder.fault(f"storm: {len(sockets)} sockets in {took:.1f} s")
+        async with Sampler(recorder, cluster.database_url, internal_url(edge), [server], interval=0.5):
+            await eventually(lambda: _count_is(internal_url(edge), server, accounts), timeout=30)
+            h.quiet_counts[server] = (accounts, await read_count(internal_url(edge), server))
+            dropped = time.time()
+            for name, ws in sockets:
+                h.sockets[name].gone_after = dropped
+                ws.transport.abort()
+            for name, _ in sockets:
+                h.sockets[name].gone_before = time.time() + 5.0  # the edge notices within moments
+            # The watchers are members too, and still here.
+            await eventually(lambda: _count_is(internal_url(edge), server, len(watchers)), timeout=30)
+            # Every watcher saw the storm go (and no frame of it was dropped on the way).
+            others = set(members) - set(watchers)
+            for w in watching:
+                await eventually(lambda w=w: _offline(w) >= others, timeout=30)
+            for w in watching:
+                await w.close()
+            await eventually(lambda: _count_is(internal_url(edge), server, 0), timeout=10)
+
+            async def all_offline() -> bool:
+                views = await asyncio.gather(*(operator_view(internal_url(edge), u) for u in members))
+                for u, view in zip(members, views, strict=True):
+                    h.final_status[u], h.final_sockets[u] = view["status"], view["sockets"]
+                return all(v["status"] == "offline" and v["sockets"] == 0 for v in views)
+
+            with contextlib.suppress(AssertionError):
+                await eventually(all_offline, timeout=20, interval=1.0)
+            await eventually(no_pending_last_seen, timeout=30, interval=0.3)
+            h.stored_after = await read_last_seen(cluster.database_url, members) or {}
+        violations = check(h)
+        assert not violations, "\n".join(violations[:30])
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _offline(w: RecordedClient) -> set[str]:
+    return {
+        f["userId"] for f in w.log if f.get("type") == "presence.changed" and f.get("status") == "offline"
+    }
+
+
+async def test_connection_storm(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
+    await storm(cluster, conn, ids, edge, accounts=1_000, per_account=2)
+
+
+@pytest.mark.slow
+async def test_connection_storm_large(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    await storm(cluster, conn, ids, edge, accounts=2_000, per_account=4)

@@ -19,8 +19,17 @@ def online(n: int, interval: float = 100.0) -> ShardState:
     return s
 
 
+def test_the_first_round_begins_one_interval_after_start() -> None:
+    s = online(10)
+    assert [s.checkpoint_chunk(float(t)) for t in range(100)] == [[]] * 100
+    assert s.checkpoint_rounds == 0
+    s.checkpoint_chunk(100.0)
+    assert s.checkpoint_rounds == 1
+
+
 def test_a_round_is_handed_out_in_even_slices_over_most_of_the_interval() -> None:
     s = online(800)
+    s.checkpoint_chunk(-100.0)  # started one interval ago: a round begins at 0
     sizes = [len(s.checkpoint_chunk(float(t))) for t in range(100)]
     assert sum(sizes) == 800
     assert sizes[0] == 0 and max(sizes) == 10  # 800 over 80 s
@@ -31,6 +40,7 @@ def test_a_round_is_handed_out_in_even_slices_over_most_of_the_interval() -> Non
 
 def test_slices_carry_the_time_they_are_handed_out() -> None:
     s = online(10)
+    s.checkpoint_chunk(-100.0)
     s.checkpoint_chunk(0.0)
     assert {ts for _, ts in s.checkpoint_chunk(40.0)} == {40.0}
 
@@ -42,6 +52,7 @@ def test_every_present_account_once_per_round_and_no_departed_one(
 ) -> None:
     s = online(50)
     now, seen = 0.0, []
+    s.checkpoint_chunk(-100.0)
     s.checkpoint_chunk(now)
     for k, dt in enumerate(steps):
         now = min(now + dt, 99.0)

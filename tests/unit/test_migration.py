@@ -83,7 +83,9 @@ def test_export_then_import_changes_nothing_but_the_address(users: list[str], sl
             if isinstance(e, Deliver) and e.frame.get("type") == "presence.changed"
         ]
         if statuses[u] != "offline":
-            assert [(e.socket_ids, e.frame["status"]) for e in sent] == [((f"w-{users[0]}",), "offline")]
+            # The watcher watching itself sees its real status; everybody else sees offline.
+            expected = "invisible" if u == users[0] else "offline"
+            assert [(e.socket_ids, e.frame["status"]) for e in sent] == [((f"w-{users[0]}",), expected)]
 
 
 def test_unflushed_last_seen_moves_with_its_account() -> None:

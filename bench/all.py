@@ -1,0 +1,270 @@
+"""`presence bench all`: every benchmark in one invocation, one after another, each printing its own
+table, then a summary of every target (figure, target, met or missed).
+
+`lastseen` and `scale` bring up their own servers and Ray, so they run as subprocesses
+(`presence bench NAME`). The websocket benchmarks (`edge`, `connections`, `fanout`, `query`)
+share one environment — PostgreSQL, Redis, Ray and the actor pool, started once — and each starts
+its own fresh edge processes and load generators and uses fresh account ids, so no benchmark
+measures another's sockets. `--isolated` runs each of them as a subprocess with its own
+environment instead (cleaner, slower to start).
+
+    presence bench all [--quick] [--no-record] [--only edge,fanout,…] [--isolated]
+                       [--results-dir DIR] [--database-url URL] [--redis-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench import loadgen as lg
+from bench.results import append_row, machine_info, machine_summary, utc_now, write_json
+
+if TYPE_CHECKING:
+    from cluster.config import Settings
+
+NAME = "all"
+ORDER = ("lastseen", "scale", "edge", "connections", "fanout", "query")
+SELF_CONTAINED = ("lastseen", "scale")  # they start their own servers and Ray
+IN_ENV = ("edge", "connections", "fanout", "query")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="presence bench all", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="every benchmark at its --quick size")
+    p.add_argument("--no-record", action="store_true", help="append nothing to bench/RESULTS.md")
+    p.add_argument("--only", default=",".join(ORDER), help=f"comma-separated subset of {','.join(ORDER)}")
+    p.add_argument("--isolated", action="store_true", help="run every benchmark as its own subprocess")
+    p.add_argument("--results-dir", type=Path, default=None, help="JSON files here (default bench/results)")
+    p.add_argument("--output", type=Path, default=None, help="the summary's JSON file")
+    p.add_argument("--database-url", default=None)
+    p.add_argument("--redis-url", default=None)
+    p.add_argument("--shards", type=int, default=None)
+    args = p.parse_args(argv)
+    chosen = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in ORDER]
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(ORDER)}")
+    args.chosen = [n for n in ORDER if n in chosen]
+    return args
+
+
+def _common(args: argparse.Namespace, name: str, with_shards: bool = True) -> list[str]:
+    argv: list[str] = []
+    if args.quick:
+        argv.append("--quick")
+    if args.no_record:
+        argv.append("--no-record")
+    if args.database_url:
+        argv += ["--database-url", args.database_url]
+    if args.redis_url:
+        argv += ["--redis-url", args.redis_url]
+    if args.shards and with_shards:
+        argv += ["--shards", str(args.shards)]
+    if args.results_dir is not None and name != "scale":  # scale has no --output
+        argv += ["--output", str(args.results_dir / f"{name}.json")]
+    return argv
+
+
+def _subprocess(args: argparse.Namespace, name: str) -> tuple[int, Path | None]:
+    """`presence bench NAME` as a subprocess; its stdout passes through, its JSON path is read from
+    its `results: PATH` line."""
+    argv = [sys.executable, "-m", "cluster.cli", "bench", name, *_common(args, name, name in IN_ENV)]
+    if name == "scale" and args.results_dir is not None:
+        argv += ["--plot", str(args.results_dir / "scale.png")]
+    proc = subprocess.Popen(argv, cwd=lg.ROOT, stdout=subprocess.PIPE, text=True, bufsize=1)
+    path: Path | None = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if line.startswith("results:"):
+            path = Path(line.split(":", 1)[1].split(";", 1)[0].strip())
+    return proc.wait(), path
+
+
+def _banner(name: str) -> None:
+    print(f"\n{'=' * 30} presence bench {name} {'=' * 30}", flush=True)
+
+
+def main(argv: list[str], settings: Settings) -> int:
+    args = parse(argv)
+    started_at = utc_now()
+    t0 = time.monotonic()
+    if args.results_dir is not None:
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict[str, Any]] = {}
+    for name in args.chosen:
+        if name in SELF_CONTAINED or args.isolated:
+            _banner(name)
+            started = time.monotonic()
+            code, path = _subprocess(args, name)
+            runs[name] = {
+                "exit": code,
+                "json": str(path) if path else None,
+                "seconds": time.monotonic() - started,
+            }
+    shared = [n for n in args.chosen if n in IN_ENV and not args.isolated]
+    if shared:
+        runs.update(_in_shared_env(args, settings, shared))
+    runtime = time.monotonic() - t0
+    return _summary(args, runs, runtime, started_at.isoformat(timespec="seconds"))
+
+
+def _in_shared_env(
+    args: argparse.Namespace, settings: Settings, names: list[str]
+) -> dict[str, dict[str, Any]]:
+    runs: dict[str, dict[str, Any]] = {}
+    stage = lg.Stage("all")
+    try:
+        env_cm = lg.bench_env(NAME, settings, args.database_url, args.redis_url, args.shards, stage.log)
+        env = env_cm.__enter__()
+    except Exception:
+        traceback.print_exc()
+        return {n: {"exit": 1, "json": None, "error": "environment failed to start"} for n in names}
+    try:
+        for name in names:
+            _banner(name)
+            module = importlib.import_module(f"bench.{name}")
+            started = time.monotonic()
+            started_at = utc_now().isoformat(timespec="seconds")
+            argv = _common(args, name, with_shards=False)
+            try:
+                bench_args = module.parse(argv)
+                measured = module.run(bench_args, env, lg.Stage(name))
+                code = module.report(bench_args, measured, time.monotonic() - started, started_at)
+                path = bench_args.output if bench_args.output is not None else _latest(name)
+                runs[name] = {"exit": code, "json": str(path) if path else None}
+            except Exception as e:
+                traceback.print_exc()
+                runs[name] = {"exit": 1, "json": None, "error": f"{type(e).__name__}: {e}"}
+            runs[name]["seconds"] = time.monotonic() - started
+    finally:
+        env_cm.__exit__(None, None, None)
+    return runs
+
+
+def _latest(name: str) -> Path | None:
+    from bench.results import RESULTS_DIR
+
+    found = sorted(RESULTS_DIR.glob(f"{name}-*.json"))
+    return found[-1] if found else None
+
+
+def _targets_of(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
+    if "targets" in report:
+        return list(report["targets"])
+    if name == "lastseen":
+        t = report["target"]
+        return [
+            lg.target(
+                "last-seen statements/s (ours)",
+                report["designs"]["ours"]["statements_per_s"],
+                "statements/s",
+                f"≤ {t['statements_per_s_max']:g}",
+                t["met"],
+            )
+        ]
+    if name == "scale":
+        best = max(report["phases"], key=lambda ph: ph["ops_per_s"])
+        return [
+            {
+                "name": f"frames/s absorbed (best: {best['shards']} shards)",
+                "figure": best["ops_per_s"],
+                "unit": "frames/s",
+                "target": "no target",
+                "met": None,
+            }
+        ]
+    return []
+
+
+def _fmt(value: Any, unit: str) -> str:
+    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
+        return str(value)
+    if unit == "ratio":
+        return f"{value:.2f}"
+    if unit == "ms":
+        return f"{lg.fmt_ms(value)} ms"
+    if unit in ("KiB",):
+        return f"{value:+.1f} KiB"
+    if abs(value) >= 100:
+        return f"{value:,.0f} {unit}"
+    return f"{value:.3g} {unit}"
+
+
+def _summary(
+    args: argparse.Namespace, runs: dict[str, dict[str, Any]], runtime: float, started_at: str
+) -> int:
+    info = machine_info()
+    rows: list[list[str]] = []
+    targets: list[dict[str, Any]] = []
+    failed = []
+    for name in args.chosen:
+        run = runs.get(name, {"exit": 1, "json": None})
+        report = None
+        if run.get("json"):
+            try:
+                report = json.loads(Path(run["json"]).read_text())
+            except (OSError, ValueError):
+                report = None
+        if run["exit"] != 0 or report is None:
+            failed.append(name)
+            rows.append([name, "FAILED", "-", "-", run.get("error", f"exit {run['exit']}")])
+            continue
+        for t in _targets_of(name, report):
+            targets.append({"benchmark": name, **t})
+            met = "n/a" if t["met"] is None and t["target"] == "no target" else lg.met_text(t["met"])
+            rows.append([name, t["name"], _fmt(t["figure"], t["unit"]), t["target"], met])
+    print(f"\n{'=' * 30} summary {'=' * 30}")
+    print(
+        f"presence bench all on {machine_summary(info)} (commit {info['commit']})"
+        + (", --quick sizes (targets are for the full sizes)" if args.quick else "")
+        + "\n"
+    )
+    lg.print_table(["benchmark", "target", "figure", "goal", "met?"], rows, align_left=2)
+    met = sum(1 for t in targets if t["met"] is True)
+    judged = sum(1 for t in targets if t["met"] is not None)
+    print(f"\n{met}/{judged} targets met; {len(failed)} benchmark(s) failed; total {runtime:.0f} s")
+    payload = {
+        "benchmark": NAME,
+        "started_at": started_at,
+        "runtime_s": round(runtime, 1),
+        "machine": info,
+        "quick": args.quick,
+        "runs": runs,
+        "targets": targets,
+        "failed": failed,
+    }
+    out = args.output or (args.results_dir / "all.json" if args.results_dir is not None else None)
+    path = write_json(NAME, payload, out)
+    print(f"results: {path}")
+    if not args.no_record:
+        append_row(
+            NAME,
+            "`presence bench all`: every benchmark in one invocation; each also appends its own row above.",
+            ["date", "machine", "commit", "sizes", "targets met", "failed", "runtime"],
+            [
+                lg.info_date(),
+                machine_summary(info),
+                info["commit"],
+                "quick" if args.quick else "full",
+                f"{met}/{judged}: "
+                + ", ".join(
+                    f"{t['benchmark']} {lg.met_text(t['met'])}" for t in targets if t["met"] is not None
+                ),
+                ", ".join(failed) or "none",
+                f"{runtime:.0f} s",
+            ],
+        )
+    return 1 if failed else 0

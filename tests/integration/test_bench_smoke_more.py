@@ -1,0 +1,104 @@
+"""Smoke test of the websocket benchmarks at their --quick sizes: `presence bench all --quick --only
+edge,connections,fanout,query` runs each one end to end (real edges, pool, PostgreSQL, Redis) and
+each writes well-formed JSON. Never a speed: CI machines differ, the figures are for RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+BENCHES = ("edge", "connections", "fanout", "query")
+
+
+@pytest.fixture(scope="module")
+def quick_run(
+    tmp_path_factory: pytest.TempPathFactory, migrated_pg_url: str, redis_url: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out_dir = tmp_path_factory.mktemp("bench-more")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "bench",
+            "all",
+            "--quick",
+            "--no-record",
+            "--only",
+            ",".join(BENCHES),
+            "--results-dir",
+            str(out_dir),
+            "--database-url",
+            migrated_pg_url,
+            "--redis-url",
+            redis_url,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done, out_dir
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _well_formed_targets(report: dict[str, Any]) -> None:
+    assert report["targets"], report
+    for t in report["targets"]:
+        assert isinstance(t["name"], str) and isinstance(t["target"], str)
+        assert _number(t["figure"]), t
+        assert t["met"] in (True, False, None), t
+
+
+def _latency(summary: dict[str, Any]) -> None:
+    assert summary["n"] > 0
+    for key in ("p50", "p99", "max"):
+        assert _number(summary[key]), (key, summary)
+
+
+def test_all_ran(quick_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    done, out_dir = quick_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out_dir / "all.json").read_text())
+    assert summary["benchmark"] == "all" and summary["failed"] == []
+    assert {t["benchmark"] for t in summary["targets"]} == set(BENCHES)
+    assert "summary" in done.stdout
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_wrote_well_formed_json(
+    name: str, quick_run: tuple[subprocess.CompletedProcess[str], Path]
+) -> None:
+    _, out_dir = quick_run
+    report = json.loads((out_dir / f"{name}.json").read_text())
+    assert report["benchmark"] == name
+    assert report["machine"]["cpus"] >= 1
+    assert report["args"]["quick"] is True
+    _well_formed_targets(report)
+    if name == "edge":
+        for side in ("bare", "ours"):
+            assert _number(report[side]["per_s"]) and _number(report[side]["generator_cpu_cores"])
+        assert _number(report["ratio"])
+    elif name == "connections":
+        for side in ("bare", "ours"):
+            assert isinstance(report[side]["connected"], int)
+            assert _number(report[side]["kib_per_connection"])
+        assert isinstance(report["ours"]["sockets_in_pool"], int)
+    elif name == "fanout":
+        assert report["changes"] > 0 and report["deliveries_expected"] > 0
+        _latency(report["latency_ms"])
+        assert _number(report["cpu_cores"]["generators"])
+    else:
+        _latency(report["queries"]["latency_ms"])
+        _latency(report["beside"]["latency_ms"])
