@@ -318,7 +318,9 @@ class PresenceShard:
             elif kind in ("status", "settings"):
                 acc_ids.append(op[1])
                 rel_ids.append(op[1])
-            elif kind == "departed":
+            elif kind == "departed" or (kind == "disconnect" and len(op) > 3):
+                # A disconnect normally finds its account in memory; after a restart it may not,
+                # and it is then a departure this incarnation must still record.
                 acc_ids.append(op[1])
             elif kind in ("ch_sub", "typing_start", "voice_join"):
                 channel_ids.append(op[1])

@@ -256,6 +256,12 @@ class ShardState:
         """The socket closed at `at` (default `now`): the edge may report it late, e.g. after
         waiting for this shard to restart, and the departure keeps the time it happened."""
         self._expire(now)
+        acc = self.accounts.get(user_id)
+        if acc is not None and socket_id not in acc.sockets and at is not None:
+            # A socket this incarnation never knew (it closed while the shard restarted, before
+            # its edge could register it again): still a departure of the account.
+            self.departed(user_id, at, now)
+            return
         self._remove_socket(user_id, socket_id, now if at is None else min(at, now))
 
     def departed(self, user_id: str, at: float, now: float) -> None:

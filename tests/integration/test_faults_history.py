@@ -94,6 +94,7 @@ class Load:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     retired: set[str] = field(default_factory=set)
+    connecting: dict[str, str] = field(default_factory=dict)  # user → edge url, while connecting
 
     def start(self) -> None:
         users = [*self.world.members, *(u for u in self.world.graph.users if u not in self.world.members)]
@@ -120,12 +121,15 @@ class Load:
         everyone = sorted(self.world.graph.users)
         while not self.stop.is_set() and user not in self.retired:
             url = rng.choice(self.urls)
+            self.connecting[user] = url
             try:
                 client = await self.recorder.connect(url, user, self.cluster.token(user), timeout=12)
             except (OSError, AssertionError, websockets.InvalidHandshake, TimeoutError) as e:
                 self.errors.append(f"{user}: connect to {url}: {type(e).__name__}")
                 await asyncio.sleep(0.3)
                 continue
+            finally:
+                self.connecting.pop(user, None)
             self.live[client.name] = (client, url)
             try:
                 await client.send({"type": "presence.subscribe", "userIds": rng.sample(everyone, 4)})
@@ -221,6 +225,10 @@ async def test_edge_killed_with_sigkill(
 
     async def kill(load: Load) -> float:
         await eventually(lambda: len(load.on(url)) >= 2, timeout=10)
+        # No new sockets there, and none half-open: a connect in flight at the kill would be
+        # registered upstream without its client knowing, and depart at the lease's end unseen.
+        load.urls.remove(url)
+        await eventually(lambda: url not in load.connecting.values(), timeout=15)
         at = time.time()
         os.kill(proc.pid, signal.SIGKILL)
         # Its sockets go when the edge's lease on the shards runs out: within the socket timeout
@@ -229,7 +237,6 @@ async def test_edge_killed_with_sigkill(
         load.recorder.killed(killed, at, at + SOCKET_TIMEOUT_S + 1.0)
         load.retired.update(c.user for c in killed)  # their last departure is the edge's death
         load.recorder.fault("edge SIGKILL")
-        load.urls.remove(url)
         proc.wait(10)
         return SOCKET_TIMEOUT_S + 2.0
 

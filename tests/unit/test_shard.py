@@ -869,6 +869,26 @@ def test_sync_about_oneself_reports_real_status() -> None:
     assert w.s.watch("alice", "a1", "e1", ["alice"], w.now) == [("alice", "invisible")]
 
 
+def test_changes_to_a_socket_watching_its_own_account_carry_the_real_status() -> None:
+    w = pair_world()
+    w.s.connect("alice", "a1", "e1", w.now)
+    w.s.connect("alice", "a2", "e1", w.now)
+    assert w.s.watch("alice", "a1", "e1", ["alice"], w.now) == [("alice", "online")]
+    w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+    w.drain()
+    w.s.set_status("alice", "a2", "invisible", w.now)
+    effects = w.drain()
+    assert changed_to(effects, "a1", about="alice") == ["invisible"]
+    assert changed_to(effects, "b1", about="alice") == ["offline"]
+    # One socket of an invisible account goes: nothing changes for anybody.
+    w.s.disconnect("alice", "a2", w.now)
+    assert frames_to(w.drain(), "b1") == []
+    w.s.set_status("alice", "a1", "online", w.now)
+    effects = w.drain()
+    assert changed_to(effects, "a1", about="alice") == ["online"]
+    assert changed_to(effects, "b1", about="alice") == ["online"]
+
+
 # ---------------------------------------------------------------------------- audience re-entry
 
 
@@ -973,6 +993,10 @@ class ShardMachine(RuleBasedStateMachine):
     def present(self, u: str) -> bool:
         return self.real(u) in ("online", "idle", "dnd")
 
+    def status_for(self, target: str, reader: str) -> str:
+        """protocol.md: the account's own sockets see its real status, everybody else the visible one."""
+        return self.real(target) if target == reader else self.visible(target)
+
     def aud(self, target: str, reader: str, rels: dict[str, Relations] | None = None) -> bool:
         """protocol.md: shares a server or has an accepted friendship (as the shard knows it)."""
         if target == reader:
@@ -993,6 +1017,9 @@ class ShardMachine(RuleBasedStateMachine):
             v = self.visible(u)
             if self.history[u][-1] != v:
                 self.history[u].append(v)
+            r = self.real(u)
+            if self.real_history[u][-1] != r:
+                self.real_history[u].append(r)
 
     def model_expire(self) -> None:
         """Edges whose lease ran out die, in the order they died, at the moment they died."""
@@ -1042,6 +1069,7 @@ class ShardMachine(RuleBasedStateMachine):
         self.watches_at_start = set(self.watches)
         self.conn_at_start = set(self.conn)
         self.history: dict[str, list[str]] = {u: [self.visible(u)] for u in USERS} if self.chosen else {}
+        self.real_history: dict[str, list[str]] = {u: [self.real(u)] for u in USERS} if self.chosen else {}
 
     def drain_check(self, audience_changed: bool = False, before: dict[str, Relations] | None = None) -> None:
         """Check every effect of the last operation against the model, then start a new sub-step.
@@ -1063,10 +1091,12 @@ class ShardMachine(RuleBasedStateMachine):
                         "a broadcast never carries lastSeenAt"
                     )
                     target, status = e.frame["userId"], e.frame["status"]
-                    assert status in ("online", "idle", "dnd", "offline"), "invisible reached a watcher"
                     for s in e.socket_ids:
                         watcher = OWNER[s]
-                        assert watcher != target  # the machine never watches itself
+                        if watcher != target:
+                            assert status in ("online", "idle", "dnd", "offline"), (
+                                "invisible reached a watcher"
+                            )
                         assert (s, target) in self.watches_at_start, f"{s} does not watch {target}"
                         assert self.aud(target, watcher) or (
                             before is not None and self.aud(target, watcher, before)
@@ -1114,7 +1144,8 @@ class ShardMachine(RuleBasedStateMachine):
                     self.counted_sockets.discard(key)
         # (7) No more frames than the visible status changed (+1 for a new audience's first word).
         for (s, target), n in per_watch.items():
-            changes = len(self.history[target]) - 1
+            history = self.real_history if OWNER[s] == target else self.history
+            changes = len(history[target]) - 1
             assert n <= changes + int(audience_changed), (
                 f"{n} frames for {changes} changes of {target} to {s}"
             )
@@ -1165,7 +1196,7 @@ class ShardMachine(RuleBasedStateMachine):
         self._sub_start()
         for s, targets in watching.items():
             watcher, edge = SOCKETS[s]
-            targets = sorted(targets - {watcher})
+            targets = sorted(targets)
             answer = self.state.watch(watcher, s, edge, targets, self.now)
             self.lease[edge] = self.now
             assert answer == [(t, "offline") for t in targets if self.aud(t, watcher)]
@@ -1316,14 +1347,14 @@ class ShardMachine(RuleBasedStateMachine):
         self.begin(dt)
         s = self.sock(s)
         watcher, edge = SOCKETS[s]
-        targets = [t for t in ids if t != watcher]
+        targets = list(ids)  # oneself included: own sockets see the real status
         if refresh:
             self.state.refresh_edge(edge, self.now)
         self.model_expire()
         self.need(watcher, *targets)
         answer = self.state.watch(watcher, s, edge, targets, self.now)
         self.lease[edge] = self.now
-        expected = [(t, self.visible(t)) for t in dict.fromkeys(targets) if self.aud(t, watcher)]
+        expected = [(t, self.status_for(t, watcher)) for t in dict.fromkeys(targets) if self.aud(t, watcher)]
         assert answer == expected
         # Frames the watch caused (dead edges it expired first) went to the existing watches before
         # the answer was made; the sync then tells this socket the current status.
@@ -1360,7 +1391,7 @@ class ShardMachine(RuleBasedStateMachine):
         self.begin(dt)
         s = self.sock(s)
         reader, edge = SOCKETS[s]
-        targets = [t for t in ids if t != reader]
+        targets = list(ids)
         if refresh:
             self.state.refresh_edge(edge, self.now)
         self.need(reader, *targets)
@@ -1378,7 +1409,11 @@ class ShardMachine(RuleBasedStateMachine):
             seen = None
             ls = self.expected_ls[t]
             trel = self.rel[t]
-            if (
+            if t == reader:
+                # Decision (visibility.py): an account reads its own time whatever its setting.
+                if not self.present(t) and ls is not None:
+                    seen = math.floor(ls / 60) * 60.0
+            elif (
                 not self.present(t)
                 and ls is not None
                 and reader_vis != "nobody"
@@ -1386,7 +1421,7 @@ class ShardMachine(RuleBasedStateMachine):
                 and (trel.last_seen_visibility == "everyone" or reader in trel.friends)
             ):
                 seen = math.floor(ls / 60) * 60.0
-            expected.append(QueryAnswer(t, self.visible(t), seen))
+            expected.append(QueryAnswer(t, self.status_for(t, reader), seen))
         assert answers == expected
         self.drain_check()
 
@@ -1529,17 +1564,15 @@ class ShardMachine(RuleBasedStateMachine):
 
     @invariant()
     def watchers_are_up_to_date(self) -> None:
-        """(7) A watcher in the audience knows the current visible status (never a stale one)."""
+        """(7) A watcher in the audience knows the current status (never a stale one): the visible
+        status, or the real one for the account's own sockets."""
         if self.stale:
             return
         for s, target in self.watches:
             if not self.aud(target, OWNER[s]):
                 continue
             known = self.told.get((s, target))
-            if self.visible(target) != "offline":
-                assert known == self.visible(target), f"{s} thinks {target} is {known}"
-            else:
-                assert known in (None, UNKNOWN, "offline"), f"{s} thinks {target} is {known}"
+            assert known == self.status_for(target, OWNER[s]), f"{s} thinks {target} is {known}"
         for s in self.conn:
             assert self.self_told.get(s) == self.real(OWNER[s]), f"{s} was not told its own status"
 
