@@ -45,6 +45,7 @@ class ChannelState:
         # client typing for a minute causes about six frames per watcher, not one per keystroke.
         self.typing_refresh_s = typing_lapse_s * 0.7
         self.channels: dict[str, Channel] = {}
+        self._empty_at_last_sweep: set[str] = set()
 
     # ------------------------------------------------------------------ loading
 
@@ -131,11 +132,18 @@ class ChannelState:
                 self._to_subscribers(ch, self._roster_frame(ch))
 
     def sweep(self, now: float) -> None:
+        # A channel is forgotten only when it was already empty at the previous sweep: one the
+        # shell has just loaded for an operation about to be applied is never swept under it.
+        empty: set[str] = set()
         for channel_id, ch in list(self.channels.items()):
             for user_id in [u for u, t in ch.typing.items() if now >= t.expires_at]:
                 del ch.typing[user_id]
             if not ch.subscribers and not ch.voice and not ch.typing:
-                del self.channels[channel_id]
+                if channel_id in self._empty_at_last_sweep:
+                    del self.channels[channel_id]
+                else:
+                    empty.add(channel_id)
+        self._empty_at_last_sweep = empty
 
     # ------------------------------------------------------------------ reading
 

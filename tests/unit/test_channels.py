@@ -308,10 +308,17 @@ class TestSweep:
         ch.c.typing_start("c1", "ben", clock())
         ch.c.sweep(clock.advance(5))
         assert ch.c.knows("c1") and ch.c.knows("c2")
-        ch.c.sweep(clock.advance(5))  # ben's typing lapsed: c1 is empty
+        ch.c.sweep(clock.advance(5))  # ben's typing lapsed: c1 is empty, kept for one more sweep
+        assert ch.c.knows("c1")  # (the shell may have loaded it for an operation in flight)
+        ch.c.sweep(clock.advance(1))  # still empty: forgotten
         assert not ch.c.knows("c1")
         assert ch.c.knows("c2")
         assert ch.c.roster("c1") == [] and ch.c.typing_users("c1", clock()) == []
+
+    def test_a_channel_loaded_just_before_a_sweep_survives_it(self, ch: Chan, clock: Clock) -> None:
+        ch.c.load_channel("c9", "g1")  # loaded by the shell for an operation about to run
+        ch.c.sweep(clock.advance(1))
+        assert ch.c.subscribe("c9", "ann", "a1", "e1"), "swept between loading and applying"
 
 
 # ---------------------------------------------------------------------------- rosters, as a model
