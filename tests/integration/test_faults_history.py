@@ -199,7 +199,9 @@ async def run_with_fault(
 
         with contextlib.suppress(AssertionError):  # the checker names the ghosts
             await eventually(all_offline, timeout=10, interval=0.5)
-        await eventually(no_pending_last_seen, timeout=30, interval=0.3)
+        # Longer than the FlushActor's retry backoff cap (30 s) plus its interval: a fault may
+        # have pushed a batch into backoff, and a loaded machine stretches every step.
+        await eventually(no_pending_last_seen, timeout=60, interval=0.3)
         h.stored_after = await read_last_seen(cluster.database_url, users) or {}
         with contextlib.suppress(AssertionError):
             await eventually(lambda: _count_is(internal, world.server, 0), timeout=10)
@@ -371,7 +373,8 @@ async def storm(
 
             with contextlib.suppress(AssertionError):
                 await eventually(all_offline, timeout=20, interval=1.0)
-            await eventually(no_pending_last_seen, timeout=30, interval=0.3)
+            # Longer than the FlushActor's retry backoff cap (30 s) plus its interval.
+            await eventually(no_pending_last_seen, timeout=60, interval=0.3)
             h.stored_after = await read_last_seen(cluster.database_url, members) or {}
         violations = check(h)
         assert not violations, "\n".join(violations[:30])
