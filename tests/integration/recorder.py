@@ -47,7 +47,7 @@ class RecordedClient(Client):
                     life.gone_after = self.recorder.last_word.get(self.name, life.opened_at)
 
     async def send(self, frame: Frame | str | bytes) -> None:
-        parsed = frame if isinstance(frame, dict) else None
+        parsed = frame if isinstance(frame, dict) else accepted(frame)
         self.recorder.last_word[self.name] = time.time()
         self.recorder.history.events.append(Event(time.time(), self.name, self.user, "send", parsed))
         await super().send(frame)
@@ -162,3 +162,16 @@ class Sampler:
                 with contextlib.suppress(OSError):  # the edge answering may be the one a fault took away
                     h.counts.append(CountSample(time.time(), server, await read_count(self.internal, server)))
             await asyncio.sleep(self.interval)
+
+
+def accepted(raw: str | bytes) -> Frame | None:
+    """A raw frame as the edge reads it: its JSON when the edge's parser accepts it (text or
+    binary), else None. A valid query sent raw is still a query, and its answers carry lastSeenAt."""
+    from edge.protocol import FrameError, parse_client_frame
+
+    try:
+        parse_client_frame(raw)
+        value = json.loads(raw)
+    except (FrameError, ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
