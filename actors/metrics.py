@@ -12,6 +12,12 @@ from typing import Any
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
 
+def _key(name: str, labels: dict[str, str]) -> Key:
+    # Called for every frame in and out: skip the sort when it cannot change anything.
+    items = tuple(labels.items())
+    return (name, items if len(items) < 2 else tuple(sorted(items)))
+
+
 class Metrics:
     def __init__(self) -> None:
         self.counters: dict[Key, float] = defaultdict(float)
@@ -19,13 +25,13 @@ class Metrics:
         self.gauges: dict[Key, float] = {}
 
     def inc(self, name: str, n: float = 1, **labels: str) -> None:
-        self.counters[(name, tuple(sorted(labels.items())))] += n
+        self.counters[_key(name, labels)] += n
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        self.gauges[(name, tuple(sorted(labels.items())))] = value
+        self.gauges[_key(name, labels)] = value
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        s = self.summaries.setdefault((name, tuple(sorted(labels.items()))), [0.0, 0.0, 0.0])
+        s = self.summaries.setdefault(_key(name, labels), [0.0, 0.0, 0.0])
         s[0] += 1
         s[1] += value
         s[2] = max(s[2], value)

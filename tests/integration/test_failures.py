@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -18,7 +17,8 @@ import redis.asyncio as aioredis
 from actors.counts import ACCOUNTS_KEY
 from edge.server import Edge
 
-from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
+from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, load, ws_url
+from .test_outages import count_is, online_count
 from .test_presence_ws import connect, social
 from .wsclient import Client, changed, eventually, of_type
 
@@ -125,38 +125,23 @@ async def test_silent_socket_is_closed_and_goes_offline(
 async def test_online_counts_span_shards_and_heal_after_flushall(
     cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
 ) -> None:
-    import urllib.request
-
     members = [ids(f"m{i}") for i in range(6)]
     server = ids("g")
     await load(conn, {"servers": [{"id": server, "members": members, "channels": []}]})
 
-    def fetch() -> object:
-        with urllib.request.urlopen(
-            f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}", timeout=2
-        ) as r:
-            return json.loads(r.read())["online"]
-
-    async def count() -> object:
-        return await asyncio.to_thread(fetch)  # the edge answering runs on this very loop
-
-    assert await count() == 0
+    assert await online_count(edge, server) == 0
     clients = [await connect(cluster, edge, m) for m in members]
-    await eventually(lambda: _is(count, 6), timeout=10)
+    await eventually(lambda: count_is(edge, server, 6), timeout=10)
     await clients[0].send({"type": "presence.update", "status": "invisible"})
     await clients[1].send({"type": "presence.update", "status": "dnd"})
-    await eventually(lambda: _is(count, 5), timeout=10)
+    await eventually(lambda: count_is(edge, server, 5), timeout=10)
     r = aioredis.Redis.from_url(cluster.redis_url)
     await r.flushall()
-    assert await count() == 0
+    assert await online_count(edge, server) == 0
     # Every shard rewrites its members within one refresh period (1 s here, 30 s by default).
-    await eventually(lambda: _is(count, 5), timeout=10)
+    await eventually(lambda: count_is(edge, server, 5), timeout=10)
     assert await r.zcard(ACCOUNTS_KEY) >= 5
     await r.aclose()
     for c in clients:
         await c.close()
-    await eventually(lambda: _is(count, 0), timeout=10)
-
-
-async def _is(fn: object, expected: object) -> bool:
-    return await fn() == expected  # type: ignore[operator, no-any-return]
+    await eventually(lambda: count_is(edge, server, 0), timeout=10)
