@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from actors import gc_policy
 from actors.core.audience import Relations
 from actors.core.effects import Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.shard import AccountRow, ShardState, SlotExport
@@ -83,6 +84,7 @@ class ShardConfig:
     count_refresh_s: float = 30.0
     count_ttl_s: float = 90.0
     sweep_interval_s: float = 1.0
+    gc_thresholds: tuple[int, int, int] | None = None  # see actors/gc_policy.py; None: untouched
 
 
 class PresenceShard:
@@ -142,6 +144,8 @@ class PresenceShard:
             self._reload_loop,
         ):
             self._tasks.append(asyncio.create_task(self._forever(loop)))
+        if self.config.gc_thresholds is not None:
+            gc_policy.apply(self.config.gc_thresholds, self.metrics)
 
     async def stop(self) -> None:
         await self.drain(timeout_s=10.0)
@@ -325,26 +329,35 @@ class PresenceShard:
             elif kind in ("ch_sub", "typing_start", "voice_join"):
                 channel_ids.append(op[1])
                 rel_ids.append(op[2])
-        if not (rel_ids or acc_ids or channel_ids):
+        # Most batches find everything in memory: decide that without taking a connection (each
+        # acquire costs a reset round trip to PostgreSQL).
+        missing_rel = self.state.missing_relations(rel_ids)
+        if not missing_rel:
+            for reader, targets in queries:
+                acc_ids.extend(self.state.audience_of_query(reader, targets))
+            queries = []
+        missing_acc = [u for u in dict.fromkeys(acc_ids) if not self.state.has_account(u)]
+        missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
+        if not (missing_rel or missing_acc or missing_ch):
             return
         assert self.pool is not None
         async with self.pool.acquire() as conn:
-            missing_rel = self.state.missing_relations(rel_ids)
             if missing_rel:
                 for user_id, rel in (await db.fetch_relations(conn, missing_rel)).items():
                     self.state.set_relations(user_id, rel, now)
+            # A query's audience is known once the relations are: its visible accounts load too.
             for reader, targets in queries:
-                acc_ids.extend(self.state.audience_of_query(reader, targets))
-            missing_acc = [u for u in dict.fromkeys(acc_ids) if not self.state.has_account(u)]
+                missing_acc.extend(
+                    u for u in self.state.audience_of_query(reader, targets) if not self.state.has_account(u)
+                )
             if missing_acc:
-                rows = await db.fetch_accounts(conn, missing_acc)
+                rows = await db.fetch_accounts(conn, list(dict.fromkeys(missing_acc)))
                 for user_id, row in rows.items():
                     self.state.load_account(
                         user_id,
                         AccountRow(row.chosen_status, row.last_seen_visibility, row.last_seen_at),
                         now,
                     )
-            missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
             if missing_ch:
                 for channel_id, server_id in (await db.fetch_channel_servers(conn, missing_ch)).items():
                     self.state.channels.load_channel(channel_id, server_id)

@@ -16,7 +16,7 @@ monotonic clock of this machine. Deliveries expected = changes x subscribers per
 table says how many arrived within `--drain-s` after the last change.
 
     presence bench fanout [--accounts 10000] [--subscriptions 50] [--rate 200] [--seconds 30]
-                          [--edges 2] [--generators 2] [--quick] [--no-record]
+                          [--edges 1] [--generators 2] [--quick] [--no-record]
 """
 
 from __future__ import annotations
@@ -62,7 +62,12 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drain-s", type=float, default=3.0, help="wait for late deliveries after the last change"
     )
-    p.add_argument("--edges", type=int, default=2, help="`presence edge` processes (default 2)")
+    p.add_argument(
+        "--edges",
+        type=int,
+        default=1,
+        help="`presence edge` processes (default 1)",
+    )
     p.add_argument("--generators", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--concurrency", type=int, default=100, help="connects in flight over all generators")
     p.add_argument(
@@ -343,6 +348,8 @@ def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
             entry[0].append(t[k])
             entry[1].append(statuses[k])
     latencies = array("d")
+    by_second: dict[int, array[float]] = {}
+    first_send = min((ts[0] for ts, _ in sends.values() if ts), default=0.0)
     unmatched = 0
     received = 0
     for r in res:
@@ -364,6 +371,7 @@ def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
                 unmatched += 1
                 continue
             latencies.append(t[k] - ts[i])
+            by_second.setdefault(int(ts[i] - first_send), array("d")).append(t[k] - ts[i])
     expected = n_sends * subscriptions
     return {
         "changes": n_sends,
@@ -372,6 +380,11 @@ def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
         "receipts_unmatched": unmatched,
         "delivered_fraction": (received - unmatched) / expected if expected else math.nan,
         "latency_ms": lg.summary_ms(latencies),
+        # By the second of the window the change was sent in: shows whether a bad p99 is a
+        # steady queue or a few stalls (and when they happen).
+        "latency_ms_by_second": [
+            {"second": sec, **lg.summary_ms(by_second[sec])} for sec in sorted(by_second)
+        ],
     }
 
 

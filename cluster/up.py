@@ -70,8 +70,10 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         client_ip_header=settings.client_ip_header,
         batch_window_ms=settings.batch_window_ms,
         batch_max_ops=settings.batch_max_ops,
+        pull_gather_ms=settings.pull_gather_ms,
         count_ttl_s=settings.count_ttl_s,
         pull_wait_s=settings.edge_lease_refresh_s,
+        gc_thresholds=settings.gc_thresholds,
         demo=demo,
     )
 
@@ -87,6 +89,7 @@ def shard_config(settings: Settings, database_url: str, redis_url: str | None) -
         checkpoint_interval_s=settings.checkpoint_interval_s,
         count_refresh_s=settings.count_refresh_s,
         count_ttl_s=settings.count_ttl_s,
+        gc_thresholds=settings.gc_thresholds,
     )
 
 

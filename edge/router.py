@@ -17,6 +17,7 @@ from typing import Any
 
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
+from actors.presence import PULL_BATCH
 from actors.ray_api import DirectoryClient, ShardClient
 
 log = logging.getLogger("presence.router")
@@ -35,6 +36,7 @@ class Router:
         window_ms: float = 2.0,
         max_ops: int = 500,
         pull_wait_s: float = 5.0,
+        pull_gather_ms: float = 0.0,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
@@ -43,6 +45,7 @@ class Router:
         self.window_s = window_ms / 1000
         self.max_ops = max_ops
         self.pull_wait_s = pull_wait_s
+        self.pull_gather_s = pull_gather_ms / 1000
         self.directory = DirectoryClient()
         self.map: SlotMap | None = None
         self.shards: dict[int, ShardClient] = {}
@@ -195,4 +198,7 @@ class Router:
             seen, acked = incarnation, last
             for socket_ids, payload in items:
                 self.deliver(socket_ids, payload)
+            self.metrics.observe("edge_pull_items", len(items))
             await self._check_incarnation(shard, incarnation)
+            if 0 < len(items) < PULL_BATCH and self.pull_gather_s > 0:
+                await asyncio.sleep(self.pull_gather_s)  # the next call carries more; a backlog goes at once

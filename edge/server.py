@@ -3,8 +3,9 @@
 One `Edge` serves `/ws/presence` on the public port and the internal HTTP API on another. Each
 socket's frames are handled in order (the next frame is read once the previous one's upstream
 work is done), while frames of different sockets share the router's batches. Events from the
-shards arrive in batches and go out with `broadcast`, which never waits on a slow reader: a
-client whose unread output passes the limit is closed instead of holding anybody else up.
+shards arrive in batches and go out through `edge.outbound` (each frame built once, written to
+every socket without waiting on a slow reader): a client whose unread output passes the limit is
+closed instead of holding anybody else up.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
+from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from actors import gc_policy
 from actors.core.shard import INTERNAL_SETTINGS
 from actors.counts import CountReader
 from actors.metrics import Metrics
@@ -32,6 +34,7 @@ from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.demo import DemoSite
 from edge.http import InternalApi, json_response
+from edge.outbound import fan_out, send_batch
 from edge.router import Router
 from edge.session import (
     Admission,
@@ -95,6 +98,7 @@ class EdgeConfig:
     send_buffer_bytes: int = 1024 * 1024
     batch_window_ms: float = 2.0
     batch_max_ops: int = 500
+    pull_gather_ms: float = 0.0
     count_ttl_s: float = 90.0
     # Demo mode: serve the demo page at / and mint tokens for the demo accounts only.
     demo: bool = False
@@ -108,6 +112,9 @@ class EdgeConfig:
     # How long the edge remembers each departure, to report it again to a shard that restarts
     # meanwhile (the dead incarnation may not have written its last-seen yet).
     departure_journal_s: float = 120.0
+    # The process's cycle-collector policy (actors/gc_policy.py); None leaves it alone (an edge
+    # embedded in somebody else's process, tests).
+    gc_thresholds: tuple[int, int, int] | None = None
 
 
 class Edge:
@@ -123,6 +130,7 @@ class Edge:
             window_ms=config.batch_window_ms,
             max_ops=config.batch_max_ops,
             pull_wait_s=config.pull_wait_s,
+            pull_gather_ms=config.pull_gather_ms,
         )
         self.conns: dict[str, Conn] = {}
         self.admission = Admission(config.limits)
@@ -162,6 +170,8 @@ class Edge:
         )
         self._tasks.append(asyncio.create_task(self._liveness_loop()))
         self._tasks.append(asyncio.create_task(self._register_loop()))
+        if self.config.gc_thresholds is not None:
+            gc_policy.apply(self.config.gc_thresholds, self.metrics)
 
     @property
     def ws_port(self) -> int:
@@ -287,9 +297,9 @@ class Edge:
         sid = s.socket_id
         user = s.user_id
         match cmd:
-            case Reply(frame=frame):
+            case Reply(frame=frame, text=text):
                 self.metrics.inc("replies_total", type=str(frame.get("type")))
-                self._send(conn, orjson.dumps(frame).decode())
+                self._send(conn, text if text is not None else orjson.dumps(frame).decode())
             case Close(code=code, reason=reason):
                 self.metrics.inc("closes_total", code=str(code))
                 await self._close_draining(conn.ws, code, reason)
@@ -315,13 +325,17 @@ class Edge:
                     ids, lambda targets: ("query", user, visibility, targets)
                 )
                 found = {a[0]: a for answer in answers for a in answer}
+                frames: list[bytes] = []
                 for u in ids:
                     if u in found:
                         _, status, seen = found[u]
                         frame: dict[str, Any] = {"type": "presence.changed", "userId": u, "status": status}
                         if seen is not None:
                             frame["lastSeenAt"] = seen
-                        self._send(conn, orjson.dumps(frame).decode())
+                        frames.append(orjson.dumps(frame))
+                if send_batch(conn.ws, frames):  # the answers in one write
+                    self.metrics.inc("frames_out_total", n=len(frames))
+                    self._check_backlog(conn)
             case UpdateStatus(status=status):
                 assert user is not None
                 await self._for_user(user, ("status", user, sid, status))
@@ -446,7 +460,7 @@ class Edge:
     # ------------------------------------------------------------------ frames out
 
     def _send(self, conn: Conn, payload: str) -> None:
-        broadcast([conn.ws], payload)
+        fan_out((conn.ws,), payload)
         self.metrics.inc("frames_out_total")
         self._check_backlog(conn)
 
@@ -473,8 +487,7 @@ class Edge:
                 continue
             ready.append(conn.ws)
         if ready:
-            broadcast(ready, payload)
-            self.metrics.inc("frames_out_total", n=len(ready))
+            self.metrics.inc("frames_out_total", n=fan_out(ready, payload))
             for sid in socket_ids:
                 conn = self.conns.get(sid)
                 if conn is not None:

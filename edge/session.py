@@ -19,6 +19,12 @@ from .tokens import TokenError, verify_token
 @dataclass(frozen=True, slots=True)
 class Reply:
     frame: dict[str, Any]
+    # The frame already serialised (constant replies on hot paths); a cache, not part of equality.
+    text: str | None = field(default=None, compare=False)
+
+
+# The reply to most frames a server gets: built and serialised once.
+HEARTBEAT_ACK = Reply({"type": "heartbeat.ack"}, '{"type":"heartbeat.ack"}')
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +337,7 @@ class Session:
     def _dispatch(self, frame: p.ClientFrame, now: float) -> list[Command]:
         match frame:
             case p.Heartbeat():
-                return [Reply({"type": "heartbeat.ack"})]
+                return [HEARTBEAT_ACK]
             case p.Identify():
                 return [Reply(p.error_frame("bad_frame", "already identified"))]
             case p.PresenceUpdate(status=status):

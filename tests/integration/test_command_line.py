@@ -73,6 +73,17 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         print(f"presence up ready in {ready_s:.1f} s")
         with urllib.request.urlopen(f"http://127.0.0.1:{internal_port}/healthz", timeout=5) as r:
             assert json.loads(r.read())["ok"] is True
+        # The cycle-collector policy runs in the edge and in every shard (they report its pauses).
+        with urllib.request.urlopen(f"http://127.0.0.1:{internal_port}/metrics", timeout=5) as r:
+            gc_series = [
+                ln
+                for ln in r.read().decode().splitlines()
+                if ln.startswith("presence_gc_pause_seconds_count")
+            ]
+        assert any("shard=" not in ln for ln in gc_series), gc_series
+        assert {ln.split('shard="')[1].split('"')[0] for ln in gc_series if 'shard="' in ln} == {"0", "1"}, (
+            gc_series
+        )
         descendants = children_of(up.pid)
         assert descendants, "Ray, PostgreSQL and Redis run as children of presence up"
 

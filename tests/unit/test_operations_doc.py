@@ -5,6 +5,7 @@ the code exports."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ def shown(value: Any) -> str:
         return "unset"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, tuple):
+        return json.dumps(list(value))  # how the environment spells it
     return str(value)
 
 
@@ -73,9 +76,11 @@ def test_every_documented_variable_is_read(monkeypatch: Any) -> None:
             value = default + 1
         elif isinstance(default, Path):
             value = Path("/tmp/elsewhere")
+        elif isinstance(default, tuple):
+            value = tuple(x + 1 for x in default)
         else:
             value = "changed"
-        monkeypatch.setenv(var, str(value).lower() if isinstance(value, bool) else str(value))
+        monkeypatch.setenv(var, str(value).lower() if isinstance(value, bool) else shown(value))
         expected[name] = value
     settings = Settings()
     assert {name: getattr(settings, name) for name in expected} == expected
