@@ -56,9 +56,10 @@ def git_commit() -> str:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True, text=True, check=True
         ).stdout.strip()
+        # The results file itself does not count: `bench all` appends to it as it goes.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=BENCH_DIR, capture_output=True, text=True, check=True,
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/RESULTS.md"],
+            cwd=BENCH_DIR.parent, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
