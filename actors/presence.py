@@ -102,6 +102,9 @@ class PresenceShard:
             checkpoint_interval_s=config.checkpoint_interval_s,
         )
         self.mail: dict[str, Mailbox] = {}
+        # One edge's batches apply in the order they arrive, even when an earlier one waits on
+        # PostgreSQL and a later one needs nothing loaded (asyncio.Lock wakes waiters in order).
+        self._edge_order: dict[str, asyncio.Lock] = {}
         self.metrics = Metrics()
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
         self.pool: asyncpg.Pool | None = None
@@ -174,22 +177,23 @@ class PresenceShard:
     async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
         """One batch of operations from one edge, applied in order. Returns one result per op."""
         started = time.perf_counter()
-        now = self.clock()
-        self.state.refresh_edge(edge_id, now)
-        self.mail.setdefault(edge_id, Mailbox())
-        try:
-            await self._preload(ops, now)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-            self.metrics.inc("shard_preload_failures_total")
-            log.warning(
-                "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
-                self.config.shard_index,
-                type(e).__name__,
-            )
-        now = self.clock()
-        # Ownership is checked after the awaits above, so a slot exported meanwhile is refused.
-        results = [self._apply_checked(edge_id, op, now) if self._owns(op) else MOVED for op in ops]
-        self._carry_out()
+        async with self._edge_order.setdefault(edge_id, asyncio.Lock()):
+            now = self.clock()
+            self.state.refresh_edge(edge_id, now)
+            self.mail.setdefault(edge_id, Mailbox())
+            try:
+                await self._preload(ops, now)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                self.metrics.inc("shard_preload_failures_total")
+                log.warning(
+                    "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
+                    self.config.shard_index,
+                    type(e).__name__,
+                )
+            now = self.clock()
+            # Ownership is checked after the awaits above, so a slot exported meanwhile is refused.
+            results = [self._apply_checked(edge_id, op, now) if self._owns(op) else MOVED for op in ops]
+            self._carry_out()
         self.metrics.observe("shard_batch_ops", len(ops))
         self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
         return self.incarnation, results
@@ -461,6 +465,9 @@ class PresenceShard:
         # Mailboxes of edges that lost their lease go with them.
         for edge_id in [e for e in self.mail if e not in self.state.edges]:
             del self.mail[edge_id]
+        for edge_id, lock in list(self._edge_order.items()):
+            if edge_id not in self.state.edges and not lock.locked():
+                del self._edge_order[edge_id]
 
     # ------------------------------------------------------------------ background duties
 
