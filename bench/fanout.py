@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench.results import machine_info, machine_summary, utc_now
+from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
     from cluster.config import Settings
@@ -108,13 +108,7 @@ def check_load_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def main(argv: list[str], settings: Settings) -> int:
-    args = parse(argv)
-    stage = lg.Stage(NAME)
-    started_at = utc_now()
-    t0 = time.monotonic()
-    with lg.bench_env(NAME, settings, args.database_url, args.redis_url, args.shards, stage.log) as env:
-        measured = run_load(args, env, stage)
-    return report(args, measured, time.monotonic() - t0, started_at.isoformat(timespec="seconds"))
+    return lg.main_in_env(NAME, parse(argv), settings, run_load, report)
 
 
 # ------------------------------------------------------------------------------- the load

@@ -1113,6 +1113,24 @@ class Generator:
         }
 
 
+Run = Callable[[Any, BenchEnv, "Stage"], dict[str, Any]]
+Report = Callable[[Any, dict[str, Any], float, str], int]
+
+
+def main_in_env(name: str, args: Any, settings: Settings, run: Run, report: Report) -> int:
+    """Every websocket benchmark's `main`: measure with `run` inside a fresh `bench_env`, then
+    `report(args, measured, runtime_s, started_at)` once the environment is gone (`bench all`
+    calls the same `run` and `report` inside its shared environment)."""
+    from bench.results import utc_now
+
+    stage = Stage(name)
+    started_at = utc_now()
+    t0 = time.monotonic()
+    with bench_env(name, settings, args.database_url, args.redis_url, args.shards, stage.log) as env:
+        measured = run(args, env, stage)
+    return report(args, measured, time.monotonic() - t0, started_at.isoformat(timespec="seconds"))
+
+
 # ------------------------------------------------------------------------------- command line and results
 
 

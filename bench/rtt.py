@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench.results import append_row, machine_info, machine_summary, utc_now, write_json
+from bench.results import append_row, machine_info, machine_summary, write_json
 
 if TYPE_CHECKING:
     from cluster.config import Settings
@@ -83,13 +83,15 @@ def measure(calls: int) -> dict[str, dict[str, Any]]:
 
 
 def main(argv: list[str], settings: Settings) -> int:
-    args = parse(argv)
-    stage = lg.Stage(NAME)
-    started_at = utc_now()
-    t0 = time.monotonic()
-    with lg.bench_env(NAME, settings, args.database_url, args.redis_url, args.shards, stage.log) as env:
-        stage.log(f"timing {args.calls} calls of each kind against shard 0 of {env.shards}")
-        kinds = measure(args.calls)
+    return lg.main_in_env(NAME, parse(argv), settings, run, report)
+
+
+def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
+    stage.log(f"timing {args.calls} calls of each kind against shard 0 of {env.shards}")
+    return measure(args.calls)
+
+
+def report(args: argparse.Namespace, kinds: dict[str, Any], runtime: float, started_at: str) -> int:
     machine = machine_info()
     print(f"\npresence bench rtt on {machine_summary(machine)} (commit {machine['commit']}), idle pool\n")
     rows = [
@@ -97,12 +99,11 @@ def main(argv: list[str], settings: Settings) -> int:
         for k, v in kinds.items()
     ]
     lg.print_table(["Ray call to a shard", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows)
-    runtime = time.monotonic() - t0
     out = write_json(
         NAME,
         {
             "benchmark": NAME,
-            "started_at": started_at.isoformat(timespec="seconds"),
+            "started_at": started_at,
             "runtime_s": runtime,
             "machine": machine,
             "calls": args.calls,
@@ -118,12 +119,7 @@ def main(argv: list[str], settings: Settings) -> int:
             "Round trip of one Ray call from a driver (as an edge is) to an idle shard: the floor under "
             "every edge → shard hop. p50 / p99 ms.",
             ["date", "machine", "commit", *cell],
-            [
-                started_at.strftime("%Y-%m-%d %H:%M"),
-                machine_summary(machine),
-                machine["commit"],
-                *cell.values(),
-            ],
+            [lg.info_date(), machine_summary(machine), machine["commit"], *cell.values()],
         )
         print("row appended to bench/RESULTS.md")
     return 0
