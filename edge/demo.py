@@ -1,7 +1,9 @@
 """The demo site served on the public port in demo mode: plain files from `edge/static/`, and
 tokens for the demo accounts (and only those), so two browser windows can show dots moving.
 
-No build step: the files are served as they are.
+No build step: the files are served as they are. The page's socket code is the JavaScript client
+itself (`clients/js/src`, the one copy, served under `/client/`), so the demo exercises what
+applications import.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from websockets.http11 import Request, Response
 from edge.tokens import mint_token
 
 STATIC = Path(__file__).with_name("static")
+# The JavaScript client (and the last-seen display helper it shares with the page), in the source
+# tree beside the package: served under /client/ so the browser imports the very files npm packs.
+CLIENT_JS = Path(__file__).resolve().parents[1] / "clients" / "js" / "src"
+CLIENT_PREFIX = "/client/"
 DEMO_ACCOUNTS = ("ada", "grace", "linus", "margaret", "ken")
 DEMO_SERVER = "demo"
 DEMO_CHANNEL = "demo-general"
@@ -41,9 +47,10 @@ def _response(status: int, body: bytes, content_type: str) -> Response:
 
 
 class DemoSite:
-    def __init__(self, secret: str, static: Path = STATIC) -> None:
+    def __init__(self, secret: str, static: Path = STATIC, client_js: Path = CLIENT_JS) -> None:
         self.secret = secret
         self.static = static.resolve()
+        self.client_js = client_js.resolve()
 
     def handle(self, request: Request) -> Response | None:
         url = urlsplit(request.path)
@@ -61,9 +68,12 @@ class DemoSite:
         if url.path == "/demo/config":
             body = {"accounts": list(DEMO_ACCOUNTS), "server": DEMO_SERVER, "channel": DEMO_CHANNEL}
             return _response(200, orjson.dumps(body), "application/json")
+        root = self.static
         name = "index.html" if url.path in ("", "/") else url.path.lstrip("/")
-        target = (self.static / name).resolve()
-        if not target.is_relative_to(self.static) or not target.is_file():
+        if url.path.startswith(CLIENT_PREFIX):
+            root, name = self.client_js, url.path[len(CLIENT_PREFIX) :]
+        target = (root / name).resolve()
+        if not target.is_relative_to(root) or not target.is_file():
             return None
         content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
         if target.suffix in (".js", ".mjs"):

@@ -3,7 +3,8 @@
 The display matches the precision we store and the precision that respects privacy: "Online"
 while connected (presence answers that, not last-seen), then "Active in the last 10 minutes",
 then whole minutes, hours, days, and finally a date. The same rules exist in JavaScript in
-`edge/static/lastseen.js`; `tests/unit/lastseen_display_cases.json` keeps the two in step.
+`clients/js/src/lastseen.js` (the JavaScript client's, also imported by the demo
+page); `tests/unit/lastseen_display_cases.json` keeps the two in step.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 // data-last-seen-at), "member-<user>", "status-picker", "typing", "voice-roster", "voice-join",
 // "voice-leave", "my-dot", "connection" (data-state connecting|open|closed).
 
-import { describeLastSeen } from "./lastseen.js";
+import { describeLastSeen } from "./client/lastseen.js";
 
 const TYPING_LAPSE_MS = 10_000; // the contract: typing lapses after 10 s unless repeated
 const TYPING_SEND_EVERY_MS = 3_000; // we repeat typing.start at most this often

@@ -107,7 +107,7 @@ async def test_page_served_only_in_demo_mode(demo_edge: Edge, edge: Edge) -> Non
     assert b'src="/demo.js"' in body
     for asset, kind in (
         ("/demo.js", "text/javascript"),
-        ("/lastseen.js", "text/javascript"),
+        ("/client/lastseen.js", "text/javascript"),
         ("/demo.css", "text/css"),
     ):
         status, headers, _ = await http_get(demo_edge.ws_port, asset)
@@ -120,7 +120,7 @@ async def test_page_served_only_in_demo_mode(demo_edge: Edge, edge: Edge) -> Non
         "server": DEMO_SERVER,
         "channel": DEMO_CHANNEL,
     }
-    for outside in ("/../demo.py", "/%2e%2e/demo.py", "/nothing-here.html"):
+    for outside in ("/../demo.py", "/%2e%2e/demo.py", "/nothing-here.html", "/client/../../edge/demo.py"):
         status, _, _ = await http_get(demo_edge.ws_port, outside)
         assert status == 404, outside
 

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { describeLastSeen } from "../../edge/static/lastseen.js";
+import { describeLastSeen } from "../../clients/js/src/lastseen.js";
 
 const data = JSON.parse(readFileSync(new URL("./lastseen_display_cases.json", import.meta.url), "utf8"));
 const nowMs = Date.parse(data.now);

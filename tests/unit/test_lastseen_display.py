@@ -82,7 +82,7 @@ def test_relative_labels_do_not_depend_on_time_zone() -> None:
 def test_node_implementation_passes_the_same_cases() -> None:
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node is not installed: the JavaScript side (edge/static/lastseen.js) is untested")
+        pytest.skip("node is not installed: the JavaScript side (clients/js/src/lastseen.js) is untested")
     result = subprocess.run(
         [node, "--test", str(HERE / "lastseen_display.test.mjs")],
         cwd=ROOT,
