@@ -2,17 +2,27 @@
 
 The display matches the precision we store and the precision that respects privacy: "Online"
 while connected (presence answers that, not last-seen), then "Active in the last 10 minutes",
-then whole minutes, hours, days, and finally a date. The same rules exist in JavaScript in
-`clients/js/src/lastseen.js` (the JavaScript client's, also imported by the demo
-page); `tests/unit/lastseen_display_cases.json` keeps the two in step.
+then whole minutes, hours, days, and finally a date.
+
+Two forms (seed 003): a *profile card* (the default) states the status in words (Online, Idle,
+Do not disturb, a last-seen line, or Offline); a *conversation header* answers "will this be read
+now", so it collapses `idle` and `dnd` to "Online", shows the same last-seen line when one is
+known, and otherwise says nothing at all (an empty string) rather than "Offline".
+
+The same rules exist in JavaScript in `clients/js/src/lastseen.js` (the JavaScript client's, also
+imported by the demo page); `tests/unit/lastseen_display_cases.json` keeps the two in step.
 """
 
 from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, tzinfo
+from typing import Literal
 
-__all__ = ["describe_last_seen"]
+__all__ = ["FORMS", "describe_last_seen"]
+
+Form = Literal["card", "header"]
+FORMS: tuple[Form, ...] = ("card", "header")
 
 _MINUTE = 60.0
 _HOUR = 3600.0
@@ -28,21 +38,26 @@ def describe_last_seen(
     last_seen_at: float | None,
     now: float,
     tz: tzinfo = UTC,  # the same object as timezone.utc
+    form: Form = "card",
 ) -> str:
     """The label for an account with visible `status` and last-seen epoch time `last_seen_at`.
 
     Elapsed time is rounded down ("59 minutes" until the hour is complete); "yesterday" means
     24 to 48 hours ago, not the previous calendar day, so the label does not depend on the time
     zone. Only the date shown after a week does, hence `tz`. A time in the future (clock skew)
-    reads as just now. Raises ValueError for an unknown status.
+    reads as just now. `form` is "card" (a profile card) or "header" (a conversation header: idle
+    and dnd read "Online", and an offline account without a known time reads ""). Raises
+    ValueError for an unknown status or form.
     """
+    if form not in FORMS:
+        raise ValueError(f"unknown form {form!r}")
     label = _PRESENT_LABELS.get(status)
     if label is not None:
-        return label
+        return "Online" if form == "header" else label
     if status not in _OFFLINE:
         raise ValueError(f"unknown status {status!r}")
     if last_seen_at is None or not math.isfinite(last_seen_at):
-        return "Offline"
+        return "" if form == "header" else "Offline"
     age = max(now - last_seen_at, 0.0)
     if age < 10 * _MINUTE:
         return "Active in the last 10 minutes"

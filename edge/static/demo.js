@@ -10,7 +10,7 @@
 //
 // Stable hooks for tests: data-testid="dot-<user>" (with data-status), "lastseen-<user>" (with
 // data-last-seen-at), "member-<user>", "status-picker", "typing", "voice-roster", "voice-join",
-// "voice-leave", "my-dot", "connection" (data-state connecting|open|closed).
+// "voice-leave", "my-dot", "dm-line", "connection" (data-state connecting|open|closed).
 
 import { describeLastSeen } from "./client/lastseen.js";
 
@@ -359,8 +359,15 @@ function renderMember(userId) {
     }
   }
   if (line.textContent !== text) line.textContent = text;
+  if (userId === others()[0]) renderDmHeader(userId, status, m.lastSeenAt);
   if (!own && !PRESENT.has(status) && m.lastSeenAt) line.dataset.lastSeenAt = m.lastSeenAt;
   else delete line.dataset.lastSeenAt;
+}
+
+// The direct-message header with the first other account: the conversation-header form.
+function renderDmHeader(userId, status, lastSeenAt) {
+  $("dm-name").textContent = userId;
+  $("dm-line").textContent = describeLastSeen(status, lastSeenAt, Date.now(), { form: "header" });
 }
 
 function renderAllLines() {

@@ -256,6 +256,7 @@ async def test_two_windows_see_each_other(demo_edge: Edge, browser: Any) -> None
     # Members nobody opened are offline, grey, with no last-seen time yet.
     await expect(ada.get_by_test_id("dot-ken")).to_have_attribute("data-status", "offline")
     await expect(ada.get_by_test_id("lastseen-ken")).to_have_text("Offline")
+    await expect(ada.get_by_test_id("dm-line")).to_have_text("Online")  # with grace
     await wait_dot_colour(ada, "ken", "grey")
 
     # Typing: grace types, ada reads "grace is typing…".
@@ -277,6 +278,8 @@ async def test_two_windows_see_each_other(demo_edge: Edge, browser: Any) -> None
     r, g, b = await wait_dot_colour(ada, "grace", "red")
     assert r >= 180 and g <= 110 and b <= 110, (r, g, b)
     await expect(ada.get_by_test_id("lastseen-grace")).to_have_text("Do not disturb")
+    # The direct-message header answers "will this be read now": dnd reads Online there.
+    await expect(ada.get_by_test_id("dm-line")).to_have_text("Online")
 
     # The typing line lapses by itself (10 s after the only typing.start).
     await expect(typing).to_have_text("", timeout=15_000)
@@ -298,6 +301,7 @@ async def test_two_windows_see_each_other(demo_edge: Edge, browser: Any) -> None
         "data-last-seen-at", re.compile(r"^\d{4}-\d\d-\d\dT"), timeout=WAIT_MS
     )
     await expect(line).to_have_text("Active in the last 10 minutes")
+    await expect(ada.get_by_test_id("dm-line")).to_have_text("Active in the last 10 minutes")
     first_text, first_at = await line.text_content(), await line.get_attribute("data-last-seen-at")
     exact_before = await operator_last_seen(demo_edge, "grace")
     assert exact_before is not None

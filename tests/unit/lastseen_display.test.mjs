@@ -14,10 +14,11 @@ test("the file's now agrees with its epoch seconds", () => {
 });
 
 for (const c of data.cases) {
-  test(`${c.status} ${c.offset_s} s -> ${c.expected}`, () => {
+  const form = c.form ?? "card";
+  test(`${form} ${c.status} ${c.offset_s} s -> ${JSON.stringify(c.expected)}`, () => {
     // Millisecond precision, as lastSeenAt travels on the wire.
     const iso = c.offset_s === null ? null : new Date(nowMs - Math.round(c.offset_s * 1000)).toISOString();
-    assert.equal(describeLastSeen(c.status, iso, nowMs), c.expected);
+    assert.equal(describeLastSeen(c.status, iso, nowMs, { form }), c.expected);
   });
 }
 
@@ -26,8 +27,10 @@ test("undefined and unreadable times read as unknown", () => {
   assert.equal(describeLastSeen("offline", "not a date", nowMs), "Offline");
 });
 
-test("an unknown status throws", () => {
+test("an unknown status or form throws", () => {
   assert.throws(() => describeLastSeen("away", null, nowMs), RangeError);
+  assert.throws(() => describeLastSeen("away", null, nowMs, { form: "header" }), RangeError);
+  assert.throws(() => describeLastSeen("online", null, nowMs, { form: "banner" }), RangeError);
   assert.throws(() => describeLastSeen("toString", null, nowMs), RangeError);
 });
 

@@ -4,6 +4,10 @@
 // Coarse on purpose: it matches the precision we store and respects privacy. "Online" while
 // connected (presence answers that, not last-seen), then "Active in the last 10 minutes", then
 // whole minutes, hours, days (rounded down), and finally a date.
+//
+// Two forms (seed 003): a profile card ("card", the default) states the status in words; a
+// conversation header ("header") answers "will this be read now": idle and dnd read "Online", an
+// offline account shows its last-seen line when one is known and otherwise nothing ("").
 
 const MINUTE = 60_000;
 const HOUR = 60 * MINUTE;
@@ -12,6 +16,7 @@ const DAY = 24 * HOUR;
 // Statuses shown as they are; `invisible` is `offline` to everybody but the account itself.
 const PRESENT_LABELS = { online: "Online", idle: "Idle", dnd: "Do not disturb" };
 const OFFLINE = new Set(["offline", "invisible"]);
+const FORMS = new Set(["card", "header"]);
 
 // YYYY-MM-DD of an instant in a time zone. "en-CA" formats dates as ISO 8601.
 function isoDate(ms, timeZone) {
@@ -31,15 +36,18 @@ function isoDate(ms, timeZone) {
  *
  * "yesterday" means 24 to 48 hours ago, not the previous calendar day, so only the date shown
  * after a week depends on `options.timeZone` (default "UTC", like the Python side). A time in the
- * future (clock skew) reads as just now. Throws on an unknown status.
+ * future (clock skew) reads as just now. `options.form` is "card" (default) or "header" (see
+ * above). Throws on an unknown status or form.
  */
 export function describeLastSeen(status, lastSeenAtIsoOrNull, nowMs, options = {}) {
-  const label = PRESENT_LABELS[status];
-  if (Object.hasOwn(PRESENT_LABELS, status)) return label;
+  const form = options.form ?? "card";
+  if (!FORMS.has(form)) throw new RangeError(`unknown form ${JSON.stringify(form)}`);
+  const unknown = form === "header" ? "" : "Offline";
+  if (Object.hasOwn(PRESENT_LABELS, status)) return form === "header" ? "Online" : PRESENT_LABELS[status];
   if (!OFFLINE.has(status)) throw new RangeError(`unknown status ${JSON.stringify(status)}`);
-  if (lastSeenAtIsoOrNull === null || lastSeenAtIsoOrNull === undefined) return "Offline";
+  if (lastSeenAtIsoOrNull === null || lastSeenAtIsoOrNull === undefined) return unknown;
   const seenMs = Date.parse(lastSeenAtIsoOrNull);
-  if (!Number.isFinite(seenMs)) return "Offline"; // unreadable: the same as unknown
+  if (!Number.isFinite(seenMs)) return unknown; // unreadable: the same as unknown
   const age = Math.max(nowMs - seenMs, 0);
   if (age < 10 * MINUTE) return "Active in the last 10 minutes";
   if (age < HOUR) return `Last seen ${Math.floor(age / MINUTE)} minutes ago`;
