@@ -10,11 +10,49 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cluster.config import Settings, load_settings
+from cluster.config import Settings, SettingsError, effective, load_settings, unknown_env_names
+
+SETTINGS_POINTER = (
+    "Every setting can also be set from the environment (PRESENCE_<NAME>, RAY_ADDRESS); "
+    "`presence config` prints the effective ones, docs/operations.md lists them all."
+)
+
+
+def version() -> str:
+    """The installed distribution's version, read at run time from its metadata."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("presence-cluster")
+    except PackageNotFoundError:  # pragma: no cover - run from a checkout that was never installed
+        return "0+unknown"
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    return load_settings(data_dir=Path(args.data_dir) if args.data_dir else None, **extra)
+    try:
+        return load_settings(data_dir=Path(args.data_dir) if args.data_dir else None, **extra)
+    except SettingsError as e:
+        print(f"presence: bad setting: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def warn_unknown_settings() -> None:
+    for name, close in unknown_env_names():
+        hint = f" (did you mean {close}?)" if close else ""
+        print(f"presence: warning: {name} is not a setting and is ignored{hint}", file=sys.stderr)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    values = effective(_settings(args))
+    if args.json:
+        print(json.dumps({name: v["value"] for name, v in values.items()}, indent=2))
+        return 0
+    width = max(len(v["env"]) for v in values.values())
+    for v in values.values():
+        origin = "" if v["set"] else "  (default)"
+        print(f"{v['env']:<{width}}  {json.dumps(v['value'])}{origin}")
+    return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -106,11 +144,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="presence", description="Presence service on a Ray actor cluster.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="presence", description="Presence service on a Ray actor cluster.", epilog=SETTINGS_POINTER
+    )
+    parser.add_argument("--version", action="version", version=f"presence {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, epilog=SETTINGS_POINTER)
         p.add_argument(
             "--data-dir", default=None, help="where the service keeps its state (default ./.presence)"
         )
@@ -126,29 +167,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_up)
 
     p = add("edge", "one more edge process joining a running cluster")
-    p.add_argument("--ws-port", type=int, default=None)
-    p.add_argument("--internal-port", type=int, default=None)
+    p.add_argument("--ws-port", type=int, default=None, help="public websocket port (default 8765)")
+    p.add_argument("--internal-port", type=int, default=None, help="internal HTTP port (default 8766)")
     p.set_defaults(fn=cmd_edge)
 
     p = add("scale", "resize the actor pool of a running cluster, live")
-    p.add_argument("shards", type=int)
+    p.add_argument("shards", type=int, help="the number of PresenceActor shards to resize to")
     p.set_defaults(fn=cmd_scale)
 
     p = add("status", "shards, edges, sockets, accounts online, pending last-seen writes")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--json", action="store_true", help="machine-readable output (schema: docs/status.schema.json)"
+    )
     p.set_defaults(fn=cmd_status)
 
+    p = add("config", "print the effective settings (secrets redacted) and their environment variables")
+    p.add_argument("--json", action="store_true", help="one JSON object, setting name to value")
+    p.set_defaults(fn=cmd_config)
+
     p = add("token", "print a signed token for USER")
-    p.add_argument("user")
+    p.add_argument("user", help="the account id the token is for (its `sub`)")
     p.add_argument("--ttl", type=int, default=None, help="lifetime in seconds (default 86400)")
     p.set_defaults(fn=cmd_token)
 
     p = add("load", "upsert accounts, friendships, servers, members and channels from a JSON file")
-    p.add_argument("file")
+    p.add_argument("file", help="the JSON file (format in docs/protocol.md, `presence load`)")
     p.set_defaults(fn=cmd_load)
 
     p = add("bench", "run the benchmarks")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="NAME [options]; `presence bench help` lists them")
     p.set_defaults(fn=cmd_bench)
     return parser
 
@@ -156,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    warn_unknown_settings()
     return int(args.fn(args))
 
 

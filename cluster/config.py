@@ -7,10 +7,22 @@ through the data directory's `cluster.json`, written by `presence up`.
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "PRESENCE_"
+# Settings whose values are secrets: shown as `<redacted>` by `presence config`. URLs in
+# REDACTED_URLS keep everything but their password.
+SECRET_SETTINGS = frozenset({"token_secret", "internal_token"})
+REDACTED_URLS = frozenset({"database_url", "redis_url"})
+REDACTED = "<redacted>"
 
 
 class Settings(BaseSettings):
@@ -97,7 +109,91 @@ class Settings(BaseSettings):
     demo: bool = True
 
 
+class SettingsError(ValueError):
+    """A setting with a value it cannot take; the message is one line naming the variable."""
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets `field` (`PRESENCE_SHARDS`, `RAY_ADDRESS`)."""
+    alias = Settings.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return str(alias.choices[0])
+    if isinstance(alias, str):
+        return alias
+    return f"{ENV_PREFIX}{field}".upper()
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, with explicit (command-line) values on top."""
+    """Settings from the environment, with explicit (command-line) values on top.
+
+    A value a setting cannot take raises `SettingsError` with one line per bad setting, naming
+    its environment variable, instead of pydantic's report.
+    """
     clean = {k: v for k, v in overrides.items() if v is not None}
-    return Settings(**clean)  # type: ignore[arg-type]
+    try:
+        return Settings(**clean)  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise SettingsError(_describe(e, set(clean))) from None
+
+
+def _describe(error: ValidationError, from_flags: set[str]) -> str:
+    lines = []
+    for item in error.errors():
+        loc = item.get("loc") or ("?",)
+        field = str(loc[0])
+        where = f"--{field.replace('_', '-')}" if field in from_flags else _where(field)
+        value = item.get("input")
+        shown = REDACTED if field in SECRET_SETTINGS else repr(value)
+        lines.append(f"{where}={shown}: {item.get('msg', 'invalid value')}")
+    return "; ".join(lines)
+
+
+def _where(field: str) -> str:
+    return env_name(field) if field in Settings.model_fields else field
+
+
+def unknown_env_names(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """`PRESENCE_*` variables that name no setting, each with the closest setting's variable."""
+    env = os.environ if environ is None else environ
+    known = {env_name(f) for f in Settings.model_fields}
+    fields = sorted(f.upper() for f in Settings.model_fields)
+    unknown = []
+    for name in sorted(env):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in known:
+            continue
+        close = difflib.get_close_matches(name.upper()[len(ENV_PREFIX) :], fields, n=1, cutoff=0.8)
+        unknown.append((name, ENV_PREFIX + close[0] if close else None))
+    return unknown
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (if any) replaced by `<redacted>`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
+
+
+def effective(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Every setting with its value (secrets redacted), variable and whether it was set."""
+    explicit = settings.model_fields_set
+    out: dict[str, dict[str, Any]] = {}
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if name in SECRET_SETTINGS and value is not None:
+            value = REDACTED
+        elif name in REDACTED_URLS and isinstance(value, str):
+            value = redact_url(value)
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[name] = {"value": value, "env": env_name(name), "set": name in explicit}
+    return out

@@ -13,6 +13,9 @@ from actors.counts import CountReader
 from cluster.config import Settings
 from cluster.runtime import cluster_info_or_exit
 
+# Version of the layout of `presence status --json`, described by docs/status.schema.json.
+STATUS_SCHEMA = 1
+
 
 async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
     directory = ray_api.DirectoryClient()
@@ -41,6 +44,7 @@ async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
     except Exception:
         pg_ok = False
     return {
+        "schema": STATUS_SCHEMA,
         "map_version": version,
         "shards": shards,
         "flush": flush,

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import jsonschema
 import psutil
 import pytest
 
@@ -20,6 +21,7 @@ from cluster.embedded import free_port
 
 pytestmark = pytest.mark.integration
 
+STATUS_SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "status.schema.json"
 CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "conformance.py"
 
 
@@ -107,6 +109,9 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         assert "loaded" in cli("load", str(graph))
         status = cli("status")
         assert "shard" in status and "postgres: ok" in status and "redis: ok" in status
+        report = json.loads(cli("status", "--json"))
+        jsonschema.validate(report, json.loads(STATUS_SCHEMA.read_text()))
+        assert report["postgres"] is True and len(report["shards"]) == 2
 
         resized = cli("scale", "3")
         assert "resized from 2 to 3 shards" in resized, resized

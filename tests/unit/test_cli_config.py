@@ -1,0 +1,118 @@
+"""The operator's side of the command line: `--version`, help on every option with a pointer to
+the settings, one-line errors for bad `PRESENCE_*` values, warnings for unknown ones, and
+`presence config` with secrets redacted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from importlib.metadata import version as dist_version
+from pathlib import Path
+
+import pytest
+
+from cluster import cli
+from cluster.config import REDACTED, SettingsError, effective, load_settings, redact_url, unknown_env_names
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_comes_from_the_installed_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"presence {dist_version('presence-cluster')}"
+
+
+def test_every_option_has_help_and_every_command_points_to_the_settings() -> None:
+    parser = cli.build_parser()
+    assert "presence config" in (parser.epilog or "")
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, p in sub.choices.items():
+        assert "PRESENCE_" in (p.epilog or ""), name
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"presence {name} {action.option_strings or action.dest} has no help"
+
+
+def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRESENCE_SHARDS", "four")
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("PRESENCE_SHARDS='four': ") and "integer" in message
+
+
+def test_every_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRESENCE_TOKEN_TTL_S", "soon")
+    monkeypatch.setenv("PRESENCE_SHARDS", "x")
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert "PRESENCE_TOKEN_TTL_S" in str(e.value) and "PRESENCE_SHARDS" in str(e.value)
+
+
+def test_the_command_exits_2_with_one_line(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", "config", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PRESENCE_WS_PORT": "http", "PYTHONPATH": str(ROOT)},
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "presence: bad setting: PRESENCE_WS_PORT='http': "
+        "Input should be a valid integer, unable to parse string as an integer"
+    ]
+
+
+def test_unknown_names_are_reported_with_the_closest_setting() -> None:
+    env = {"PRESENCE_SHARDZ": "3", "PRESENCE_SHARDS": "2", "PRESENCE_XYZZY": "1", "RAY_ADDRESS": "auto"}
+    assert unknown_env_names(env) == [("PRESENCE_SHARDZ", "PRESENCE_SHARDS"), ("PRESENCE_XYZZY", None)]
+
+
+def test_unknown_names_warn_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PRESENCE_WS_PROT", "1")
+    assert cli.main(["config", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "PRESENCE_WS_PROT is not a setting and is ignored (did you mean PRESENCE_WS_PORT?)" in err
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:hunter2@db:5432/p", f"postgresql://u:{REDACTED}@db:5432/p"),
+        ("redis://:hunter2@r:6379/0", f"redis://:{REDACTED}@r:6379/0"),
+        ("redis://r:6379/0", "redis://r:6379/0"),
+        ("postgresql://u@db/p", "postgresql://u@db/p"),
+    ],
+)
+def test_url_passwords_are_redacted(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_config_prints_every_setting_with_secrets_redacted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PRESENCE_TOKEN_SECRET", "hunter2-hunter2-hunter2-hunter2-x")
+    monkeypatch.setenv("PRESENCE_DATABASE_URL", "postgresql://u:hunter2@db/p")
+    monkeypatch.setenv("PRESENCE_SHARDS", "7")
+    assert cli.main(["config", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out
+    values = json.loads(out)
+    assert values["token_secret"] == REDACTED
+    assert values["database_url"] == f"postgresql://u:{REDACTED}@db/p"
+    assert values["shards"] == 7
+    assert set(values) == set(effective(load_settings()))
+    assert cli.main(["config"]) == 0
+    text = capsys.readouterr().out
+    assert "hunter2" not in text
+    assert "PRESENCE_SHARDS" in text and "7" in text
