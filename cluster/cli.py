@@ -75,12 +75,28 @@ def cmd_edge(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    from actors.core.ids import is_demo_id
     from cluster.runtime import token_secret
     from edge.tokens import mint_token
 
     settings = _settings(args)
     ttl = args.ttl if args.ttl is not None else settings.token_ttl_s
-    print(mint_token(args.user, token_secret(settings), ttl_s=ttl))
+    if ttl > settings.token_max_ttl_s:
+        print(
+            f"presence token: --ttl may be at most {settings.token_max_ttl_s} seconds "
+            "(PRESENCE_TOKEN_MAX_TTL_S); edges refuse longer-lived tokens",
+            file=sys.stderr,
+        )
+        return 2
+    if is_demo_id(args.user):
+        print("presence token: ids starting with 'demo:' belong to the demo site", file=sys.stderr)
+        return 2
+    try:
+        token = mint_token(args.user, token_secret(settings), ttl_s=ttl)
+    except ValueError as e:
+        print(f"presence token: {e}", file=sys.stderr)
+        return 2
+    print(token)
     return 0
 
 
@@ -187,7 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("token", "print a signed token for USER")
     p.add_argument("user", help="the account id the token is for (its `sub`)")
-    p.add_argument("--ttl", type=int, default=None, help="lifetime in seconds (default 86400)")
+    p.add_argument(
+        "--ttl",
+        type=int,
+        default=None,
+        help="lifetime in seconds (default and at most 86400: PRESENCE_TOKEN_MAX_TTL_S)",
+    )
     p.set_defaults(fn=cmd_token)
 
     p = add("load", "upsert accounts, friendships, servers, members and channels from a JSON file")

@@ -39,7 +39,10 @@ class Settings(BaseSettings):
 
     # HS256 secret for tokens; None means "generate one and keep it in data_dir/secret".
     token_secret: str | None = None
+    # Lifetime of tokens minted by `presence token` (default), and the longest lifetime an edge
+    # accepts: a token whose `exp` lies further ahead than `token_max_ttl_s` is refused with 4001.
     token_ttl_s: int = 24 * 3600
+    token_max_ttl_s: int = 24 * 3600
 
     ws_host: str = "0.0.0.0"
     ws_port: int = 8765

@@ -19,9 +19,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict, StrictStr, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from actors.core.audience import Relations
+from actors.core.ids import DEMO_PREFIX, MAX_ID_LENGTH, check_id, is_demo_id
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +38,6 @@ SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 # Any fixed 64-bit key works; it only has to be the same for every process migrating this database.
 MIGRATION_LOCK_KEY = 0x70726573656E6365  # "presence"
 NOTIFY_CHANNEL = "presence_audience"
-MAX_ID_LENGTH = 128
 
 CHOSEN_STATUSES = frozenset({"online", "dnd", "invisible"})
 VISIBILITIES = frozenset({"everyone", "friends", "nobody"})
@@ -78,7 +86,8 @@ async def migrate(conn_or_url: Queryable | str) -> None:
 
 # -- presence load ---------------------------------------------------------------------------------
 
-Id = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH)]
+# The id rule (actors/core/ids.py); the length bounds are repeated only for the schema.
+Id = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(check_id)]
 Visibility = Literal["everyone", "friends", "nobody"]
 Pair = tuple[Id, Id]
 
@@ -148,10 +157,38 @@ def _ordered(pair: tuple[str, str]) -> tuple[str, str]:
     return (a, b) if a < b else (b, a)
 
 
-def parse_fixture(data: Mapping[str, Any] | Fixture) -> Fixture:
-    """Validate `presence load` input; raises FixtureError naming the bad field."""
-    if isinstance(data, Fixture):
-        return data
+def _demo_entries(fixture: Fixture) -> Iterable[tuple[str, str]]:
+    """(where, id) of every id in the fixture, for the reserved-namespace check."""
+    for i, u in enumerate(fixture.users):
+        yield f"users[{i}].id", u.id
+    for key in ("friendships", "removedFriendships"):
+        for i, pair in enumerate(getattr(fixture, key)):
+            for j, user in enumerate(pair):
+                yield f"{key}[{i}][{j}]", user
+    for i, server in enumerate(fixture.servers):
+        yield f"servers[{i}].id", server.id
+        for key in ("members", "channels"):
+            for j, item in enumerate(getattr(server, key) or ()):
+                yield f"servers[{i}].{key}[{j}]", item
+
+
+def parse_fixture(data: Mapping[str, Any] | Fixture, allow_demo: bool = False) -> Fixture:
+    """Validate `presence load` input; raises FixtureError naming the bad field.
+
+    Ids in the demo's reserved namespace (`demo:…`, actors/core/ids.py) are refused unless
+    `allow_demo` (the demo's own accounts, loaded by `presence up`)."""
+    fixture = data if isinstance(data, Fixture) else _validated(data)
+    if not allow_demo:
+        for where, item in _demo_entries(fixture):
+            if is_demo_id(item):
+                raise FixtureError(
+                    f"invalid presence load data: {where}: ids starting with {DEMO_PREFIX!r} "
+                    "are reserved for the demo"
+                )
+    return fixture
+
+
+def _validated(data: Mapping[str, Any]) -> Fixture:
     try:
         return Fixture.model_validate(data)
     except ValidationError as exc:
@@ -169,7 +206,9 @@ def _columns(rows: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
     return [r[0] for r in ordered], [r[1] for r in ordered]
 
 
-async def load_fixture(conn: Queryable, data: Mapping[str, Any] | Fixture) -> dict[str, int]:
+async def load_fixture(
+    conn: Queryable, data: Mapping[str, Any] | Fixture, allow_demo: bool = False
+) -> dict[str, int]:
     """`presence load`: upsert accounts, friendships, servers, members and channels in one
     transaction, and return how many rows really changed.
 
@@ -178,7 +217,7 @@ async def load_fixture(conn: Queryable, data: Mapping[str, Any] | Fixture) -> di
     `channels` lists, when present, replace the stored ones; accounts named by friendships or
     member lists that do not exist yet are created with defaults.
     """
-    fixture = parse_fixture(data)
+    fixture = parse_fixture(data, allow_demo=allow_demo)
     counts = dict.fromkeys(
         (
             "users",

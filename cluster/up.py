@@ -64,6 +64,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
             max_sockets_per_ip=settings.max_sockets_per_ip,
             query_ids_per_min=settings.query_ids_per_min,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            token_max_ttl_s=settings.token_max_ttl_s,
         ),
         max_frame_bytes=settings.max_frame_bytes,
         send_buffer_bytes=settings.send_buffer_bytes,

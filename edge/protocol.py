@@ -10,13 +10,30 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 
-# Ids: non-empty, at most 128 characters, no control characters (C0, DEL and C1) and no line or
-# paragraph separators (U+2028/U+2029). Validated at the edge so that nothing odd reaches an
-# actor, a log line or a database. `edge.tokens` applies the same rule to a token's account.
-ID_FORBIDDEN = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
-Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=rf"^[^{ID_FORBIDDEN}]+$")]
+from actors.core.ids import MAX_ID_LENGTH, MIN_ID_LENGTH, check_id
+
+# Ids obey the id rule (actors/core/ids.py), validated at the edge so that nothing odd reaches an
+# actor, a log line or a database. The length bounds are repeated as constraints only so that the
+# generated schema shows them; `check_id` is the rule.
+Id = Annotated[
+    str,
+    StringConstraints(min_length=MIN_ID_LENGTH, max_length=MAX_ID_LENGTH),
+    AfterValidator(check_id),
+    Field(
+        description="an id: 1-128 characters, no control, format or surrogate code point "
+        "(Unicode Cc, Cf, Cs), no U+2028/U+2029"
+    ),
+]
 ClientStatus = Literal["online", "idle", "dnd", "invisible"]
 Status = Literal["online", "idle", "dnd", "invisible", "offline"]
 Visibility = Literal["everyone", "friends", "nobody"]
@@ -147,7 +164,7 @@ def _describe(e: ValidationError) -> str:
         return "unknown frame type"
     if err["type"] == "union_tag_not_found":
         return "frame has no type"
-    return f"{where}: {err['msg']}"[:200]
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}"[:200]
 
 
 # --------------------------------------------------------------------------- server frames

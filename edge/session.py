@@ -109,6 +109,8 @@ class Limits:
     max_sockets_per_account: int = 20
     max_sockets_per_ip: int = 1_000
     query_ids_per_min: float = 600.0
+    # Tokens whose `exp` lies further ahead than this are refused (4001) like expired ones.
+    token_max_ttl_s: float = 24 * 3600
 
 
 @dataclass
@@ -208,6 +210,8 @@ class Session:
     # The edge's cross-socket limits; None (unit tests of other rules) means none apply.
     admission: Admission | None = None
     ip: str | None = None
+    # An edge serving the demo: the key of demo tokens (edge/tokens.py), valid for demo ids only.
+    demo_key: str | None = None
     user_id: str | None = None
     status: str = "offline"
     visibility: str = "everyone"
@@ -267,7 +271,9 @@ class Session:
 
     def _identify(self, token: str, now: float) -> list[Command]:
         try:
-            user_id = verify_token(token, self.secret, now=now)
+            user_id = verify_token(
+                token, self.secret, now=now, max_ttl_s=self.limits.token_max_ttl_s, demo_key=self.demo_key
+            )
         except TokenError as e:
             return [Close(p.CLOSE_AUTH, str(e))]
         if self.admission is not None:

@@ -203,9 +203,18 @@ def test_c1_controls_and_unicode_line_separators_are_refused(cid: str) -> None:
         p.parse_client_frame(json.dumps({"type": "presence.subscribe", "userIds": ["ok", cid]}))
 
 
-@pytest.mark.parametrize("cid", ["\xa0nbsp", "\xa1", "\u2027", "\u202a"])
+@pytest.mark.parametrize("cid", ["\xa0nbsp", "\xa1", "\u2027", "\u2030", "\u200a"])
 def test_neighbours_of_the_forbidden_ranges_pass(cid: str) -> None:
     assert p.parse_client_frame(json.dumps({"type": "channel.subscribe", "channelId": cid}))
+
+
+@pytest.mark.parametrize("cid", ["a\u200bb", "admin\u202e", "\u2066x", "\ufeffx", "a\u00adb", "x\U000e0041"])
+def test_format_characters_break_the_id_rule(cid: str) -> None:
+    """Zero-width and bidirectional-override characters spoof names in rosters: `bad_frame`."""
+    with pytest.raises(p.FrameError, match="id"):
+        p.parse_client_frame(json.dumps({"type": "voice.join", "channelId": cid}))
+    with pytest.raises(p.FrameError):
+        p.parse_client_frame(json.dumps({"type": "presence.query", "userIds": ["ok", cid]}))
 
 
 def test_frames_are_immutable() -> None:

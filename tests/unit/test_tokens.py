@@ -144,3 +144,66 @@ def test_token_error_is_a_value_error() -> None:
 def test_mint_needs_an_account() -> None:
     with pytest.raises(ValueError):
         mint_token("", SECRET)
+
+
+# -- the id rule and lifetime limits (issue 14) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sub",
+    [
+        "a\ud800b",  # lone surrogate: crashed the connection handler before
+        "a\u200bb",  # zero-width space
+        "admin\u202e",  # right-to-left override
+        "\ufeffu1",
+        "a\u2029b",
+    ],
+)
+def test_sub_breaking_the_id_rule_is_refused(sub: str) -> None:
+    # json.dumps escapes the surrogate as \ud800, which PyJWT's json.loads turns back into one.
+    with pytest.raises(TokenError):
+        verify_token(encode({"sub": sub, "exp": int(T0) + 60}), SECRET, now=T0)
+
+
+@pytest.mark.parametrize("exp", [10**300, 10**400, 1e308, int(T0) + 86_400 + 3600])
+def test_exp_too_far_ahead_is_refused(exp: float) -> None:
+    with pytest.raises(TokenError, match="longer than allowed"):
+        verify_token(encode({"sub": "u1", "exp": exp}), SECRET, now=T0)
+
+
+def test_non_finite_or_odd_exp_is_refused() -> None:
+    h = b64({"alg": "HS256", "typ": "JWT"})
+    for payload in ('{"sub":"u1","exp":NaN}', '{"sub":"u1","exp":Infinity}', '{"sub":"u1","exp":true}'):
+        p = base64.urlsafe_b64encode(payload.encode()).rstrip(b"=").decode()
+        import hashlib
+        import hmac
+
+        sig = hmac.new(SECRET.encode(), f"{h}.{p}".encode(), hashlib.sha256).digest()
+        token = f"{h}.{p}.{base64.urlsafe_b64encode(sig).rstrip(b'=').decode()}"
+        with pytest.raises(TokenError):
+            verify_token(token, SECRET, now=T0)
+
+
+def test_max_lifetime_is_configurable() -> None:
+    token = mint_token("u1", SECRET, ttl_s=7 * 86_400, now=T0)
+    with pytest.raises(TokenError):
+        verify_token(token, SECRET, now=T0)
+    assert verify_token(token, SECRET, now=T0, max_ttl_s=7 * 86_400) == "u1"
+    # A day-long token from a host whose clock runs a little ahead still passes.
+    assert verify_token(mint_token("u1", SECRET, now=T0 + 30), SECRET, now=T0) == "u1"
+
+
+def test_demo_tokens_name_demo_ids_only() -> None:
+    from edge.tokens import demo_secret
+
+    key = demo_secret(SECRET)
+    assert key != SECRET
+    demo = mint_token("demo:ada", key, ttl_s=60, now=T0)
+    assert verify_token(demo, SECRET, now=T0, demo_key=key) == "demo:ada"
+    with pytest.raises(TokenError):  # an edge without the demo refuses demo tokens
+        verify_token(demo, SECRET, now=T0)
+    with pytest.raises(TokenError):  # a demo token for a real account
+        verify_token(mint_token("ada", key, ttl_s=60, now=T0), SECRET, now=T0, demo_key=key)
+    with pytest.raises(TokenError):  # a real token for a demo account
+        verify_token(mint_token("demo:ada", SECRET, ttl_s=60, now=T0), SECRET, now=T0, demo_key=key)
+    assert verify_token(mint_token("ada", SECRET, ttl_s=60, now=T0), SECRET, now=T0, demo_key=key) == "ada"
