@@ -6,10 +6,7 @@ Every test here failed on the code before the issue was fixed."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.error
-import urllib.request
 import warnings
 
 import jwt
