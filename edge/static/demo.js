@@ -1,23 +1,24 @@
 // The presence demo: one page, one demo account, the public protocol over /ws/presence.
 //
 // Served by the edge in demo mode (edge/demo.py) with /demo/config and /demo/token beside it.
-// Plain ES module, no build step. What it shows, and how a real client would do the same:
-//   - member list: presence.subscribe for every member, presence.sync then presence.changed;
-//   - last-seen lines: presence.query on load and again whenever a member is seen going offline
-//     (the only moment the answer changes), text from lastseen.js, refreshed every 30 s;
-//   - typing: typing.start at most every 3 s while typing, "X is typing…" lapsing after 10 s;
-//   - voice: voice.join / voice.leave and the channel's voice.roster.
+// Plain ES module, no build step. The socket work is the JavaScript client's (clients/js, served
+// at /client/): this file only draws what the client knows.
+//   - member list: client.subscribe(members); the client keeps the picture (presence.sync, then
+//     presence.changed, reconciled after every reconnect) and calls back on every change;
+//   - last-seen lines: trackLastSeen makes the client query whoever it sees going offline (the
+//     only moment the answer changes); text from the shared display helper, refreshed every 30 s;
+//   - typing: client.typing() on every keystroke (the client throttles typing.start), the others'
+//     lines lapsing after 10 s;
+//   - voice: client.joinVoice / leaveVoice and the channel's roster.
 //
 // Stable hooks for tests: data-testid="dot-<user>" (with data-status), "lastseen-<user>" (with
 // data-last-seen-at), "member-<user>", "status-picker", "typing", "voice-roster", "voice-join",
 // "voice-leave", "my-dot", "dm-line", "connection" (data-state connecting|open|closed).
 
+import { PresenceClient } from "./client/client.js";
 import { describeLastSeen } from "./client/lastseen.js";
 
-const TYPING_LAPSE_MS = 10_000; // the contract: typing lapses after 10 s unless repeated
-const TYPING_SEND_EVERY_MS = 3_000; // we repeat typing.start at most this often
 const LAST_SEEN_REFRESH_MS = 30_000;
-const RECONNECT_MAX_MS = 10_000;
 const PRESENT = new Set(["online", "idle", "dnd"]);
 const OWN_WORDS = {
   online: "Online",
@@ -32,14 +33,11 @@ const $ = (id) => document.getElementById(id);
 const state = {
   config: null, // {accounts, server, channel}
   me: null,
-  myStatus: "offline", // the account's real status (may be invisible), from ready/presence.self
-  members: new Map(), // userId -> {status, lastSeenAt, pending, els}
-  typers: new Map(), // userId -> lapse time (ms)
+  myStatus: "offline", // the account's real status (may be invisible), from the client
+  els: new Map(), // userId -> {li, dot, line}
+  typers: [],
   roster: [],
-  ws: null,
-  heartbeat: null,
-  reconnectMs: 1000,
-  typingSentAt: 0,
+  client: null,
 };
 
 // ---------------------------------------------------------------------------------- start
@@ -58,11 +56,10 @@ async function main() {
   buildMe();
   buildMembers();
   $("channel-name").textContent = `# ${config.channel}`;
+  state.client = connect();
   wireControls();
   $("app").hidden = false;
   setInterval(renderAllLines, LAST_SEEN_REFRESH_MS);
-  setInterval(expireTypers, 500);
-  connect();
 }
 
 function fillAccountPicker(accounts, selected) {
@@ -87,146 +84,68 @@ function showChooser(accounts) {
   setConnection("closed", "not connected");
 }
 
-// ---------------------------------------------------------------------------------- connection
+// ---------------------------------------------------------------------------------- the client
 
-async function connect() {
-  setConnection("connecting", "connecting…");
-  let token;
-  try {
-    const res = await fetch(`/demo/token?user=${encodeURIComponent(state.me)}`, { cache: "no-store" });
-    if (!res.ok) throw new Error(`token: HTTP ${res.status}`);
-    token = (await res.json()).token;
-  } catch (e) {
-    console.warn(e);
-    scheduleReconnect();
-    return;
-  }
+async function demoToken() {
+  const res = await fetch(`/demo/token?user=${encodeURIComponent(state.me)}`, { cache: "no-store" });
+  if (!res.ok) throw new Error(`token: HTTP ${res.status}`);
+  return (await res.json()).token;
+}
+
+function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${scheme}://${location.host}/ws/presence`);
-  state.ws = ws;
-  ws.addEventListener("open", () => send({ type: "identify", token }));
-  ws.addEventListener("message", (event) => {
-    let frame;
-    try {
-      frame = JSON.parse(event.data);
-    } catch {
-      return;
-    }
-    handle(frame);
+  const client = new PresenceClient({
+    url: `${scheme}://${location.host}/ws/presence`,
+    token: demoToken, // asked on every connect: a refused (expired) token is replaced
+    trackLastSeen: true,
   });
-  ws.addEventListener("close", (event) => {
-    if (state.ws !== ws) return;
-    state.ws = null;
-    clearInterval(state.heartbeat);
-    setConnection("closed", `disconnected (${event.code}); reconnecting…`);
-    scheduleReconnect();
+  const channel = state.config.channel;
+  client.on("state", (kind, info) => {
+    if (kind === "open") setConnection("open", `connected as ${info.userId}`);
+    else if (kind === "reconnecting") {
+      const why = info.code ? `disconnected (${info.code})` : "disconnected";
+      setConnection("closed", `${why}; reconnecting in ${(info.delayMs / 1000).toFixed(1)} s…`);
+    } else if (kind === "connecting") setConnection("connecting", "connecting…");
+    else setConnection("closed", "closed");
   });
-}
-
-function scheduleReconnect() {
-  const delay = state.reconnectMs;
-  state.reconnectMs = Math.min(state.reconnectMs * 2, RECONNECT_MAX_MS);
-  setTimeout(connect, delay);
-}
-
-function send(frame) {
-  if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(frame));
+  client.on("ready", (frame) => setMyStatus(frame.status));
+  client.on("self", setMyStatus);
+  client.on("change", (userId) => renderMember(userId));
+  client.onSync(() => {
+    renderCount();
+    renderRoster();
+  });
+  client.on("typing", (channelId, userIds) => {
+    if (channelId !== channel) return;
+    state.typers = userIds.filter((u) => u !== state.me);
+    renderTyping();
+  });
+  client.on("roster", (channelId, userIds) => {
+    if (channelId !== channel) return;
+    state.roster = userIds;
+    renderRoster();
+  });
+  client.on("error", (e) => console.warn("presence error", e.code, e.message));
+  client.subscribe(others()).catch(() => {}); // remembered: (re)subscribed on every connect
+  client.subscribeChannel(channel);
+  if (document.hasFocus()) client.setFocus(channel);
+  client.connect();
+  return client;
 }
 
 function others() {
   return state.config.accounts.filter((a) => a !== state.me);
 }
 
-function query(userIds) {
-  if (userIds.length === 0) return;
-  for (const u of userIds) state.members.get(u).pending += 1;
-  send({ type: "presence.query", userIds });
+function statusOf(userId) {
+  if (userId === state.me) return state.myStatus;
+  return state.client?.get(userId)?.status ?? "offline";
 }
 
 function setConnection(kind, text) {
   const el = $("connection");
   el.dataset.state = kind;
   el.textContent = text;
-}
-
-// ---------------------------------------------------------------------------------- frames
-
-function handle(frame) {
-  switch (frame.type) {
-    case "ready":
-      onReady(frame);
-      break;
-    case "presence.sync":
-      for (const { userId, status } of frame.users) onStatus(userId, status, false, undefined);
-      break;
-    case "presence.changed":
-      onChanged(frame);
-      break;
-    case "presence.self":
-      setMyStatus(frame.status);
-      break;
-    case "typing":
-      if (frame.channelId === state.config.channel && frame.userId !== state.me) {
-        state.typers.set(frame.userId, Date.now() + TYPING_LAPSE_MS);
-        renderTyping();
-      }
-      break;
-    case "voice.roster":
-      if (frame.channelId === state.config.channel) {
-        state.roster = frame.userIds;
-        renderRoster();
-      }
-      break;
-    case "error":
-      console.warn("presence error", frame.code, frame.message);
-      break;
-    default:
-      break; // heartbeat.ack and anything newer
-  }
-}
-
-function onReady(frame) {
-  state.reconnectMs = 1000;
-  setConnection("open", `connected as ${frame.userId}`);
-  setMyStatus(frame.status);
-  clearInterval(state.heartbeat);
-  const every = Math.max(1000, Math.min(frame.heartbeatIntervalMs || 30_000, 30_000));
-  state.heartbeat = setInterval(() => send({ type: "heartbeat" }), every);
-  for (const m of state.members.values()) m.pending = 0;
-  const ids = others();
-  send({ type: "presence.subscribe", userIds: ids });
-  query(ids); // statuses come with the sync; the query brings last-seen times of who is away
-  send({ type: "channel.subscribe", channelId: state.config.channel });
-  if (document.hasFocus()) send({ type: "focus", channelId: state.config.channel });
-}
-
-// One presence.changed: a broadcast (never carries lastSeenAt) or the answer to our query (carries
-// it when the member is offline and lets us read it). Answers arrive in the order asked, so the
-// oldest pending query for that member is the one answered.
-function onChanged(frame) {
-  const m = state.members.get(frame.userId);
-  if (!m) return;
-  const answer = m.pending > 0;
-  if (answer) m.pending -= 1;
-  let lastSeenAt;
-  if (Object.hasOwn(frame, "lastSeenAt")) lastSeenAt = frame.lastSeenAt;
-  else if (answer) lastSeenAt = null; // withheld or never seen: the same on the wire, no line
-  onStatus(frame.userId, frame.status, true, lastSeenAt);
-}
-
-function onStatus(userId, status, mayQuery, lastSeenAt) {
-  const m = state.members.get(userId);
-  if (!m || userId === state.me) return;
-  const wasPresent = PRESENT.has(m.status);
-  m.status = status;
-  if (lastSeenAt !== undefined) m.lastSeenAt = lastSeenAt;
-  if (!PRESENT.has(status)) state.typers.delete(userId);
-  // Seen going away: ask when (the one moment the answer changes); broadcasts never say.
-  if (wasPresent && !PRESENT.has(status) && mayQuery) query([userId]);
-  renderMember(userId);
-  renderCount();
-  renderTyping();
-  if (state.roster.includes(userId)) renderRoster();
 }
 
 function setMyStatus(status) {
@@ -243,40 +162,28 @@ function setMyStatus(status) {
 // ---------------------------------------------------------------------------------- controls
 
 function wireControls() {
-  $("status-picker").addEventListener("change", (e) => {
-    send({ type: "presence.update", status: e.target.value });
-  });
+  const client = state.client;
+  const channel = state.config.channel;
+  $("status-picker").addEventListener("change", (e) => client.setStatus(e.target.value));
 
   const input = $("message-input");
   input.addEventListener("input", () => {
-    const now = Date.now();
-    if (input.value === "") {
-      stopTyping();
-    } else if (now - state.typingSentAt >= TYPING_SEND_EVERY_MS) {
-      state.typingSentAt = now;
-      send({ type: "typing.start", channelId: state.config.channel });
-    }
+    if (input.value === "") client.stopTyping(channel);
+    else client.typing(channel);
   });
   input.addEventListener("keydown", (e) => {
     if (e.key === "Enter") {
       input.value = "";
-      stopTyping();
+      client.stopTyping(channel);
     }
   });
 
-  $("voice-join").addEventListener("click", () =>
-    send({ type: "voice.join", channelId: state.config.channel }),
-  );
-  $("voice-leave").addEventListener("click", () => send({ type: "voice.leave" }));
+  $("voice-join").addEventListener("click", () => client.joinVoice(channel));
+  $("voice-leave").addEventListener("click", () => client.leaveVoice());
 
   // Focus is per socket: the channel counts as focused while this window has the focus.
-  window.addEventListener("focus", () => send({ type: "focus", channelId: state.config.channel }));
-  window.addEventListener("blur", () => send({ type: "focus", channelId: null }));
-}
-
-function stopTyping() {
-  if (state.typingSentAt !== 0) send({ type: "typing.stop", channelId: state.config.channel });
-  state.typingSentAt = 0;
+  window.addEventListener("focus", () => client.setFocus(channel));
+  window.addEventListener("blur", () => client.setFocus(null));
 }
 
 // ---------------------------------------------------------------------------------- drawing
@@ -334,17 +241,18 @@ function buildMembers() {
     text.append(name, line);
     li.append(wrap, text);
     list.append(li);
-    state.members.set(userId, { status: "offline", lastSeenAt: null, pending: 0, els: { li, dot, line } });
+    state.els.set(userId, { li, dot, line });
     renderMember(userId);
   }
 }
 
 function renderMember(userId) {
-  const m = state.members.get(userId);
-  if (!m) return;
+  const els = state.els.get(userId);
+  if (!els) return;
   const own = userId === state.me;
-  const status = own ? state.myStatus : m.status;
-  const { li, dot, line } = m.els;
+  const status = statusOf(userId);
+  const lastSeenAt = own ? null : state.client?.get(userId)?.lastSeenAt ?? null;
+  const { li, dot, line } = els;
   dot.dataset.status = status;
   dot.title = OWN_WORDS[status] ?? status;
   li.classList.toggle("is-offline", !PRESENT.has(status));
@@ -353,14 +261,14 @@ function renderMember(userId) {
     text = OWN_WORDS[status] ?? status;
   } else {
     try {
-      text = describeLastSeen(status, m.lastSeenAt, Date.now());
+      text = describeLastSeen(status, lastSeenAt, Date.now());
     } catch {
       text = "Offline";
     }
   }
   if (line.textContent !== text) line.textContent = text;
-  if (userId === others()[0]) renderDmHeader(userId, status, m.lastSeenAt);
-  if (!own && !PRESENT.has(status) && m.lastSeenAt) line.dataset.lastSeenAt = m.lastSeenAt;
+  if (userId === others()[0]) renderDmHeader(userId, status, lastSeenAt);
+  if (!own && !PRESENT.has(status) && lastSeenAt) line.dataset.lastSeenAt = lastSeenAt;
   else delete line.dataset.lastSeenAt;
 }
 
@@ -371,31 +279,19 @@ function renderDmHeader(userId, status, lastSeenAt) {
 }
 
 function renderAllLines() {
-  for (const userId of state.members.keys()) renderMember(userId);
+  for (const userId of state.els.keys()) renderMember(userId);
 }
 
 function renderCount() {
   let n = 0;
-  for (const [userId, m] of state.members) {
-    if (PRESENT.has(userId === state.me ? state.myStatus : m.status)) n += 1;
+  for (const userId of state.els.keys()) {
+    if (PRESENT.has(statusOf(userId))) n += 1;
   }
   $("online-count").textContent = `— ${n} online`;
 }
 
-function expireTypers() {
-  const now = Date.now();
-  let changed = false;
-  for (const [userId, until] of state.typers) {
-    if (until <= now) {
-      state.typers.delete(userId);
-      changed = true;
-    }
-  }
-  if (changed) renderTyping();
-}
-
 function renderTyping() {
-  const names = [...state.typers.keys()].sort();
+  const names = state.typers; // sorted by the client
   let text = "";
   if (names.length === 1) text = `${names[0]} is typing…`;
   else if (names.length === 2) text = `${names[0]} and ${names[1]} are typing…`;
@@ -412,7 +308,7 @@ function renderRoster() {
     const li = document.createElement("li");
     li.dataset.testid = `voice-${userId}`;
     li.dataset.user = userId;
-    const status = userId === state.me ? state.myStatus : state.members.get(userId)?.status;
+    const status = statusOf(userId);
     const { wrap, dot } = avatar(userId, null);
     dot.dataset.status = status ?? "offline";
     const name = document.createElement("span");

@@ -1,0 +1,4 @@
+// presence-cluster's JavaScript client: `import { PresenceClient } from "@presence-cluster/client"`.
+export { PresenceClient, PresenceError, chunkIds, MAX_QUERY_IDS, PRESENT, TYPING_LAPSE_MS } from "./client.js";
+export { DEFAULT_BACKOFF, reconnectDelay } from "./backoff.js";
+export { describeLastSeen } from "./lastseen.js";

@@ -1,0 +1,23 @@
+// The reconnect policy against the cases shared with presence_client/backoff.py.
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { test } from "node:test";
+
+import { DEFAULT_BACKOFF, reconnectDelay } from "../src/backoff.js";
+
+const data = JSON.parse(readFileSync(new URL("../../../tests/unit/backoff_cases.json", import.meta.url), "utf8"));
+
+for (const c of data.cases) {
+  test(`attempt ${c.attempt}${c.throttled ? " throttled" : ""} random ${c.random} -> ${c.delay_ms} ms`, () => {
+    assert.ok(Math.abs(reconnectDelay(c.attempt, c.throttled, DEFAULT_BACKOFF, () => c.random) - c.delay_ms) < 1e-6);
+  });
+}
+
+test("full jitter: delays cover the whole window, capped", () => {
+  for (let attempt = 0; attempt < 12; attempt += 1) {
+    const window = Math.min(DEFAULT_BACKOFF.capMs, DEFAULT_BACKOFF.baseMs * 2 ** attempt);
+    assert.equal(reconnectDelay(attempt, false, DEFAULT_BACKOFF, () => 0), 0);
+    assert.ok(reconnectDelay(attempt, false, DEFAULT_BACKOFF, () => 0.999999) <= window);
+    assert.ok(reconnectDelay(attempt, true, DEFAULT_BACKOFF, () => 0) >= DEFAULT_BACKOFF.throttledBaseMs / 2);
+  }
+});

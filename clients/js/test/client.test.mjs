@@ -1,0 +1,505 @@
+// The client against a scripted socket and a fake clock: `node --test clients/js/test/`.
+// (tests/unit/test_js_client.py runs it from pytest; the real-service test is
+// clients/js/test/live.test.mjs, driven by tests/integration/test_clients_live.py.)
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { PresenceClient, chunkIds, reconnectDelay } from "../src/index.js";
+
+class FakeClock {
+  constructor() {
+    this.t = 1_000_000;
+    this.timers = new Map();
+    this.next = 1;
+  }
+  now = () => this.t;
+  setTimeout = (fn, ms) => {
+    const id = this.next++;
+    this.timers.set(id, { at: this.t + Math.max(0, ms), fn });
+    return id;
+  };
+  clearTimeout = (id) => {
+    this.timers.delete(id);
+  };
+  /** Move time forward, running every timer that falls due, in order. */
+  async advance(ms) {
+    const end = this.t + ms;
+    for (;;) {
+      let due = null;
+      for (const [id, timer] of this.timers) {
+        if (timer.at <= end && (due === null || timer.at < due[1].at)) due = [id, timer];
+      }
+      if (due === null) break;
+      this.timers.delete(due[0]);
+      this.t = due[1].at;
+      due[1].fn();
+      await flush();
+    }
+    this.t = end;
+    await flush();
+  }
+}
+
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+/** A socket the test plays the server of. */
+class FakeSocket {
+  static all = [];
+  constructor(url) {
+    this.url = url;
+    this.sent = [];
+    this.closed = null;
+    FakeSocket.all.push(this);
+  }
+  static last() {
+    return FakeSocket.all[FakeSocket.all.length - 1];
+  }
+  send(text) {
+    this.sent.push(JSON.parse(text));
+  }
+  close(code, reason) {
+    this.closed = { code, reason };
+  }
+  // server side
+  open() {
+    this.onopen?.({});
+  }
+  push(frame) {
+    this.onmessage?.({ data: JSON.stringify(frame) });
+  }
+  drop(code, reason = "") {
+    this.onclose?.({ code, reason });
+  }
+  types() {
+    return this.sent.map((f) => f.type);
+  }
+  take() {
+    const out = this.sent;
+    this.sent = [];
+    return out;
+  }
+}
+
+function make(options = {}) {
+  FakeSocket.all = [];
+  const clock = new FakeClock();
+  const client = new PresenceClient({
+    url: ["ws://a/ws/presence", "ws://b/ws/presence"],
+    token: "T",
+    WebSocket: FakeSocket,
+    clock,
+    random: () => 0.5,
+    ...options,
+  });
+  const states = [];
+  client.on("state", (state, info) => states.push([state, info]));
+  return { client, clock, states };
+}
+
+async function ready(ws, user = "me", extra = {}) {
+  ws.open();
+  assert.equal(ws.take()[0].type, "identify");
+  ws.push({ type: "ready", userId: user, socketId: "s-1", status: "online", heartbeatIntervalMs: 30_000, ...extra });
+  await flush();
+}
+
+/** Answer every pending heartbeat of `ws`, after `before` (frames the server sends first). */
+function ackAll(ws, before = []) {
+  for (const f of before) ws.push(f);
+  for (const f of ws.take()) if (f.type === "heartbeat") ws.push({ type: "heartbeat.ack" });
+}
+
+test("identify, ready, heartbeat at the server's interval", async () => {
+  const { client, clock, states } = make();
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  assert.equal(ws.url, "ws://a/ws/presence");
+  ws.open();
+  assert.deepEqual(ws.take(), [{ type: "identify", token: "T" }]);
+  ws.push({ type: "ready", userId: "me", socketId: "s-1", status: "online", heartbeatIntervalMs: 20_000 });
+  await flush();
+  assert.equal(client.state, "open");
+  assert.equal(client.userId, "me");
+  assert.deepEqual(states.map((s) => s[0]), ["connecting", "open"]);
+  await clock.advance(19_999);
+  assert.deepEqual(ws.types(), []);
+  await clock.advance(1);
+  assert.deepEqual(ws.types(), ["heartbeat"]);
+  ackAll(ws);
+  await clock.advance(20_000);
+  assert.deepEqual(ws.types(), ["heartbeat"]);
+  client.close();
+  assert.equal(client.state, "closed");
+  assert.equal(ws.closed.code, 1000);
+});
+
+test("a heartbeat nobody answers is a dead connection: dropped and reconnected elsewhere", async () => {
+  const { client, clock, states } = make();
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  await clock.advance(30_000); // heartbeat out
+  assert.deepEqual(ws.types(), ["heartbeat"]);
+  await clock.advance(29_999);
+  assert.equal(client.state, "open");
+  await clock.advance(1); // no frame at all within an interval of it
+  assert.equal(ws.closed.code, 4000);
+  assert.equal(client.state, "reconnecting");
+  const [, info] = states.at(-1);
+  assert.equal(info.code, 4000);
+  assert.equal(info.delayMs, 500); // it lived 60 s (stable): attempt 0, 0.5 of the 1 s window
+  await clock.advance(info.delayMs);
+  assert.equal(FakeSocket.all.length, 2);
+  assert.equal(FakeSocket.last().url, "ws://b/ws/presence");
+});
+
+test("no ready within the connect timeout: dropped, backed off", async () => {
+  const { client, clock } = make({ connectTimeoutMs: 5_000 });
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  ws.open(); // upgrade done, but no ready
+  await clock.advance(5_000);
+  assert.equal(ws.closed.code, 4000);
+  assert.equal(client.state, "reconnecting");
+});
+
+test("backoff grows with full jitter and resets after a stable connection", async () => {
+  const draws = [0.9, 0.1, 0.7, 0.3, 0.5];
+  let i = 0;
+  const { client, clock, states } = make({ random: () => draws[i++ % draws.length] });
+  client.connect();
+  await flush();
+  const delays = [];
+  for (let n = 0; n < 4; n += 1) {
+    FakeSocket.last().drop(1006);
+    const [, info] = states.at(-1);
+    delays.push(info.delayMs);
+    await clock.advance(info.delayMs);
+  }
+  const expected = [0, 1, 2, 3].map((n) => reconnectDelay(n, false, undefined, () => draws[n]));
+  assert.deepEqual(delays, expected);
+  assert.deepEqual(delays, [900, 200, 2800, 2400]);
+  // A connection that lived past stableAfterMs starts over at attempt 0.
+  await ready(FakeSocket.last());
+  await clock.advance(6_000);
+  ackAll(FakeSocket.last());
+  FakeSocket.last().drop(1001);
+  assert.equal(states.at(-1)[1].attempt, 0);
+  // One that dies young does not.
+  await clock.advance(states.at(-1)[1].delayMs);
+  await ready(FakeSocket.last());
+  FakeSocket.last().drop(1011);
+  assert.equal(states.at(-1)[1].attempt, 1);
+  client.close();
+});
+
+test("close codes: 4029 and 1008 back off harder, 1000 stops, 4001 asks the provider again", async () => {
+  const asked = [];
+  const { client, clock, states } = make({
+    token: (ctx) => {
+      asked.push(ctx);
+      return `T${asked.length}`;
+    },
+  });
+  client.connect();
+  await flush();
+  FakeSocket.last().drop(4029);
+  let info = states.at(-1)[1];
+  assert.equal(info.throttled, true);
+  assert.equal(info.delayMs, reconnectDelay(0, true, undefined, () => 0.5));
+  assert.ok(info.delayMs >= 5_000);
+  await clock.advance(info.delayMs);
+  FakeSocket.last().drop(1008);
+  info = states.at(-1)[1];
+  assert.ok(info.delayMs >= 10_000, info.delayMs);
+  await clock.advance(info.delayMs);
+  FakeSocket.last().drop(4001);
+  await clock.advance(states.at(-1)[1].delayMs);
+  assert.deepEqual(
+    asked.map((a) => a.rejected),
+    [false, false, false, true],
+  );
+  const ws = FakeSocket.last();
+  ws.open();
+  assert.deepEqual(ws.take(), [{ type: "identify", token: "T4" }]);
+  ws.push({ type: "ready", userId: "me", socketId: "s", status: "online", heartbeatIntervalMs: 30_000 });
+  ws.drop(1000);
+  assert.equal(client.state, "closed");
+  await clock.advance(600_000);
+  assert.equal(FakeSocket.all.length, 4);
+});
+
+test("4001 with a fixed token stops: the same token would be refused again", async () => {
+  const { client, clock } = make();
+  const errors = [];
+  client.on("error", (e) => errors.push(e.code));
+  client.connect();
+  await flush();
+  FakeSocket.last().drop(4001);
+  assert.equal(client.state, "closed");
+  assert.deepEqual(errors, ["unauthorized"]);
+  await clock.advance(600_000);
+  assert.equal(FakeSocket.all.length, 1);
+});
+
+test("subscriptions are restored after a reconnect and the picture reconciled: no ghost survives", async () => {
+  const { client, clock } = make();
+  const changes = [];
+  let syncs = 0;
+  client.on("change", (u, now) => changes.push([u, now?.status]));
+  client.onSync(() => (syncs += 1));
+  client.connect();
+  await flush();
+  let ws = FakeSocket.last();
+  await ready(ws);
+  ws.take();
+  const subscribed = client.subscribe(["a", "b", "c"]);
+  await flush();
+  assert.deepEqual(ws.sent, [{ type: "presence.subscribe", userIds: ["a", "b", "c"] }, { type: "heartbeat" }]);
+  ackAll(ws, [{ type: "presence.sync", users: [{ userId: "a", status: "online" }, { userId: "b", status: "dnd" }] }]);
+  await subscribed;
+  assert.deepEqual(client.get("a"), { status: "online", lastSeenAt: undefined });
+  assert.equal(client.get("c"), undefined); // outside the audience: nothing known
+  ws.push({ type: "presence.changed", userId: "c", status: "online" }); // audience widened
+  assert.equal(client.get("c").status, "online");
+  assert.ok(syncs >= 2);
+
+  // The edge dies; meanwhile a went offline and b left the audience.
+  ws.drop(1006);
+  await clock.advance(client._reconnectTimer === null ? 0 : 1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  const frames = ws.take();
+  assert.deepEqual(frames, [{ type: "presence.subscribe", userIds: ["a", "b", "c"] }, { type: "heartbeat" }]);
+  assert.equal(client.synced, false);
+  changes.length = 0;
+  ws.push({ type: "presence.sync", users: [{ userId: "a", status: "offline" }, { userId: "c", status: "online" }] });
+  ws.push({ type: "heartbeat.ack" });
+  await flush();
+  assert.equal(client.synced, true);
+  assert.deepEqual(client.list().map((e) => [e.userId, e.status]).sort(), [
+    ["a", "offline"],
+    ["c", "online"],
+  ]);
+  assert.deepEqual(changes, [
+    ["a", "offline"],
+    ["b", undefined],
+  ]);
+  client.unsubscribe(["c"]);
+  assert.deepEqual(ws.take(), [{ type: "presence.unsubscribe", userIds: ["c"] }]);
+  assert.equal(client.get("c"), undefined);
+  client.close();
+});
+
+test("a refused resubscribe (budget spent) is retried later, and forgets what it cannot confirm", async () => {
+  const { client, clock } = make();
+  const errors = [];
+  client.on("error", (e) => errors.push(e.code));
+  client.connect();
+  await flush();
+  let ws = FakeSocket.last();
+  await ready(ws);
+  ws.take();
+  const first = client.subscribe(["a"]);
+  await flush();
+  ackAll(ws, [{ type: "presence.sync", users: [{ userId: "a", status: "online" }] }]);
+  await first;
+  ws.drop(1006);
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  ackAll(ws, [{ type: "error", code: "rate_limited", message: "slow down" }]);
+  await flush();
+  assert.deepEqual(errors, ["rate_limited"]);
+  assert.equal(client.get("a"), undefined);
+  assert.equal(client.synced, false);
+  await clock.advance(reconnectDelay(1, true, undefined, () => 0.5));
+  assert.deepEqual(ws.sent[0], { type: "presence.subscribe", userIds: ["a"] });
+  ackAll(ws, [{ type: "presence.sync", users: [{ userId: "a", status: "idle" }] }]);
+  await flush();
+  assert.equal(client.get("a").status, "idle");
+  assert.equal(client.synced, true);
+  client.close();
+});
+
+test("query: <= 100 ids a frame, answers merged in the order asked, last-seen kept", async () => {
+  const { client } = make();
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  ws.take();
+  const ids = Array.from({ length: 250 }, (_, i) => `u${i}`);
+  const answer = client.query([...ids, "u3"]);
+  await flush();
+  const sent = ws.take();
+  assert.deepEqual(
+    sent.map((f) => (f.type === "presence.query" ? f.userIds.length : f.type)),
+    [100, "heartbeat", 100, "heartbeat", 50, "heartbeat"],
+  );
+  // The edge answers each frame in turn; u7 is outside the audience; a broadcast slips in.
+  for (const f of sent) {
+    if (f.type === "heartbeat") {
+      ws.push({ type: "heartbeat.ack" });
+      continue;
+    }
+    for (const u of f.userIds) {
+      if (u === "u7") continue;
+      const offline = u === "u1" || u === "u200";
+      ws.push({ type: "presence.changed", userId: u, status: offline ? "offline" : "online", ...(u === "u1" ? { lastSeenAt: "2026-12-02T08:47:00.000Z" } : {}) });
+      if (u === "u1") ws.push({ type: "presence.changed", userId: "u1", status: "offline" }); // never: but harmless
+    }
+  }
+  const got = await answer;
+  assert.equal(got.size, 249);
+  assert.deepEqual([...got.keys()].slice(0, 8), ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "u8"]);
+  assert.deepEqual(got.get("u1"), { status: "offline", lastSeenAt: "2026-12-02T08:47:00.000Z" });
+  assert.deepEqual(got.get("u200"), { status: "offline", lastSeenAt: null });
+  assert.deepEqual(got.get("u0"), { status: "online", lastSeenAt: null });
+  client.close();
+});
+
+test("query refused by the budget rejects; a query while disconnected rejects", async () => {
+  const { client } = make();
+  await assert.rejects(client.query(["a"]), { code: "not_connected" });
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  ws.take();
+  const q = client.query(["a"]);
+  await flush();
+  ackAll(ws, [{ type: "error", code: "rate_limited", message: "query budget spent" }]);
+  await assert.rejects(q, { code: "rate_limited" });
+  const lost = client.query(["a"]);
+  await flush();
+  ws.drop(1006);
+  await assert.rejects(lost, { code: "disconnected" });
+  client.close();
+});
+
+test("ids are chunked by count and by bytes", () => {
+  assert.deepEqual(chunkIds(["a", "b", "a", "c"], 2), [["a", "b"], ["c"]]);
+  const long = Array.from({ length: 100 }, (_, i) => `${i}`.padEnd(128, "é"));
+  for (const chunk of chunkIds(long)) {
+    assert.ok(new TextEncoder().encode(JSON.stringify({ type: "presence.query", userIds: chunk })).length < 16 * 1024);
+  }
+});
+
+test("typing: typing.start throttled, others lapse locally after 10 s", async () => {
+  const { client, clock } = make();
+  const seen = [];
+  client.on("typing", (channelId, users) => seen.push([channelId, users]));
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  client.subscribeChannel("c1");
+  ws.take();
+  assert.equal(client.typing("c1"), true);
+  await clock.advance(3_000);
+  assert.equal(client.typing("c1"), false);
+  await clock.advance(5_000);
+  assert.equal(client.typing("c1"), true);
+  client.stopTyping("c1");
+  assert.deepEqual(ws.take().filter((f) => f.type !== "heartbeat").map((f) => f.type), [
+    "typing.start",
+    "typing.start",
+    "typing.stop",
+  ]);
+  ws.push({ type: "typing", channelId: "c1", userId: "zed" });
+  ws.push({ type: "typing", channelId: "c1", userId: "amy" });
+  ws.push({ type: "typing", channelId: "elsewhere", userId: "amy" }); // not subscribed: ignored
+  assert.deepEqual(client.typers("c1"), ["amy", "zed"]);
+  await clock.advance(6_000);
+  ws.push({ type: "typing", channelId: "c1", userId: "amy" }); // amy goes on typing
+  await clock.advance(4_000);
+  assert.deepEqual(client.typers("c1"), ["amy"]);
+  await clock.advance(6_000);
+  assert.deepEqual(client.typers("c1"), []);
+  assert.deepEqual(seen.at(-1), ["c1", []]);
+  client.close();
+});
+
+test("channels, voice, idle and focus are restored on the new socket; rosters kept", async () => {
+  const { client, clock } = make();
+  const rosters = [];
+  client.on("roster", (c, users) => rosters.push([c, users]));
+  client.subscribeChannel("c1"); // before connecting: remembered
+  client.setStatus("idle");
+  client.connect();
+  await flush();
+  let ws = FakeSocket.last();
+  await ready(ws);
+  assert.deepEqual(ws.take(), [
+    { type: "presence.update", status: "idle" },
+    { type: "channel.subscribe", channelId: "c1" },
+  ]);
+  client.joinVoice("c1");
+  client.setFocus("c1");
+  ws.push({ type: "voice.roster", channelId: "c1", userIds: ["me", "bob"] });
+  assert.deepEqual(client.roster("c1"), ["me", "bob"]);
+  ws.drop(1001);
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  assert.deepEqual(ws.take(), [
+    { type: "presence.update", status: "idle" },
+    { type: "focus", channelId: "c1" },
+    { type: "channel.subscribe", channelId: "c1" },
+    { type: "voice.join", channelId: "c1" },
+  ]);
+  assert.deepEqual(rosters, [["c1", ["me", "bob"]]]);
+  client.setStatus("online");
+  client.leaveVoice();
+  ws.drop(1001);
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  assert.deepEqual(ws.take().map((f) => f.type), ["focus", "channel.subscribe"]);
+  client.close();
+});
+
+test("outgoing frames are paced under the edge's rate limit", async () => {
+  const { client, clock } = make({ rateBurst: 10, ratePerSecond: 5 });
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  ws.take();
+  for (let i = 0; i < 30; i += 1) client.setFocus(`c${i}`);
+  assert.equal(ws.sent.length, 10);
+  await clock.advance(1_000);
+  assert.equal(ws.sent.length, 15);
+  await clock.advance(10_000);
+  assert.equal(ws.sent.length, 30);
+  assert.equal(ws.sent.at(-1).channelId, "c29");
+  client.close();
+});
+
+test("trackLastSeen asks when a watched account goes offline", async () => {
+  const { client, clock } = make({ trackLastSeen: true });
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  ws.take();
+  const sub = client.subscribe(["a"]);
+  await flush();
+  ackAll(ws, [{ type: "presence.sync", users: [{ userId: "a", status: "online" }] }]);
+  await sub;
+  ws.push({ type: "presence.changed", userId: "a", status: "offline" });
+  await clock.advance(250);
+  const sent = ws.take();
+  assert.deepEqual(sent[0], { type: "presence.query", userIds: ["a"] });
+  ws.push({ type: "presence.changed", userId: "a", status: "offline", lastSeenAt: "2026-12-02T08:47:00.000Z" });
+  ws.push({ type: "heartbeat.ack" });
+  await flush();
+  assert.deepEqual(client.get("a"), { status: "offline", lastSeenAt: "2026-12-02T08:47:00.000Z" });
+  ws.push({ type: "presence.changed", userId: "a", status: "online" });
+  assert.deepEqual(client.get("a"), { status: "online", lastSeenAt: undefined });
+  client.close();
+});
