@@ -223,11 +223,14 @@ class PresenceShard:
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
         return self.state.is_focused(user_id, channel_id, self.clock())
 
-    async def operator_view(self, user_id: str) -> dict[str, Any]:
-        """The operator's view: real status and the real stored time, whatever the setting."""
+    async def operator_view(self, user_id: str) -> dict[str, Any] | None:
+        """The operator's view: real status and the real stored time, whatever the setting;
+        None for an account that does not exist (reading never creates one)."""
         assert self.pool is not None
         async with self.pool.acquire() as conn:
-            row = (await db.fetch_accounts(conn, [user_id])).get(user_id)
+            row = (await db.read_accounts(conn, [user_id])).get(user_id)
+        if row is None and user_id not in self.state.accounts:
+            return None
         now = self.clock()
         memory = self.state.last_seen_of(user_id, now)
         stored = row.last_seen_at if row is not None else None

@@ -116,7 +116,7 @@ class _PresenceActor:
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
         return await (await self._ready()).is_focused(user_id, channel_id)
 
-    async def operator_view(self, user_id: str) -> dict[str, Any]:
+    async def operator_view(self, user_id: str) -> dict[str, Any] | None:
         return await (await self._ready()).operator_view(user_id)
 
     async def stats(self) -> dict[str, Any]:
@@ -285,7 +285,7 @@ class ShardClient:
     async def is_focused(self, user_id: str, channel_id: str, timeout_s: float) -> bool:
         return await self._call("is_focused", user_id, channel_id, timeout_s=timeout_s)  # type: ignore[no-any-return]
 
-    async def operator_view(self, user_id: str, timeout_s: float) -> dict[str, Any]:
+    async def operator_view(self, user_id: str, timeout_s: float) -> dict[str, Any] | None:
         return await self._call("operator_view", user_id, timeout_s=timeout_s)  # type: ignore[no-any-return]
 
     async def stats(self, timeout_s: float) -> dict[str, Any]:

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     ws_port: int = 8765
     internal_host: str = "127.0.0.1"
     internal_port: int = 8766
+    # Bearer token every internal API request but GET /healthz must carry (401 otherwise); an
+    # edge whose internal host is not a loopback address refuses to start without one.
+    internal_token: str | None = None
     shards: int = 4
 
     # Protocol timings (the contract fixes 10 s identify and 90 s liveness).

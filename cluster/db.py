@@ -347,6 +347,27 @@ async def fetch_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, Accou
     return {i: found.get(i, default) for i in wanted}
 
 
+async def read_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, AccountRow]:
+    """The durable state of the accounts that exist; unlike `fetch_accounts`, creates nothing
+    (the operator's view: reading an account never creates one)."""
+    wanted = sorted(set(ids))
+    if not wanted:
+        return {}
+    rows = await conn.fetch(
+        """SELECT id, chosen_status, last_seen_visibility, last_seen_at
+           FROM users WHERE id = ANY($1::text[])""",
+        wanted,
+    )
+    return {
+        r["id"]: AccountRow(
+            r["chosen_status"],
+            r["last_seen_visibility"],
+            r["last_seen_at"].timestamp() if r["last_seen_at"] is not None else None,
+        )
+        for r in rows
+    }
+
+
 async def fetch_relations(conn: Queryable, ids: Iterable[str]) -> dict[str, Relations]:
     """Friends, servers and last-seen visibility of each account; unknown ids get empty sets and
     'everyone'. Each per-id subquery is an index lookup (friendships' primary key and its `b`

@@ -24,6 +24,7 @@ from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings
 from cluster.runtime import ClusterInfo, cluster_info_or_exit, remove_info, token_secret, write_info
+from edge.http import internal_exposure_problem
 from edge.server import Edge, EdgeConfig
 from edge.session import Limits
 
@@ -52,6 +53,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         ws_port=settings.ws_port,
         internal_host=settings.internal_host,
         internal_port=settings.internal_port,
+        internal_token=settings.internal_token,
         limits=Limits(
             identify_timeout_s=settings.identify_timeout_s,
             socket_timeout_s=settings.socket_timeout_s,
@@ -138,9 +140,20 @@ def _cleanup(label: str, fn: Callable[[], Any]) -> Iterator[None]:
             print(f"  stopping {label} failed: {e}", file=sys.stderr, flush=True)
 
 
+def refuse_insecure(settings: Settings) -> bool:
+    """Print why the settings would expose what must stay closed (one line) and say so."""
+    problem = internal_exposure_problem(settings.internal_host, settings.internal_token)
+    if problem is not None:
+        print(f"presence: refusing to start: {problem}", file=sys.stderr, flush=True)
+        return True
+    return False
+
+
 def up(settings: Settings) -> int:
     from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
 
+    if refuse_insecure(settings):
+        return 2
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     settings.data_dir = data_dir
@@ -224,6 +237,8 @@ def up(settings: Settings) -> int:
 
 def edge(settings: Settings) -> int:
     """One more edge joining the running cluster found through the data directory or RAY_ADDRESS."""
+    if refuse_insecure(settings):
+        return 2
     info = cluster_info_or_exit(settings)
     secret = token_secret(settings, create=False)
     step(f"joining Ray at {info.ray_address}", lambda: ray_api.connect(info.ray_address, info.ray_namespace))

@@ -7,15 +7,19 @@
     await presence.aonline_count("g1")  # the same from asyncio code
 
 An invite preview that hangs because presence is restarting is worse than one that omits the
-count, so every failure (refused, reset, timed out, a 5xx, a body that is not what we expect)
-answers `None` rather than raising. Only the standard library: importing this costs a caller
-nothing.
+count, so every failure (refused, reset, timed out, a 4xx or 5xx, a body that is not what we
+expect) answers `None` rather than raising. Only the standard library: importing this costs a
+caller nothing.
+
+When the edges require an internal token (`PRESENCE_INTERNAL_TOKEN`), pass it as `token=`; by
+default the client sends the one in its own environment's `PRESENCE_INTERNAL_TOKEN`, if any.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,15 +28,22 @@ from typing import Any
 DEFAULT_TIMEOUT_S = 2.0
 
 
+TOKEN_ENV = "PRESENCE_INTERNAL_TOKEN"
+
+
 class PresenceClient:
-    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
 
     def _get(self, path: str, **params: str) -> Any:
         url = f"{self.base_url}/api/v1/internal/presence/{path}?{urllib.parse.urlencode(params)}"
+        request = urllib.request.Request(url)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 if response.status != 200:
                     return None
                 return json.loads(response.read(64 * 1024))
@@ -69,11 +80,17 @@ def http_client_errors() -> type[Exception]:
     return http.client.HTTPException
 
 
-def online_count(base_url: str, server_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
-    return PresenceClient(base_url, timeout_s).online_count(server_id)
+def online_count(
+    base_url: str, server_id: str, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None
+) -> int | None:
+    return PresenceClient(base_url, timeout_s, token).online_count(server_id)
 
 
 def is_focused(
-    base_url: str, user_id: str, channel_id: str, timeout_s: float = DEFAULT_TIMEOUT_S
+    base_url: str,
+    user_id: str,
+    channel_id: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    token: str | None = None,
 ) -> bool | None:
-    return PresenceClient(base_url, timeout_s).is_focused(user_id, channel_id)
+    return PresenceClient(base_url, timeout_s, token).is_focused(user_id, channel_id)

@@ -7,12 +7,21 @@
     GET /metrics                                               Prometheus text
 
 Served through websockets' `process_request` hook, so the edge needs no second HTTP stack.
+
+Guarded (protocol.md "Internal HTTP"): only GET (else 405); with an internal token configured
+(`PRESENCE_INTERNAL_TOKEN`) every request but `GET /healthz` must carry `Authorization: Bearer
+<token>` (else 401, compared in constant time); ids obey the id rule (else 400); errors are a short
+JSON message, never an exception's text (which may carry a traceback, a pid, an address or a path:
+those go to the edge's log).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import http
+import ipaddress
+import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -20,6 +29,7 @@ import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from actors.core.ids import id_problem
 from actors.metrics import render
 from actors.ray_api import flush_stats
 
@@ -33,29 +43,85 @@ PREFIX = "/api/v1/internal/presence"
 FLUSH_COUNTERS = ("statements", "rows_written", "errors", "retries")
 FLUSH_GAUGES = ("pending_rows", "in_flight_rows", "oldest_pending_age_s")
 SHARD_TIMEOUT_S = 1.5
+# Served without the internal token: load balancers and orchestrators probe it.
+OPEN_PATHS = frozenset({"/healthz"})
+
+log = logging.getLogger("presence.internal")
 
 
-def _response(status: int, body: bytes, content_type: str) -> Response:
+def is_loopback(host: str) -> bool:
+    """Whether binding to `host` keeps a port on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # any other name may resolve anywhere
+
+
+def internal_exposure_problem(host: str, token: str | None) -> str | None:
+    """Why an edge must not start with this internal host and token, or None."""
+    if token or is_loopback(host):
+        return None
+    return (
+        f"the internal API would listen on {host}, beyond this machine, without authentication: "
+        "set PRESENCE_INTERNAL_TOKEN (or bind PRESENCE_INTERNAL_HOST to 127.0.0.1)"
+    )
+
+
+def _response(
+    status: int, body: bytes, content_type: str, extra: tuple[tuple[str, str], ...] = ()
+) -> Response:
     phrase = http.HTTPStatus(status).phrase
     headers = Headers(
-        [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Connection", "close")]
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+            *extra,
+        ]
     )
     return Response(status, phrase, headers, body)
 
 
-def json_response(connection: ServerConnection | None, status: int, payload: Any) -> Response:
+def json_response(
+    connection: ServerConnection | None, status: int, payload: Any, extra: tuple[tuple[str, str], ...] = ()
+) -> Response:
     del connection
-    return _response(status, orjson.dumps(payload), "application/json")
+    return _response(status, orjson.dumps(payload), "application/json", extra)
+
+
+def _bad_id(name: str, value: str | None) -> Response | None:
+    """400 when `value` (a required id parameter) is missing or breaks the id rule."""
+    if not value:
+        return json_response(None, 400, {"error": f"{name} is required"})
+    problem = id_problem(value)
+    if problem is not None:
+        return json_response(None, 400, {"error": f"{name}: {problem}"})
+    return None
 
 
 class InternalApi:
-    def __init__(self, edge: Edge) -> None:
+    def __init__(self, edge: Edge, token: str | None = None) -> None:
         self.edge = edge
+        self.token = token.encode() if token else None
+
+    def _authorized(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        scheme, _, given = (request.headers.get("Authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token)
 
     async def handle(self, connection: ServerConnection, request: Request) -> Response:
         url = urlsplit(request.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         path = url.path
+        if request.method != "GET":
+            return json_response(None, 405, {"error": "only GET is served here"}, (("Allow", "GET"),))
+        if path not in OPEN_PATHS and not self._authorized(request):
+            return json_response(
+                None, 401, {"error": "a valid internal token is required"}, (("WWW-Authenticate", "Bearer"),)
+            )
         try:
             if path == "/healthz":
                 return await self.healthz()
@@ -69,9 +135,11 @@ class InternalApi:
                 return await self.user(unquote(path[len(PREFIX) + len("/users/") :]))
         except TimeoutError:
             return json_response(None, 503, {"error": "a shard did not answer in time"})
-        except Exception as e:
-            return json_response(None, 503, {"error": f"{type(e).__name__}: {e}"[:300]})
-        return json_response(None, 404, {"error": f"no route {path}"})
+        except Exception:
+            # The details (a Ray traceback names pids, addresses and files) go to the log only.
+            log.exception("internal request %s failed", path)
+            return json_response(None, 503, {"error": "presence could not answer; see the edge's log"})
+        return json_response(None, 404, {"error": "no such route"})
 
     async def healthz(self) -> Response:
         router = self.edge.router
@@ -86,22 +154,30 @@ class InternalApi:
 
     async def focus(self, query: dict[str, str]) -> Response:
         user, channel = query.get("userId"), query.get("channelId")
-        if not user or not channel:
-            return json_response(None, 400, {"error": "userId and channelId are required"})
+        bad = _bad_id("userId", user) or _bad_id("channelId", channel)
+        if bad is not None:
+            return bad
+        assert user is not None and channel is not None
         shard = self.edge.router.shards[self.edge.router.shard_of_user(user)]
         return json_response(None, 200, {"focused": await shard.is_focused(user, channel, SHARD_TIMEOUT_S)})
 
     async def online(self, query: dict[str, str]) -> Response:
         server = query.get("serverId")
-        if not server:
-            return json_response(None, 400, {"error": "serverId is required"})
+        bad = _bad_id("serverId", server)
+        if bad is not None:
+            return bad
+        assert server is not None
         return json_response(None, 200, {"online": await self.edge.counts.online_in_server(server)})
 
     async def user(self, user_id: str) -> Response:
-        if not user_id:
-            return json_response(None, 400, {"error": "a user id is required"})
+        bad = _bad_id("userId", user_id)
+        if bad is not None:
+            return bad
         shard = self.edge.router.shards[self.edge.router.shard_of_user(user_id)]
-        return json_response(None, 200, await shard.operator_view(user_id, SHARD_TIMEOUT_S))
+        view = await shard.operator_view(user_id, SHARD_TIMEOUT_S)
+        if view is None:
+            return json_response(None, 404, {"error": "no such account"})
+        return json_response(None, 200, view)
 
     async def metrics(self) -> Response:
         router = self.edge.router

@@ -33,7 +33,7 @@ from actors.presence import MOVED, UNAVAILABLE
 from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.demo import DemoSite
-from edge.http import InternalApi, json_response
+from edge.http import InternalApi, internal_exposure_problem, json_response
 from edge.outbound import fan_out, send_batch
 from edge.router import Router
 from edge.session import (
@@ -93,6 +93,9 @@ class EdgeConfig:
     ws_port: int = 8765
     internal_host: str = "127.0.0.1"
     internal_port: int = 8766
+    # `Authorization: Bearer <this>` required on the internal API (but /healthz); without it the
+    # internal host must be a loopback address.
+    internal_token: str | None = None
     limits: Limits = field(default_factory=Limits)
     max_frame_bytes: int = 16 * 1024
     send_buffer_bytes: int = 1024 * 1024
@@ -137,7 +140,10 @@ class Edge:
         # (time, account) of recent departures, oldest first: see `_reregister`.
         self.departures: deque[tuple[float, str]] = deque()
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
-        self.api = InternalApi(self)
+        problem = internal_exposure_problem(config.internal_host, config.internal_token)
+        if problem is not None:
+            raise InsecureConfig(problem)
+        self.api = InternalApi(self, config.internal_token)
         self.demo = DemoSite(config.secret) if config.demo else None
         self._servers: list[Server] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -594,3 +600,7 @@ class Edge:
 
 class ShardUnavailable(RuntimeError):
     pass
+
+
+class InsecureConfig(ValueError):
+    """The edge was configured to expose something it must not; the message says how to fix it."""
