@@ -138,15 +138,16 @@ class _Directory(SlotDirectory):
 
 
 def connect(address: str | None, namespace: str, **init_kwargs: Any) -> None:
-    """Start a local Ray instance (address None) or join the one at `address`.
+    """Start a new local Ray instance (address None) or join the one at `address`.
 
-    Joining a cluster with token authentication needs RAY_AUTH_MODE set before `ray` was
-    imported: see `cluster.runtime.prepare_to_join`.
+    None means a new instance ("local"), never a cluster this machine's last `ray start` left
+    behind (what `ray.init()` without an address would join). Joining a cluster with token
+    authentication needs RAY_AUTH_MODE set before `ray` was imported: see `cluster.rayauth`.
     """
     if ray.is_initialized():
         return
     ray.init(
-        address=address,
+        address=address or "local",
         namespace=namespace,
         include_dashboard=False,
         log_to_driver=False,

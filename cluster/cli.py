@@ -56,12 +56,21 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from cluster.up import up
+    from cluster import rayauth
 
     demo = False if args.no_demo else None  # None: the environment's (default on)
-    return up(
-        _settings(args, shards=args.shards, ws_port=args.ws_port, internal_port=args.internal_port, demo=demo)
+    settings = _settings(
+        args, shards=args.shards, ws_port=args.ws_port, internal_port=args.internal_port, demo=demo
     )
+    # Before `ray` is imported: a local instance gets token authentication, a cluster to join the
+    # mode it requires.
+    if settings.ray_address:
+        rayauth.prepare_join(settings.ray_address)
+    else:
+        rayauth.prepare_local()
+    from cluster.up import up
+
+    return up(settings)
 
 
 def cmd_edge(args: argparse.Namespace) -> int:

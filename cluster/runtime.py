@@ -30,6 +30,8 @@ class ClusterInfo:
     # Ray 2.60 starts local clusters with token authentication; a process joining one must use
     # the same mode (the token itself is in ~/.ray/auth_token on this machine).
     ray_auth_mode: str | None = None
+    # RAY_AUTH_TOKEN_PATH of `presence up`, when it named one (None: Ray's ~/.ray/auth_token).
+    ray_auth_token_path: str | None = None
 
 
 def write_info(data_dir: Path, info: ClusterInfo) -> None:
@@ -116,6 +118,11 @@ def prepare_to_join(settings: Settings) -> None:
     Must run before anything imports `ray`: Ray 2.60 fixes its authentication mode when it is
     imported, and a local cluster started by `presence up` requires tokens.
     """
+    from cluster import rayauth
+
     info = read_info(settings.data_dir)
-    if info is not None and info.ray_auth_mode and "RAY_AUTH_MODE" not in os.environ:
-        os.environ["RAY_AUTH_MODE"] = info.ray_auth_mode
+    if info is not None and info.ray_auth_mode and rayauth.MODE_VAR not in os.environ:
+        os.environ[rayauth.MODE_VAR] = info.ray_auth_mode
+    if info is not None and info.ray_auth_token_path and rayauth.TOKEN_PATH_VAR not in os.environ:
+        os.environ[rayauth.TOKEN_PATH_VAR] = info.ray_auth_token_path
+    rayauth.prepare_join(settings.ray_address or (info.ray_address if info else None))

@@ -215,6 +215,7 @@ def up(settings: Settings) -> int:
                     internal_url,
                     os.getpid(),
                     ray_api.auth_mode(),
+                    os.environ.get("RAY_AUTH_TOKEN_PATH"),
                 ),
             )
             print("presence is up", flush=True)

@@ -19,7 +19,7 @@ import pytest
 
 from actors import ray_api
 from actors.presence import ShardConfig
-from cluster import db
+from cluster import db, rayauth
 from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
 from cluster.runtime import ClusterInfo, write_info
 from edge.server import Edge, EdgeConfig
@@ -78,6 +78,10 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         redis_url = rd.start(embedded_dir / "cluster")
     asyncio.run(db.migrate(migrated_pg_url))
     namespace = f"presence-test-{uuid.uuid4().hex[:8]}"
+    if os.environ.get("RAY_ADDRESS"):
+        rayauth.prepare_join(os.environ["RAY_ADDRESS"])
+    else:
+        rayauth.prepare_local()  # as `presence up` does: token authentication, token file 0600
     ray_api.connect(os.environ.get("RAY_ADDRESS"), namespace)
     config = ShardConfig(
         shard_index=0,
