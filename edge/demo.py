@@ -21,7 +21,9 @@ from edge.tokens import mint_token
 STATIC = Path(__file__).with_name("static")
 # The JavaScript client (and the last-seen display helper it shares with the page), in the source
 # tree beside the package: served under /client/ so the browser imports the very files npm packs.
-CLIENT_JS = Path(__file__).resolve().parents[1] / "clients" / "js" / "src"
+# In a wheel the same files are packaged as edge/client_js (pyproject's package-dir).
+_CHECKOUT_JS = Path(__file__).resolve().parents[1] / "clients" / "js" / "src"
+CLIENT_JS = _CHECKOUT_JS if _CHECKOUT_JS.is_dir() else Path(__file__).with_name("client_js")
 CLIENT_PREFIX = "/client/"
 DEMO_ACCOUNTS = ("ada", "grace", "linus", "margaret", "ken")
 DEMO_SERVER = "demo"
