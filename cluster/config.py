@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     token_ttl_s: int = 24 * 3600
     token_max_ttl_s: int = 24 * 3600
 
-    ws_host: str = "0.0.0.0"
+    # Both ports listen on this machine only unless told otherwise (protocol.md "Safe defaults").
+    ws_host: str = "127.0.0.1"
     ws_port: int = 8765
     internal_host: str = "127.0.0.1"
     internal_port: int = 8766
@@ -110,7 +111,8 @@ class Settings(BaseSettings):
     count_refresh_s: float = 30.0
     count_ttl_s: float = 90.0
 
-    # `presence up` serves the demo page at / on the websocket port and loads the demo accounts;
+    # `presence up` serves the demo page at / on the websocket port and loads the demo accounts
+    # (reserved `demo:` ids), but only with a loopback ws_host and the embedded database;
     # `presence up --no-demo` (or PRESENCE_DEMO=false) turns both off. `presence edge` never demos.
     demo: bool = True
 

@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 from actors import ray_api
 from actors.presence import ShardConfig
 from cluster import db
-from cluster.config import Settings
+from cluster.config import Settings, redact_url
 from cluster.runtime import ClusterInfo, cluster_info_or_exit, remove_info, token_secret, write_info
-from edge.http import internal_exposure_problem
+from edge.http import internal_exposure_problem, is_loopback
 from edge.server import Edge, EdgeConfig
 from edge.session import Limits
 
@@ -123,7 +123,7 @@ async def _load_fixture(database_url: str, data: dict[str, Any]) -> None:
 
     conn = await asyncpg.connect(database_url)
     try:
-        await db.load_fixture(conn, data)
+        await db.load_fixture(conn, data, allow_demo=True)
     finally:
         await conn.close()
 
@@ -149,6 +149,18 @@ def refuse_insecure(settings: Settings) -> bool:
     return False
 
 
+def demo_mode(settings: Settings) -> tuple[bool, str | None]:
+    """Whether `presence up` serves the demo site, and why not when it was asked to: only on a
+    loopback public host with the embedded database (protocol.md "Safe defaults")."""
+    if not settings.demo:
+        return False, None
+    if not is_loopback(settings.ws_host):
+        return False, f"the public host {settings.ws_host} is not a loopback address"
+    if settings.database_url is not None:
+        return False, "the database is not the embedded one"
+    return True, None
+
+
 def up(settings: Settings) -> int:
     if settings.database_url is None or settings.redis_url is None:
         try:
@@ -166,6 +178,7 @@ def up(settings: Settings) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     settings.data_dir = data_dir
     print(f"presence: starting in {data_dir}", flush=True)
+    demo, no_demo = demo_mode(settings)
     with contextlib.ExitStack() as stack:
         database_url = settings.database_url
         if database_url is None:
@@ -178,7 +191,7 @@ def up(settings: Settings) -> int:
             redis_url = step("starting Redis (embedded)", lambda: rd.start(data_dir))
             stack.enter_context(_cleanup("Redis", rd.stop))
         step("applying the schema", lambda: asyncio.run(db.migrate(database_url)))
-        if settings.demo:
+        if demo:
             from edge.demo import DEMO_GRAPH
 
             step("loading the demo accounts", lambda: asyncio.run(_load_fixture(database_url, DEMO_GRAPH)))
@@ -231,15 +244,17 @@ def up(settings: Settings) -> int:
             print(
                 f"  internal    {internal_url}  (/healthz, /metrics, /api/v1/internal/presence/…)", flush=True
             )
-            if settings.demo:
+            if demo:
                 print(f"  demo        http://{host}:{edge.ws_port}/  (off with --no-demo)", flush=True)
-            print(f"  database    {database_url}", flush=True)
-            print(f"  redis       {redis_url}", flush=True)
+            elif no_demo is not None:
+                print(f"  demo        off: {no_demo}", flush=True)
+            print(f"  database    {redact_url(database_url)}", flush=True)
+            print(f"  redis       {redact_url(redis_url) if redis_url else 'none'}", flush=True)
             print(f"  tokens      presence token USER --data-dir {data_dir}", flush=True)
             print("Ctrl-C stops everything (pending last-seen writes are drained first).", flush=True)
 
         _install_loop()
-        asyncio.run(_serve_edge(edge_config(settings, secret, redis_url, demo=settings.demo), announce))
+        asyncio.run(_serve_edge(edge_config(settings, secret, redis_url, demo=demo), announce))
     print("presence: stopped", flush=True)
     return 0
 

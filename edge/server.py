@@ -33,7 +33,7 @@ from actors.presence import MOVED, UNAVAILABLE
 from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.demo import DemoSite
-from edge.http import InternalApi, internal_exposure_problem, json_response
+from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.outbound import fan_out, send_batch
 from edge.router import Router
 from edge.session import (
@@ -52,6 +52,7 @@ from edge.session import (
     UpdateSettings,
     UpdateStatus,
 )
+from edge.tokens import demo_secret
 
 log = logging.getLogger("presence.edge")
 
@@ -89,7 +90,7 @@ class Conn:
 class EdgeConfig:
     secret: str
     redis_url: str | None
-    ws_host: str = "0.0.0.0"
+    ws_host: str = "127.0.0.1"
     ws_port: int = 8765
     internal_host: str = "127.0.0.1"
     internal_port: int = 8766
@@ -144,7 +145,10 @@ class Edge:
         if problem is not None:
             raise InsecureConfig(problem)
         self.api = InternalApi(self, config.internal_token)
-        self.demo = DemoSite(config.secret) if config.demo else None
+        # The demo only ever on a loopback public host (`presence up` also wants the embedded
+        # database): elsewhere / and /demo/token answer 404 and demo tokens are refused.
+        self.demo = DemoSite(config.secret) if config.demo and is_loopback(config.ws_host) else None
+        self.demo_key = demo_secret(config.secret) if self.demo is not None else None
         self._servers: list[Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -230,6 +234,7 @@ class Edge:
             limits=self.config.limits,
             admission=self.admission,
             ip=self._client_ip(ws),
+            demo_key=self.demo_key,
         )
         conn = Conn(ws, session)
         self.conns[session.socket_id] = conn

@@ -42,20 +42,28 @@ const state = {
 
 // ---------------------------------------------------------------------------------- start
 
+// Demo accounts live in a reserved namespace ("demo:ada"), so no real account can be one; the
+// page shows, and its URLs and test hooks use, the name without the prefix.
+function nameOf(userId) {
+  const prefix = state.config?.prefix ?? "";
+  return userId.startsWith(prefix) ? userId.slice(prefix.length) : userId;
+}
+
 async function main() {
   const config = await (await fetch("/demo/config", { cache: "no-store" })).json();
   state.config = config;
   const wanted = new URLSearchParams(location.search).get("as");
   fillAccountPicker(config.accounts, wanted);
-  if (!config.accounts.includes(wanted)) {
+  const me = config.accounts.find((a) => nameOf(a) === wanted);
+  if (!me) {
     showChooser(config.accounts);
     return;
   }
-  state.me = wanted;
+  state.me = me;
   document.title = `${wanted} · Presence demo`;
   buildMe();
   buildMembers();
-  $("channel-name").textContent = `# ${config.channel}`;
+  $("channel-name").textContent = `# ${nameOf(config.channel)}`;
   state.client = connect();
   wireControls();
   $("app").hidden = false;
@@ -64,8 +72,9 @@ async function main() {
 
 function fillAccountPicker(accounts, selected) {
   const picker = $("account-picker");
-  if (!accounts.includes(selected)) picker.append(new Option("choose…", "", true, true));
-  for (const a of accounts) picker.append(new Option(a, a, false, a === selected));
+  const names = accounts.map(nameOf);
+  if (!names.includes(selected)) picker.append(new Option("choose…", "", true, true));
+  for (const n of names) picker.append(new Option(n, n, false, n === selected));
   picker.addEventListener("change", () => {
     if (picker.value) location.search = `?as=${encodeURIComponent(picker.value)}`;
   });
@@ -73,7 +82,7 @@ function fillAccountPicker(accounts, selected) {
 
 function showChooser(accounts) {
   const box = $("chooser-accounts");
-  for (const a of accounts) {
+  for (const a of accounts.map(nameOf)) {
     const link = document.createElement("a");
     link.href = `?as=${encodeURIComponent(a)}`;
     link.textContent = a;
@@ -101,7 +110,7 @@ function connect() {
   });
   const channel = state.config.channel;
   client.on("state", (kind, info) => {
-    if (kind === "open") setConnection("open", `connected as ${info.userId}`);
+    if (kind === "open") setConnection("open", `connected as ${nameOf(info.userId)}`);
     else if (kind === "reconnecting") {
       const why = info.code ? `disconnected (${info.code})` : "disconnected";
       setConnection("closed", `${why}; reconnecting in ${(info.delayMs / 1000).toFixed(1)} s…`);
@@ -193,7 +202,7 @@ function avatar(userId, dotTestId) {
   wrap.className = "avatar-wrap";
   const face = document.createElement("span");
   face.className = "avatar";
-  face.textContent = userId.slice(0, 1);
+  face.textContent = nameOf(userId).slice(0, 1);
   face.style.setProperty("--avatar", colourOf(userId));
   const dot = document.createElement("span");
   dot.className = "dot";
@@ -210,9 +219,9 @@ function colourOf(userId) {
 }
 
 function buildMe() {
-  $("me-name").textContent = state.me;
+  $("me-name").textContent = nameOf(state.me);
   const face = $("me-avatar");
-  face.textContent = state.me.slice(0, 1);
+  face.textContent = nameOf(state.me).slice(0, 1);
   face.style.setProperty("--avatar", colourOf(state.me));
 }
 
@@ -222,13 +231,13 @@ function buildMembers() {
   for (const userId of order) {
     const li = document.createElement("li");
     li.className = "member is-offline";
-    li.dataset.testid = `member-${userId}`;
+    li.dataset.testid = `member-${nameOf(userId)}`;
     li.dataset.user = userId;
-    const { wrap, dot } = avatar(userId, `dot-${userId}`);
+    const { wrap, dot } = avatar(userId, `dot-${nameOf(userId)}`);
     const text = document.createElement("div");
     const name = document.createElement("div");
     name.className = "name";
-    name.textContent = userId;
+    name.textContent = nameOf(userId);
     if (userId === state.me) {
       const you = document.createElement("span");
       you.className = "you";
@@ -237,7 +246,7 @@ function buildMembers() {
     }
     const line = document.createElement("div");
     line.className = "line";
-    line.dataset.testid = `lastseen-${userId}`;
+    line.dataset.testid = `lastseen-${nameOf(userId)}`;
     text.append(name, line);
     li.append(wrap, text);
     list.append(li);
@@ -274,7 +283,7 @@ function renderMember(userId) {
 
 // The direct-message header with the first other account: the conversation-header form.
 function renderDmHeader(userId, status, lastSeenAt) {
-  $("dm-name").textContent = userId;
+  $("dm-name").textContent = nameOf(userId);
   $("dm-line").textContent = describeLastSeen(status, lastSeenAt, Date.now(), { form: "header" });
 }
 
@@ -291,7 +300,7 @@ function renderCount() {
 }
 
 function renderTyping() {
-  const names = state.typers; // sorted by the client
+  const names = state.typers.map(nameOf); // sorted by the client
   let text = "";
   if (names.length === 1) text = `${names[0]} is typing…`;
   else if (names.length === 2) text = `${names[0]} and ${names[1]} are typing…`;
@@ -306,13 +315,13 @@ function renderRoster() {
   list.replaceChildren();
   for (const userId of state.roster) {
     const li = document.createElement("li");
-    li.dataset.testid = `voice-${userId}`;
+    li.dataset.testid = `voice-${nameOf(userId)}`;
     li.dataset.user = userId;
     const status = statusOf(userId);
     const { wrap, dot } = avatar(userId, null);
     dot.dataset.status = status ?? "offline";
     const name = document.createElement("span");
-    name.textContent = userId === state.me ? `${userId} (you)` : userId;
+    name.textContent = userId === state.me ? `${nameOf(userId)} (you)` : nameOf(userId);
     li.append(wrap, name);
     list.append(li);
   }

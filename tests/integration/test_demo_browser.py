@@ -22,6 +22,7 @@ import pytest
 from cluster import db
 from edge.demo import DEMO_ACCOUNTS, DEMO_CHANNEL, DEMO_GRAPH, DEMO_SERVER
 from edge.server import Edge
+from edge.tokens import demo_secret
 
 from .conftest import SECRET, Cluster
 
@@ -75,7 +76,7 @@ async def demo_edge(cluster: Cluster) -> AsyncIterator[Edge]:
     """An edge in demo mode, with the demo accounts loaded as `presence up` loads them."""
     conn = await asyncpg.connect(cluster.database_url)
     try:
-        await db.load_fixture(conn, DEMO_GRAPH)
+        await db.load_fixture(conn, DEMO_GRAPH, allow_demo=True)
     finally:
         await conn.close()
     e = Edge(cluster.edge_config(demo=True))
@@ -88,7 +89,14 @@ async def demo_edge(cluster: Cluster) -> AsyncIterator[Edge]:
 
 
 async def test_demo_token_only_for_demo_accounts(demo_edge: Edge) -> None:
-    for path in ("/demo/token?user=mallory", "/demo/token", "/demo/token?user=", "/demo/token?user=Ada"):
+    for path in (
+        "/demo/token?user=mallory",
+        "/demo/token",
+        "/demo/token?user=",
+        "/demo/token?user=Ada",
+        "/demo/token?user=ada",  # a real account's id, never a demo one
+        "/demo/token?user=demo:mallory",
+    ):
         status, _, body = await http_get(demo_edge.ws_port, path)
         assert status == 403, path
         assert "token" not in json.loads(body)
@@ -96,7 +104,7 @@ async def test_demo_token_only_for_demo_accounts(demo_edge: Edge) -> None:
         status, headers, body = await http_get(demo_edge.ws_port, f"/demo/token?user={user}")
         assert status == 200
         assert headers["content-type"] == "application/json"
-        claims = jwt.decode(json.loads(body)["token"], SECRET, algorithms=["HS256"])
+        claims = jwt.decode(json.loads(body)["token"], demo_secret(SECRET), algorithms=["HS256"])
         assert claims["sub"] == user
 
 
@@ -119,13 +127,14 @@ async def test_page_served_only_in_demo_mode(demo_edge: Edge, edge: Edge) -> Non
         "accounts": list(DEMO_ACCOUNTS),
         "server": DEMO_SERVER,
         "channel": DEMO_CHANNEL,
+        "prefix": "demo:",
     }
     for outside in ("/../demo.py", "/%2e%2e/demo.py", "/nothing-here.html", "/client/../../edge/demo.py"):
         status, _, _ = await http_get(demo_edge.ws_port, outside)
         assert status == 404, outside
 
     # Not in demo mode (`presence edge`, `presence up --no-demo`): nothing but the websocket.
-    for path in ("/", "/index.html", "/demo.js", "/demo/config", "/demo/token?user=ada"):
+    for path in ("/", "/index.html", "/demo.js", "/demo/config", "/demo/token?user=demo:ada"):
         status, _, body = await http_get(edge.ws_port, path)
         assert status == 404, path
         assert "token" not in json.loads(body)
@@ -232,7 +241,7 @@ RECORD = """user => {
 
 
 async def operator_last_seen(e: Edge, user: str) -> str | None:
-    status, _, body = await http_get(e.internal_port, f"/api/v1/internal/presence/users/{user}")
+    status, _, body = await http_get(e.internal_port, f"/api/v1/internal/presence/users/demo:{user}")
     assert status == 200
     value = json.loads(body)["lastSeenAt"]
     return None if value is None else str(value)

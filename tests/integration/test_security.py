@@ -185,3 +185,45 @@ def test_presence_edge_refuses_to_start_exposed_without_token(tmp_path: Path) ->
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and "PRESENCE_INTERNAL_TOKEN" in lines[0], run.stderr
         assert not (tmp_path / "pg").exists()  # nothing was started
+
+
+# -- the demo -----------------------------------------------------------------------------------
+
+
+async def _http(port: int, path: str) -> tuple[int, bytes]:
+    return await aget(f"http://127.0.0.1:{port}{path}")
+
+
+async def test_demo_is_off_on_a_non_loopback_public_host(cluster: Cluster) -> None:
+    e = Edge(cluster.edge_config(demo=True, ws_host="0.0.0.0"))
+    await e.start()
+    try:
+        for path in ("/", "/demo/token?user=demo:ada", "/demo/token?user=ada", "/demo/config"):
+            status, body = await _http(e.ws_port, path)
+            assert status == 404, (path, body)
+            assert b'"token"' not in body
+    finally:
+        await e.stop()
+
+
+async def test_demo_tokens_never_act_as_a_real_account(cluster: Cluster) -> None:
+    from edge.tokens import demo_secret, mint_token
+
+    e = Edge(cluster.edge_config(demo=True))
+    await e.start()
+    try:
+        # Whatever the page is asked for, a token it hands out names a reserved demo id. (Only
+        # demo:linus connects: the browser test expects the other demo accounts never seen.)
+        for name in ("ada", "grace", "linus", "ken", "demo:linus"):
+            status, body = await _http(e.ws_port, f"/demo/token?user={name}")
+            if status != 200:
+                continue
+            c = await Client.connect(ws_url(e), json.loads(body)["token"])
+            assert c.ready is not None and c.ready["userId"].startswith("demo:"), c.ready
+            await c.close()
+        # A token signed with the demo's key for a real id is refused, and so is one for a demo
+        # id signed with the real secret.
+        assert await _close_code(e, mint_token("ada", demo_secret(SECRET), ttl_s=60)) == 4001
+        assert await _close_code(e, mint_token("demo:ada", SECRET, ttl_s=60)) == 4001
+    finally:
+        await e.stop()
