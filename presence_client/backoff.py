@@ -1,0 +1,51 @@
+"""The reconnect policy: capped exponential backoff with full jitter. Pure: the random source is a
+parameter, so a benchmark (or a test) can replay a storm exactly.
+
+The same numbers as the JavaScript client's `clients/js/src/backoff.js` (in milliseconds there);
+`tests/unit/backoff_cases.json` holds both to them.
+
+Why full jitter: when an edge dies, every socket it held notices within a second or two. Clients
+that all wait "1 s, 2 s, 4 s" come back in synchronised waves, each one a connection storm on the
+surviving edges. Drawing the wait uniformly from ``[0, min(cap, base * 2**attempt))`` spreads each
+wave over its whole window. A server that says "too many" (4029) or "flooding" (1008) is obeyed
+harder: a longer base, and never less than half the window.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_BACKOFF", "THROTTLING_CLOSE_CODES", "BackoffPolicy", "reconnect_delay"]
+
+# Close codes after which a client backs off harder: too many sockets (4029), a flood (1008).
+THROTTLING_CLOSE_CODES = frozenset({4029, 1008})
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    """Windows in seconds."""
+
+    base_s: float = 1.0  # window of the first retry
+    cap_s: float = 30.0  # the window never grows past this
+    throttled_base_s: float = 10.0  # after 4029 / 1008
+    throttled_cap_s: float = 120.0
+
+
+DEFAULT_BACKOFF = BackoffPolicy()
+
+
+def reconnect_delay(
+    attempt: int,
+    throttled: bool = False,
+    policy: BackoffPolicy = DEFAULT_BACKOFF,
+    random: Callable[[], float] = _random.random,
+) -> float:
+    """Seconds to wait before reconnect attempt `attempt` (0 for the first retry after a lost
+    connection); `throttled` after a 4029 or 1008 close; `random` returns a float in [0, 1)."""
+    n = min(max(0, int(attempt)), 52)  # 2**52 already passes any cap
+    if throttled:
+        window = min(policy.throttled_cap_s, policy.throttled_base_s * 2.0**n)
+        return window / 2 + random() * window / 2
+    return random() * min(policy.cap_s, policy.base_s * 2.0**n)

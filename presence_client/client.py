@@ -1,0 +1,687 @@
+"""The asyncio presence client for back-end services and bots: the behaviour of the JavaScript
+client (`clients/js`), over the `websockets` package.
+
+    async with PresenceClient("ws://127.0.0.1:8765/ws/presence", token=my_token) as client:
+        await client.subscribe(["bob", "carol"])
+        client.on("change", lambda change: print(change.user_id, change.entry))
+        answers = await client.query(["dave"])
+
+How answers are matched to requests: an edge handles one socket's frames in order and writes each
+answer before it reads the next frame, so a heartbeat sent right after a request is acknowledged
+only after the request's answers. Every request (a subscribe chunk, a query chunk) is followed by
+a heartbeat; its answers are what arrives between the previous heartbeat's acknowledgement and
+its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import random as _random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from presence_client.backoff import DEFAULT_BACKOFF, THROTTLING_CLOSE_CODES, BackoffPolicy, reconnect_delay
+from presence_client.picture import (
+    PRESENT,
+    TYPING_LAPSE_S,
+    Change,
+    Entry,
+    Frame,
+    Picture,
+    PresenceError,
+    QueryAnswer,
+    Typing,
+    chunk_ids,
+    merge_query,
+    refusal,
+)
+
+__all__ = ["ConnectionState", "PresenceClient", "TokenContext"]
+
+log = logging.getLogger("presence_client")
+
+ConnectionState = Literal["idle", "connecting", "open", "reconnecting", "closed"]
+CHOSEN = frozenset({"online", "idle", "dnd", "invisible"})
+VISIBILITY = frozenset({"everyone", "friends", "nobody"})
+CLOSE_DEAD = 4000  # the code this client records for a connection it gave up on
+
+
+@dataclass(frozen=True)
+class TokenContext:
+    attempt: int
+    rejected: bool  # the previous token was refused (4001): fetch a fresh one
+
+
+TokenProvider = Callable[[TokenContext], "str | Awaitable[str]"]
+
+
+@dataclass
+class _Window:
+    future: asyncio.Future[list[Frame]]
+    start_after: int | None = None
+    end_at: int | None = None
+    received: list[Frame] = field(default_factory=list)
+
+
+class PresenceClient:
+    """One socket to /ws/presence, kept alive and kept right (see the module's docstring).
+
+    `url`: one URL, a list (tried in turn on each reconnect) or a function returning one.
+    `token`: a string, or a (sync or async) function of a TokenContext, called on every connect.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | Callable[[], str],
+        token: str | TokenProvider,
+        *,
+        heartbeat_interval_s: float | None = None,
+        dead_after_s: float | None = None,
+        connect_timeout_s: float = 10.0,
+        stable_after_s: float = 5.0,
+        typing_throttle_s: float = 8.0,
+        track_last_seen: bool = False,
+        max_subscriptions: int = 1000,
+        rate_burst: float = 40,
+        rate_per_s: float = 15,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        random: Callable[[], float] = _random.random,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._url = url
+        self._token = token
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.dead_after_s = dead_after_s
+        self.connect_timeout_s = connect_timeout_s
+        self.stable_after_s = stable_after_s
+        self.typing_throttle_s = typing_throttle_s
+        self.track_last_seen = track_last_seen
+        self.max_subscriptions = max_subscriptions
+        self.rate_burst = rate_burst
+        self.rate_per_s = rate_per_s
+        self.backoff = backoff
+        self._random = random
+        self._clock = clock
+
+        self.state: ConnectionState = "idle"
+        self.user_id: str | None = None
+        self.socket_id: str | None = None
+        self.status: str | None = None  # the account's real status (ready, presence.self)
+        self.synced = False  # every remembered subscription confirmed on the current socket
+        self.url: str | None = None
+        self.reconnect_delays: list[float] = []  # every wait chosen, for the curious and for tests
+
+        self.picture = Picture()
+        self._typing = Typing()
+        self._rosters: dict[str, list[str]] = {}
+        self._channels: dict[str, None] = {}
+        self._idle = False
+        self._focus: str | None = None
+        self._voice: str | None = None
+        self._pending_status: str | None = None
+        self._pending_visibility: str | None = None
+        self._typing_sent: dict[str, float] = {}
+        self._last_seen_wanted: set[str] = set()
+        self._listeners: dict[str, list[Callable[..., Any]]] = {}
+
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = True
+        self._attempt = 0
+        self._url_index = 0
+        self._rejected = False
+        self._opened = asyncio.Event()
+        self._ws: ClientConnection | None = None
+        self._aux: list[asyncio.Task[Any]] = []
+        self._typing_handle: asyncio.TimerHandle | None = None
+        self._reset_connection()
+
+    # ------------------------------------------------------------------ events
+
+    def on(self, event: str, callback: Callable[..., Any]) -> Callable[[], None]:
+        """Listen: "state" (state, info), "ready" (frame), "change" (Change), "sync" (client)
+        after any change of the picture, "self" (status), "typing" (channel_id, user_ids),
+        "roster" (channel_id, user_ids), "error" (PresenceError), "frame" (every frame).
+        Returns a function that stops listening."""
+        self._listeners.setdefault(event, []).append(callback)
+        return lambda: self._listeners.get(event, []).remove(callback)
+
+    def on_sync(self, callback: Callable[[PresenceClient], Any]) -> Callable[[], None]:
+        """Phoenix style: called with the client after every change of the presence picture."""
+        return self.on("sync", callback)
+
+    def _emit(self, event: str, *args: Any) -> None:
+        for callback in list(self._listeners.get(event, [])):
+            try:
+                callback(*args)
+            except Exception:
+                log.exception("a %r listener raised", event)
+
+    def _set_state(self, state: ConnectionState, **info: Any) -> None:
+        if self.state == state and state != "reconnecting":
+            return
+        self.state = state
+        if state == "open":
+            self._opened.set()
+        else:
+            self._opened.clear()
+        self._emit("state", state, info)
+
+    def _changed(self, changes: Iterable[Change]) -> None:
+        any_change = False
+        for change in changes:
+            any_change = True
+            self._emit("change", change)
+            if (
+                self.track_last_seen
+                and change.entry is not None
+                and change.entry.status not in PRESENT
+                and not change.entry.last_seen_known
+                and (change.previous is None or change.previous.status in PRESENT)
+            ):
+                self._want_last_seen(change.user_id)
+        if any_change:
+            self._emit("sync", self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> PresenceClient:
+        self.connect()
+        await self.wait_open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def connect(self) -> None:
+        """Start connecting, and stay connected until close()."""
+        if not self._stopped:
+            return
+        self._stopped = False
+        self._attempt = 0
+        self._task = asyncio.create_task(self._run(), name="presence-client")
+
+    async def wait_open(self, timeout: float | None = 30.0) -> None:
+        """Wait until the socket is open (ready received)."""
+        async with asyncio.timeout(timeout):
+            await self._opened.wait()
+
+    async def wait_synced(self, timeout: float | None = 30.0) -> None:
+        """Wait until every remembered subscription is confirmed on the current socket."""
+        async with asyncio.timeout(timeout):
+            while not (self.state == "open" and self.synced):
+                await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        """Close for good (code 1000); nothing is retried."""
+        self._stopped = True
+        ws = self._ws
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await ws.close(1000, "bye")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._end_connection(PresenceError("disconnected", "closed by the application"))
+        if self._typing_handle is not None:
+            self._typing_handle.cancel()
+        self._set_state("closed", code=1000, reason="closed by the application")
+
+    def _next_url(self) -> str:
+        url = self._url
+        if callable(url):
+            return url()
+        if isinstance(url, str):
+            return url
+        chosen = url[self._url_index % len(url)]
+        self._url_index += 1
+        return chosen
+
+    async def _get_token(self) -> str:
+        if isinstance(self._token, str):
+            return self._token
+        got = self._token(TokenContext(self._attempt, self._rejected))
+        return await got if inspect.isawaitable(got) else got
+
+    async def _run(self) -> None:
+        while not self._stopped:
+            code, reason, lived = await self._one_connection()
+            if self._stopped:
+                return
+            if lived >= self.stable_after_s:
+                self._attempt = 0
+            if code == 1000:
+                self._stopped = True
+                self._set_state("closed", code=code, reason=reason)
+                return
+            if code == 4001:
+                if isinstance(self._token, str):
+                    self._stopped = True
+                    self._emit("error", PresenceError("unauthorized", "the token was refused (4001)"))
+                    self._set_state("closed", code=code, reason=reason)
+                    return
+                self._rejected = True  # the provider is told, so it fetches a fresh token
+            throttled = code in THROTTLING_CLOSE_CODES
+            delay = reconnect_delay(self._attempt, throttled, self.backoff, self._random)
+            self.reconnect_delays.append(delay)
+            attempt, self._attempt = self._attempt, self._attempt + 1
+            self._set_state(
+                "reconnecting", code=code, reason=reason, attempt=attempt, delay_s=delay, throttled=throttled
+            )
+            await asyncio.sleep(delay)
+
+    async def _one_connection(self) -> tuple[int | None, str, float]:
+        """One socket from connect to close: (close code or None, reason, seconds it was open)."""
+        self._set_state("connecting", attempt=self._attempt)
+        try:
+            token = await self._get_token()
+        except Exception as e:
+            self._emit("error", PresenceError("token", str(e)))
+            return None, "token provider failed", 0.0
+        url = self._next_url()
+        self.url = url
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                ws = await connect(url, ping_interval=None, max_size=2**22, open_timeout=None)
+                try:
+                    await ws.send(json.dumps({"type": "identify", "token": token}))
+                    ready = json.loads(await ws.recv())
+                except BaseException:
+                    ws.transport.abort()
+                    raise
+        except ConnectionClosed as e:
+            return (e.rcvd.code if e.rcvd else 1006), (e.rcvd.reason if e.rcvd else "closed"), 0.0
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI, ValueError) as e:
+            return None, f"could not connect: {type(e).__name__}", 0.0
+        if not isinstance(ready, dict) or ready.get("type") != "ready":
+            ws.transport.abort()
+            return None, "no ready", 0.0
+        self._reset_connection()
+        self._ws = ws
+        opened_at = self._clock()
+        self._on_ready(ready)
+        try:
+            async for raw in ws:
+                self._on_frame(raw)
+        except ConnectionClosed:
+            pass
+        lived = self._clock() - opened_at
+        if self._dropped:
+            code: int | None = CLOSE_DEAD
+            reason = "no answer to a heartbeat"
+        else:
+            code = ws.close_code if ws.close_code is not None else 1006
+            reason = ws.close_reason or ""
+        self._end_connection(PresenceError("disconnected", f"socket closed ({code})"))
+        return code, reason, lived
+
+    def _reset_connection(self) -> None:
+        self._queue: deque[tuple[Frame, _Window | None]] = deque()
+        self._wake = asyncio.Event()
+        self._tokens = float(self.rate_burst)
+        self._tokens_at = self._clock()
+        self._probe: asyncio.TimerHandle | None = None
+        self._hb_written = 0
+        self._hb_acked = 0
+        self._windows: list[_Window] = []
+        self._dropped = False
+        self._heartbeat_s = 30.0
+        self.synced = False
+
+    def _end_connection(self, error: PresenceError) -> None:
+        for task in self._aux:
+            task.cancel()
+        self._aux = []
+        if self._probe is not None:
+            self._probe.cancel()
+        for w in self._windows:
+            if not w.future.done():
+                w.future.set_exception(error)
+                w.future.exception()  # retrieved: nobody may be waiting
+        self._windows = []
+        self._ws = None
+        self._queue.clear()
+        self.synced = False
+
+    def _drop(self) -> None:
+        """Give up on a socket that stopped answering: do not wait for its close handshake."""
+        if self._ws is not None:
+            self._dropped = True
+            self._ws.transport.abort()
+
+    # ------------------------------------------------------------------ sending
+
+    def _is_open(self) -> bool:
+        return self._ws is not None and self.state == "open"
+
+    def _send(self, frame: Frame, window: _Window | None = None) -> bool:
+        if self._ws is None:
+            return False
+        self._queue.append((frame, window))
+        self._wake.set()
+        return True
+
+    async def _sender(self, ws: ClientConnection) -> None:
+        """Writes queued frames, paced by a token bucket under the edge's per-socket limit."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                now = self._clock()
+                self._tokens = min(self.rate_burst, self._tokens + (now - self._tokens_at) * self.rate_per_s)
+                self._tokens_at = now
+                if self._tokens < 1:
+                    await asyncio.sleep((1 - self._tokens) / self.rate_per_s)
+                    continue
+                self._tokens -= 1
+                frame, window = self._queue.popleft()
+                if window is not None and window.start_after is None:
+                    window.start_after = self._hb_written
+                if frame["type"] == "heartbeat":
+                    self._hb_written += 1
+                    if window is not None:
+                        window.end_at = self._hb_written
+                    if self._probe is None:
+                        dead_after = self.dead_after_s or self._heartbeat_s
+                        self._probe = asyncio.get_running_loop().call_later(dead_after, self._drop)
+                try:
+                    await ws.send(json.dumps(frame))
+                except ConnectionClosed:
+                    return
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            self._send({"type": "heartbeat"})
+
+    async def _request(self, frames: Sequence[Frame]) -> list[Frame]:
+        """Send `frames` and a heartbeat; the frames received in between (see the module doc)."""
+        if not self._is_open():
+            raise PresenceError("not_connected", "not connected")
+        window = _Window(asyncio.get_running_loop().create_future())
+        self._windows.append(window)
+        for frame in frames:
+            self._send(frame, window)
+        self._send({"type": "heartbeat"}, window)
+        return await window.future
+
+    # ------------------------------------------------------------------ receiving
+
+    def _on_frame(self, raw: str | bytes) -> None:
+        try:
+            frame = json.loads(raw)
+        except ValueError:
+            return
+        if not isinstance(frame, dict):
+            return
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+        kind = frame.get("type")
+        if kind == "heartbeat.ack":
+            self._hb_acked += 1
+            for w in list(self._windows):
+                if w.end_at is not None and self._hb_acked >= w.end_at:
+                    self._windows.remove(w)
+                    if not w.future.done():
+                        w.future.set_result(w.received)
+            return
+        for w in self._windows:
+            if w.start_after is not None and self._hb_acked >= w.start_after:
+                w.received.append(frame)
+        self._emit("frame", frame)
+        if kind in ("presence.sync", "presence.changed"):
+            changes = self.picture.apply(frame)
+            self._changed(changes)
+            if kind == "presence.sync" and not changes:
+                self._emit("sync", self)
+        elif kind == "presence.self":
+            self.status = str(frame.get("status"))
+            self._emit("self", self.status)
+        elif kind == "typing":
+            self._on_typing(str(frame.get("channelId")), str(frame.get("userId")))
+        elif kind == "voice.roster":
+            channel_id, users = str(frame.get("channelId")), [str(u) for u in frame.get("userIds", [])]
+            self._rosters[channel_id] = users
+            self._emit("roster", channel_id, list(users))
+        elif kind == "error":
+            self._emit("error", PresenceError(str(frame.get("code")), str(frame.get("message", ""))))
+
+    def _on_ready(self, frame: Frame) -> None:
+        assert self._ws is not None
+        self._rejected = False
+        self.user_id = str(frame.get("userId"))
+        self.socket_id = str(frame.get("socketId"))
+        self.status = str(frame.get("status"))
+        server_s = float(frame.get("heartbeatIntervalMs") or 30_000) / 1000
+        cap = self.heartbeat_interval_s
+        self._heartbeat_s = max(0.05, min(cap, server_s) if cap else server_s)
+        self._aux = [
+            asyncio.create_task(self._sender(self._ws), name="presence-client-send"),
+            asyncio.create_task(self._heartbeats(), name="presence-client-heartbeat"),
+        ]
+        self._set_state("open", user_id=self.user_id, socket_id=self.socket_id)
+        # What belongs to the socket, restored: the account's choices are durable upstream, the
+        # socket's own (idle, focus, voice, subscriptions) are not.
+        if self._pending_status is not None:
+            self._send({"type": "presence.update", "status": self._pending_status})
+        elif self._idle:
+            self._send({"type": "presence.update", "status": "idle"})
+        self._pending_status = None
+        if self._pending_visibility is not None:
+            self._send({"type": "settings.update", "lastSeenVisibility": self._pending_visibility})
+            self._pending_visibility = None
+        if self._focus is not None:
+            self._send({"type": "focus", "channelId": self._focus})
+        for channel_id in self._channels:
+            self._send({"type": "channel.subscribe", "channelId": channel_id})
+        if self._voice is not None:
+            self._send({"type": "voice.join", "channelId": self._voice})
+        self._emit("ready", frame)
+        self._aux.append(asyncio.create_task(self._resubscribe(), name="presence-client-resubscribe"))
+
+    # ------------------------------------------------------------------ presence
+
+    async def subscribe(self, user_ids: Iterable[str]) -> None:
+        """Watch these accounts (remembered across reconnects); returns once their sync is applied
+        (at once when not connected: they are subscribed on connect)."""
+        ids = list(dict.fromkeys(user_ids))
+        fresh = [u for u in ids if u not in self.picture.watched]
+        if len(self.picture.watched) + len(fresh) > self.max_subscriptions:
+            raise PresenceError("too_many_ids", f"at most {self.max_subscriptions} subscriptions")
+        self.picture.watch(fresh)
+        if fresh and self._is_open():
+            await self._subscribe_chunks(fresh)
+
+    def unsubscribe(self, user_ids: Iterable[str]) -> None:
+        """Stop watching; their entries leave the picture."""
+        gone, changes = self.picture.unwatch(user_ids)
+        for chunk in chunk_ids(gone):
+            self._send({"type": "presence.unsubscribe", "userIds": chunk})
+        self._changed(changes)
+
+    @property
+    def watched(self) -> list[str]:
+        return list(self.picture.watched)
+
+    def get(self, user_id: str) -> Entry | None:
+        """A watched account's entry, or None (unknown, or outside the audience)."""
+        return self.picture.entries.get(user_id)
+
+    @property
+    def presence(self) -> dict[str, Entry]:
+        return dict(self.picture.entries)
+
+    async def _resubscribe(self) -> None:
+        try:
+            await self._subscribe_chunks(list(self.picture.watched))
+        except PresenceError:
+            return
+        self.synced = True
+        self._emit("sync", self)
+        if self.track_last_seen:
+            for user_id, entry in self.picture.entries.items():
+                if entry.status not in PRESENT:
+                    self._want_last_seen(user_id)
+
+    async def _subscribe_chunks(self, ids: list[str]) -> None:
+        chunks = chunk_ids(ids)
+        windows = await asyncio.gather(
+            *(self._request([{"type": "presence.subscribe", "userIds": chunk}]) for chunk in chunks)
+        )
+        refused: Frame | None = None
+        changes: list[Change] = []
+        for chunk, received in zip(chunks, windows, strict=True):
+            if not any(f.get("type") == "presence.sync" for f in received):
+                refused = refusal(received) or {"code": "rate_limited", "message": "no presence.sync"}
+            changes += self.picture.reconcile(chunk, received)
+        self._changed(changes)
+        if refused is not None:
+            # Budgets hold across reconnects: a refused resubscribe is retried, later.
+            error = PresenceError(str(refused.get("code")), str(refused.get("message", "")))
+            if refused.get("type") != "error":
+                self._emit("error", error)
+            delay = reconnect_delay(1, True, self.backoff, self._random)
+            self._aux.append(asyncio.create_task(self._retry_resubscribe(delay)))
+            raise error
+
+    async def _retry_resubscribe(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._is_open():
+            await self._resubscribe()
+
+    def _want_last_seen(self, user_id: str) -> None:
+        self._last_seen_wanted.add(user_id)
+        if len(self._last_seen_wanted) == 1 and self._is_open():
+            self._aux.append(asyncio.create_task(self._ask_last_seen()))
+
+    async def _ask_last_seen(self) -> None:
+        await asyncio.sleep(0.25)  # gather the ones that go together
+        ids = [u for u in self._last_seen_wanted if u in self.picture.watched]
+        self._last_seen_wanted = set()
+        if not ids:
+            return
+        try:
+            await self.query(ids)
+        except PresenceError as e:
+            if e.code == "rate_limited":
+                await asyncio.sleep(15)
+                for u in ids:
+                    self._want_last_seen(u)
+
+    async def query(self, user_ids: Iterable[str]) -> dict[str, QueryAnswer]:
+        """Status and last-seen of any number of accounts (split into <= 100-id frames, answers
+        merged), in the order asked, without the ids outside the caller's audience. Raises
+        PresenceError (rate_limited, too_many_ids, not_connected, disconnected). Watched
+        accounts' entries take the answers too."""
+        chunks = chunk_ids(user_ids)
+        windows = await asyncio.gather(
+            *(self._request([{"type": "presence.query", "userIds": chunk}]) for chunk in chunks)
+        )
+        answers = merge_query(chunks, windows)
+        self._changed(self.picture.settle_answers(answers))
+        return answers
+
+    # ------------------------------------------------------------------ own status
+
+    def set_status(self, status: str) -> None:
+        """Choose online, dnd or invisible for the account, or mark this socket idle (online
+        wakes it)."""
+        if status not in CHOSEN:
+            raise ValueError(f"unknown status {status!r}")
+        if status in ("idle", "online"):
+            self._idle = status == "idle"
+        if not self._send({"type": "presence.update", "status": status}):
+            self._pending_status = status
+
+    def set_last_seen_visibility(self, visibility: str) -> None:
+        if visibility not in VISIBILITY:
+            raise ValueError(f"unknown visibility {visibility!r}")
+        if not self._send({"type": "settings.update", "lastSeenVisibility": visibility}):
+            self._pending_visibility = visibility
+
+    def set_focus(self, channel_id: str | None) -> None:
+        """The channel this socket has focused (None for none); restored after reconnects."""
+        self._focus = channel_id
+        self._send({"type": "focus", "channelId": channel_id})
+
+    # ------------------------------------------------------------------ channels
+
+    def subscribe_channel(self, channel_id: str) -> None:
+        """Receive a channel's typing and voice events (remembered across reconnects)."""
+        self._channels[channel_id] = None
+        self._send({"type": "channel.subscribe", "channelId": channel_id})
+
+    def unsubscribe_channel(self, channel_id: str) -> None:
+        self._channels.pop(channel_id, None)
+        self._typing.forget_channel(channel_id)
+        self._rosters.pop(channel_id, None)
+        self._send({"type": "channel.unsubscribe", "channelId": channel_id})
+
+    def join_voice(self, channel_id: str) -> None:
+        """Join a channel's voice roster with this socket (rejoined after reconnects)."""
+        self._voice = channel_id
+        self._send({"type": "voice.join", "channelId": channel_id})
+
+    def leave_voice(self) -> None:
+        self._voice = None
+        self._send({"type": "voice.leave"})
+
+    def roster(self, channel_id: str) -> list[str]:
+        return list(self._rosters.get(channel_id, []))
+
+    def typing(self, channel_id: str) -> bool:
+        """Call on every keystroke: typing.start goes out at most once per typing_throttle_s."""
+        now = self._clock()
+        last = self._typing_sent.get(channel_id)
+        if last is not None and now - last < self.typing_throttle_s:
+            return False
+        if not self._send({"type": "typing.start", "channelId": channel_id}):
+            return False
+        self._typing_sent[channel_id] = now
+        return True
+
+    def stop_typing(self, channel_id: str) -> None:
+        last = self._typing_sent.pop(channel_id, None)
+        if last is not None and self._clock() - last < TYPING_LAPSE_S:
+            self._send({"type": "typing.stop", "channelId": channel_id})
+
+    def typers(self, channel_id: str) -> list[str]:
+        """Who is typing in a channel now (sorted), lapsing 10 s after their last typing frame."""
+        return self._typing.typers(channel_id, self._clock())
+
+    def _on_typing(self, channel_id: str, user_id: str) -> None:
+        if channel_id not in self._channels:
+            return
+        self._typing.typing(channel_id, user_id, self._clock())
+        self._emit("typing", channel_id, self.typers(channel_id))
+        self._arm_typing_lapse()
+
+    def _arm_typing_lapse(self) -> None:
+        if self._typing_handle is not None:
+            self._typing_handle.cancel()
+            self._typing_handle = None
+        at = self._typing.next_lapse()
+        if at is None:
+            return
+        self._typing_handle = asyncio.get_running_loop().call_later(max(0.0, at - self._clock()), self._lapse)
+
+    def _lapse(self) -> None:
+        self._typing_handle = None
+        for channel_id in self._typing.expire(self._clock()):
+            self._emit("typing", channel_id, self.typers(channel_id))
+        self._arm_typing_lapse()

@@ -1,0 +1,163 @@
+"""The Python client's pure parts: the reconnect policy (against the cases shared with the
+JavaScript client), chunking, the picture's reconciliation and query merging, typing lapses."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from presence_client.backoff import DEFAULT_BACKOFF, BackoffPolicy, reconnect_delay
+from presence_client.picture import (
+    Entry,
+    Picture,
+    PresenceError,
+    QueryAnswer,
+    Typing,
+    chunk_ids,
+    merge_query,
+)
+
+HERE = Path(__file__).parent
+CASES: list[dict[str, Any]] = json.loads((HERE / "backoff_cases.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c['attempt']}-{c['throttled']}-{c['random']}" for c in CASES])
+def test_shared_backoff_case(case: dict[str, Any]) -> None:
+    got = reconnect_delay(case["attempt"], case["throttled"], DEFAULT_BACKOFF, lambda: case["random"])
+    assert got * 1000 == pytest.approx(case["delay_ms"], abs=1e-6)
+
+
+@given(st.integers(-5, 200), st.booleans(), st.floats(0, 1, exclude_max=True))
+def test_delay_stays_in_its_window(attempt: int, throttled: bool, r: float) -> None:
+    p = DEFAULT_BACKOFF
+    n = max(0, attempt)
+    delay = reconnect_delay(attempt, throttled, p, lambda: r)
+    if throttled:
+        window = min(p.throttled_cap_s, p.throttled_base_s * 2.0 ** min(n, 52))
+        assert window / 2 <= delay <= window
+    else:
+        assert 0 <= delay <= min(p.cap_s, p.base_s * 2.0 ** min(n, 52))
+
+
+def test_full_jitter_spreads_a_herd() -> None:
+    """10,000 clients losing one edge at once: their first retries spread over the whole window,
+    not bunched at its end (what a fixed or "equal jitter" wait would do)."""
+    rng = random.Random(7)
+    delays = [reconnect_delay(0, False, BackoffPolicy(base_s=1.0), rng.random) for _ in range(10_000)]
+    per_tenth = [0] * 10
+    for d in delays:
+        per_tenth[min(int(d * 10), 9)] += 1
+    assert max(per_tenth) < 1_150 and min(per_tenth) > 850, per_tenth
+
+
+def test_chunks_by_count_and_bytes() -> None:
+    assert chunk_ids(["a", "b", "a", "c"], 2) == [["a", "b"], ["c"]]
+    assert [len(c) for c in chunk_ids([f"u{i}" for i in range(250)])] == [100, 100, 50]
+    long = [f"{i}".ljust(128, "é") for i in range(100)]
+    chunks = chunk_ids(long)
+    assert len(chunks) > 1
+    for chunk in chunks:
+        assert (
+            len(json.dumps({"type": "presence.query", "userIds": chunk}, ensure_ascii=False).encode())
+            < 16 * 1024
+        )
+
+
+def test_reconcile_leaves_no_ghost() -> None:
+    pic = Picture()
+    pic.watch(["a", "b", "c"])
+    pic.apply(
+        {
+            "type": "presence.sync",
+            "users": [{"userId": "a", "status": "online"}, {"userId": "b", "status": "dnd"}],
+        }
+    )
+    assert pic.entries == {"a": Entry("online"), "b": Entry("dnd")}
+    # After a reconnect: a went offline, b left the audience, c arrived in it.
+    fresh = [
+        {"type": "presence.sync", "users": [{"userId": "a", "status": "offline"}]},
+        {"type": "presence.changed", "userId": "c", "status": "online"},
+    ]
+    changes = [*pic.apply(fresh[0]), *pic.apply(fresh[1]), *pic.reconcile(["a", "b", "c"], fresh)]
+    assert pic.entries == {"a": Entry("offline"), "c": Entry("online")}
+    assert [(c.user_id, c.entry) for c in changes] == [
+        ("a", Entry("offline")),
+        ("c", Entry("online")),
+        ("b", None),
+    ]
+
+
+def test_reconcile_of_a_refused_chunk_forgets_it() -> None:
+    pic = Picture()
+    pic.watch(["a"])
+    pic.set("a", "online")
+    assert [c.user_id for c in pic.reconcile(["a"], [{"type": "error", "code": "rate_limited"}])] == ["a"]
+    assert pic.entries == {}
+
+
+def test_frames_about_unwatched_accounts_are_ignored() -> None:
+    pic = Picture()
+    assert pic.apply({"type": "presence.changed", "userId": "z", "status": "online"}) == []
+    assert pic.entries == {}
+
+
+def test_last_seen_kept_while_away_and_dropped_when_present() -> None:
+    pic = Picture()
+    pic.watch(["a"])
+    pic.set("a", "offline", "2026-12-02T08:47:00.000Z", last_seen_known=True)
+    assert pic.apply({"type": "presence.sync", "users": [{"userId": "a", "status": "offline"}]}) == []
+    assert pic.entries["a"].last_seen_at == "2026-12-02T08:47:00.000Z"
+    pic.apply({"type": "presence.changed", "userId": "a", "status": "online"})
+    assert pic.entries["a"] == Entry("online")
+    pic.apply({"type": "presence.changed", "userId": "a", "status": "offline"})
+    assert pic.entries["a"] == Entry("offline")  # a new departure: the time is unknown again
+
+
+def test_merge_query_in_order_asked() -> None:
+    chunks = [["a", "b", "x"], ["c"]]
+    windows = [
+        [
+            {"type": "presence.changed", "userId": "b", "status": "online"},  # a broadcast first
+            {"type": "presence.changed", "userId": "a", "status": "offline", "lastSeenAt": "T1"},
+            {"type": "presence.changed", "userId": "b", "status": "offline"},
+            {"type": "presence.changed", "userId": "q", "status": "online"},  # not asked
+        ],
+        [{"type": "presence.changed", "userId": "c", "status": "invisible", "lastSeenAt": "T2"}],
+    ]
+    answers = merge_query(chunks, windows)
+    assert list(answers) == ["a", "b", "c"]
+    assert answers["a"] == QueryAnswer("offline", "T1")
+    assert answers["b"] == QueryAnswer("offline", None)
+    assert answers["c"] == QueryAnswer("invisible", "T2")
+    with pytest.raises(PresenceError) as refused:
+        merge_query([["a"]], [[{"type": "error", "code": "rate_limited", "message": "slow down"}]])
+    assert refused.value.code == "rate_limited"
+
+
+def test_query_answers_settle_watched_last_seen() -> None:
+    pic = Picture()
+    pic.watch(["a", "b"])
+    pic.set("a", "offline")
+    pic.set("b", "online")
+    changes = pic.settle_answers({"a": QueryAnswer("offline", None), "b": QueryAnswer("offline", "T")})
+    assert [c.user_id for c in changes] == ["a"]
+    assert pic.entries["a"] == Entry("offline", None, True)
+    assert pic.entries["b"] == Entry("online")  # the answer is older than what the picture holds
+
+
+def test_typing_lapses_after_ten_seconds() -> None:
+    t = Typing()
+    t.typing("c1", "zed", 100.0)
+    t.typing("c1", "amy", 103.0)
+    assert t.typers("c1", 105.0) == ["amy", "zed"]
+    assert t.next_lapse() == 110.0
+    assert t.expire(110.0) == ["c1"]
+    assert t.typers("c1", 110.0) == ["amy"]
+    assert t.expire(113.0) == ["c1"]
+    assert t.until == {}
