@@ -28,11 +28,12 @@ from pathlib import Path
 from websockets.http11 import Request
 from websockets.datastructures import Headers
 
-import bench.results, cluster.db, edge, edge.demo
+import bench.results, cluster.db, edge, edge.demo, presence_client
 
 venv = Path(sys.argv[1]).resolve()
 here = Path.cwd().resolve()
 assert Path(edge.__file__).resolve().is_relative_to(venv), edge.__file__
+assert Path(presence_client.__file__).resolve().is_relative_to(venv), presence_client.__file__
 site = edge.demo.DemoSite("s" * 32)
 PAGES = [("/", b"<html"), ("/demo.js", b""), ("/demo.css", b""), ("/client/client.js", b"export")]
 for path, needle in PAGES:
@@ -41,7 +42,7 @@ for path, needle in PAGES:
     assert needle in response.body, path
 assert "CREATE TABLE" in cluster.db.SCHEMA_PATH.read_text().upper()
 assert Path(cluster.db.SCHEMA_PATH).resolve().is_relative_to(venv)
-for package in ("actors", "cluster", "edge"):
+for package in ("actors", "cluster", "edge", "presence_client"):
     assert (Path(__import__(package).__file__).parent / "py.typed").is_file(), package
 assert bench.results.RESULTS_DIR.resolve().is_relative_to(here), bench.results.RESULTS_DIR
 assert bench.results.RESULTS_MD.resolve().is_relative_to(here), bench.results.RESULTS_MD
