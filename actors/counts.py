@@ -8,6 +8,13 @@ TTL, and a wiped or restarted Redis is whole again after one refresh period.
     presence:online:<server>   member: account shown online, idle or dnd in that server
     presence:accounts          member: account shown online, idle or dnd (health page total)
     presence:sockets           member: <account>:<socket> (health page total)
+    presence:active            member: account with a live socket now or in the last 720 h, scored
+                               by when it left (ahead of now while live): actors/core/activity.py
+    presence:active:mark:<shard>  set by each shard when it has written its live accounts; gone
+                               after a wipe or an empty restart, so its absence means "write them
+                               all again"
+    presence:active:seeded     set by the one shard that filled `presence:active` with the
+                               history PostgreSQL holds (stored last-seen) after such a wipe
 
 When Redis is away presence keeps working: writes are dropped (the next refresh rewrites them)
 and reads answer None.
@@ -16,6 +23,7 @@ and reads answer None.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -23,11 +31,19 @@ from collections.abc import Callable, Iterable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from actors.core.activity import count_active
+
 log = logging.getLogger("presence.counts")
 
 ACCOUNTS_KEY = "presence:accounts"
 SOCKETS_KEY = "presence:sockets"
+ACTIVE_KEY = "presence:active"
+ACTIVE_SEEDED_KEY = "presence:active:seeded"
 CHUNK = 1_000
+
+
+def active_mark_key(shard: int) -> str:
+    return f"presence:active:mark:{shard}"
 
 
 def server_key(server_id: str) -> str:
@@ -52,6 +68,8 @@ class OnlineCounts:
         self._queue: list[tuple[str, str, str, float | None]] = []  # (op, key, member, score)
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        # Writes were dropped since the last `check_active`: live scores may have run out.
+        self._active_lost = False
 
     def account(self, user_id: str, servers: Iterable[str], present: bool, now: float) -> None:
         for key in [ACCOUNTS_KEY, *(server_key(s) for s in servers)]:
@@ -62,6 +80,45 @@ class OnlineCounts:
         self._queue.append(("add" if alive else "rem", SOCKETS_KEY, f"{user_id}:{socket_id}", now))
         self._kick()
 
+    def active(self, entries: Iterable[tuple[str, float]]) -> None:
+        """Active-count scores, written in the order given (after every change queued before)."""
+        for user_id, score in entries:
+            self._queue.append(("add", ACTIVE_KEY, user_id, score))
+        self._kick()
+
+    def active_history(self, entries: Iterable[tuple[str, float]]) -> None:
+        """Stored last-seen values after a wipe: they only ever raise a score (ZADD GT), so a
+        live account or a later departure written meanwhile is never moved back."""
+        for user_id, score in entries:
+            self._queue.append(("gt", ACTIVE_KEY, user_id, score))
+        self._kick()
+
+    async def check_active(self, shard: int, trim_before: float) -> tuple[bool, bool]:
+        """Once a refresh period: trim the active set past the longest window, and tell whether
+        this shard must write all its live accounts again (its mark is gone: Redis was wiped or
+        restarted empty; or writes failed since the last check) and whether it is the one to
+        refill the history from PostgreSQL. (False, False) when Redis is away."""
+        if self.redis is None:
+            return False, False
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(active_mark_key(shard), "1", nx=True)
+            pipe.set(ACTIVE_SEEDED_KEY, "1", nx=True)
+            pipe.zremrangebyscore(ACTIVE_KEY, "-inf", f"({trim_before}")
+            mark_missing, seed, _ = await pipe.execute()
+        except (RedisError, OSError) as e:
+            self._note_failure(e)
+            return False, False
+        rewrite = bool(mark_missing) or self._active_lost
+        self._active_lost = False
+        return rewrite, bool(seed)
+
+    async def forget_seeded(self) -> None:
+        """Refilling failed (PostgreSQL away): let the next check try again."""
+        if self.redis is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self.redis.delete(ACTIVE_SEEDED_KEY)
+
     def _kick(self) -> None:
         if self.redis is None:
             self._queue.clear()
@@ -71,21 +128,24 @@ class OnlineCounts:
 
     async def _write(self) -> None:
         await asyncio.sleep(0.02)  # gather a few milliseconds of changes into one pipeline
-        batch, self._queue = self._queue, []
-        if not batch or self.redis is None:
-            return
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            for op, key, member, score in batch:
-                if op == "add":
-                    pipe.zadd(key, {member: score or self.clock()})
-                else:
-                    pipe.zrem(key, member)
-            await pipe.execute()
-            self.healthy = True
-        except (RedisError, OSError) as e:
-            # Dropped on purpose: the next refresh rewrites every live member.
-            self._note_failure(e)
+        # Until the queue is empty: changes queued while a pipeline is under way are written
+        # next, in order, by this same task (never left waiting for the next change).
+        while self._queue and self.redis is not None:
+            batch, self._queue = self._queue, []
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                for op, key, member, score in batch:
+                    if op == "add":
+                        pipe.zadd(key, {member: score or self.clock()})
+                    elif op == "gt":
+                        pipe.zadd(key, {member: score or 0.0}, gt=True)
+                    else:
+                        pipe.zrem(key, member)
+                await pipe.execute()
+                self.healthy = True
+            except (RedisError, OSError) as e:
+                # Dropped on purpose: the next refresh rewrites every live member.
+                self._note_failure(e)
 
     async def refresh(
         self, present: list[tuple[str, frozenset[str]]], sockets: list[tuple[str, str]]
@@ -114,6 +174,7 @@ class OnlineCounts:
             self._note_failure(e)
 
     def _note_failure(self, e: BaseException) -> None:
+        self._active_lost = True
         if self.healthy:
             log.warning("Redis unavailable (%s); online counts unknown until it returns", type(e).__name__)
         self.healthy = False
@@ -138,6 +199,28 @@ class CountReader:
             return int(await self.redis.zcount(key, self.clock() - self.ttl_s, "+inf"))
         except (RedisError, OSError):
             return None
+
+    async def active(self, since: float) -> int | None:
+        """Accounts scored at or after `since` in the active set (actors/core/activity.py)."""
+        if self.redis is None:
+            return None
+        try:
+            return int(await self.redis.zcount(ACTIVE_KEY, since, "+inf"))
+        except (RedisError, OSError):
+            return None
+
+    async def active_among(self, members: list[str], since: float) -> int | None:
+        """The same, counting only `members` (a server's): ZMSCORE in pipelined chunks."""
+        if self.redis is None:
+            return None
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for i in range(0, len(members), CHUNK):
+                pipe.zmscore(ACTIVE_KEY, members[i : i + CHUNK])
+            chunks = await pipe.execute()
+        except (RedisError, OSError):
+            return None
+        return count_active((s for chunk in chunks for s in chunk), since)
 
     async def online_in_server(self, server_id: str) -> int | None:
         return await self._count(server_key(server_id))

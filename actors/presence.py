@@ -22,8 +22,9 @@ import asyncpg
 import orjson
 
 from actors import gc_policy
+from actors.core import activity
 from actors.core.audience import Relations
-from actors.core.effects import Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
+from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.shard import AccountRow, ShardState, SlotExport
 from actors.core.slots import channel_key, slot_of
 from actors.counts import OnlineCounts
@@ -248,6 +249,12 @@ class PresenceShard:
             "chosenStatus": acc.chosen if acc is not None else (row.chosen_status if row else "online"),
         }
 
+    async def server_members(self, server_id: str) -> list[str]:
+        """Every member of a server, from PostgreSQL (the active count of one server)."""
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            return await db.server_member_ids(conn, server_id)
+
     async def stats(self) -> dict[str, Any]:
         return {
             "shard": self.config.shard_index,
@@ -461,6 +468,9 @@ class PresenceShard:
                 self.counts.account(e.user_id, e.servers, e.present, now)
             elif isinstance(e, SocketCount):
                 self.counts.socket(e.user_id, e.socket_id, e.alive, now)
+            elif isinstance(e, Activity):
+                score = activity.live_until(e.at, self.config.checkpoint_interval_s) if e.live else e.at
+                self.counts.active([(e.user_id, score)])
         for edge_id in touched:
             self.mail[edge_id].event.set()
         if self.state.pending_last_seen:
@@ -514,6 +524,7 @@ class PresenceShard:
         # A slice a second: the checkpoint shares the departures' batches (see checkpoint_chunk).
         while True:
             await asyncio.sleep(1.0)
+            self._refresh_active(self.state.activity_chunk(self.clock()))
             entries = self.state.checkpoint_chunk(self.clock())
             if entries:
                 await self.flush_write(entries)
@@ -550,7 +561,32 @@ class PresenceShard:
     async def _count_loop(self) -> None:
         while True:
             await self.counts.refresh(self.state.present_accounts(), self.state.live_sockets())
+            await self._check_active()
             await asyncio.sleep(self.config.count_refresh_s)
+
+    def _refresh_active(self, user_ids: list[str]) -> None:
+        """Put these live accounts' active scores ahead of now again (actors/core/activity.py)."""
+        if user_ids:
+            until = activity.live_until(self.clock(), self.config.checkpoint_interval_s)
+            self.counts.active((u, until) for u in user_ids)
+
+    async def _check_active(self) -> None:
+        """Trim the active set; after a wipe (or lost writes) write every live account again, and
+        let one shard refill the history from the stored last-seen times."""
+        now = self.clock()
+        rewrite, seed = await self.counts.check_active(self.config.shard_index, activity.trim_before(now))
+        if rewrite:
+            self._refresh_active(self.state.live_accounts())
+        if seed and self.pool is not None:
+            try:
+                async with self.pool.acquire() as conn:
+                    async for chunk in db.last_seen_since(conn, activity.trim_before(now)):
+                        self.counts.active_history(chunk)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                log.warning(
+                    "shard %s: refilling active counts failed (%s)", self.config.shard_index, type(e).__name__
+                )
+                await self.counts.forget_seeded()
 
     def _reload_everything(self) -> None:
         self._reload_users.update(self.state.relations)

@@ -63,6 +63,9 @@ class _FlushActor:
     async def stats(self) -> dict[str, Any]:
         return await (await self._ready()).stats()
 
+    async def server_members(self, server_id: str) -> list[str]:
+        return await (await self._ready()).server_members(server_id)
+
     async def stop(self) -> None:
         await (await self._ready()).stop()
 
@@ -121,6 +124,9 @@ class _PresenceActor:
 
     async def stats(self) -> dict[str, Any]:
         return await (await self._ready()).stats()
+
+    async def server_members(self, server_id: str) -> list[str]:
+        return await (await self._ready()).server_members(server_id)
 
     async def drain(self, timeout_s: float) -> int:
         return await (await self._ready()).drain(timeout_s)
@@ -291,6 +297,9 @@ class ShardClient:
 
     async def stats(self, timeout_s: float) -> dict[str, Any]:
         return await self._call("stats", timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+    async def server_members(self, server_id: str, timeout_s: float) -> list[str]:
+        return await self._call("server_members", server_id, timeout_s=timeout_s)  # type: ignore[no-any-return]
 
 
 class DirectoryClient:

@@ -416,6 +416,27 @@ async def server_member_ids(conn: Queryable, server_id: str) -> list[str]:
     return [r["user_id"] for r in rows]
 
 
+async def last_seen_since(
+    conn: asyncpg.Connection, since: float, chunk: int = 1_000
+) -> AsyncIterator[list[tuple[str, float]]]:
+    """Stored last-seen times at or after `since` (epoch seconds), in chunks: what refills the
+    active counts after Redis lost them (actors/core/activity.py)."""
+    async with conn.transaction():
+        batch: list[tuple[str, float]] = []
+        async for r in conn.cursor(
+            "SELECT id, extract(epoch FROM last_seen_at)::float8 AS t FROM users WHERE last_seen_at >= "
+            "to_timestamp($1)",
+            since,
+            prefetch=chunk,
+        ):
+            batch.append((r["id"], r["t"]))
+            if len(batch) >= chunk:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+
 async def _save_setting(
     conn: Queryable, column: str, allowed: frozenset[str], items: Iterable[tuple[str, str]]
 ) -> int:

@@ -45,7 +45,17 @@ class SocketCount:
     alive: bool
 
 
-Effect = Deliver | PersistChosen | PersistVisibility | OnlineCount | SocketCount
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """For the active counts (`actors.core.activity`): the account has a live socket from `at` on
+    (live=True: its score goes ahead of now) or its last socket went at `at` (live=False)."""
+
+    user_id: str
+    live: bool
+    at: float
+
+
+Effect = Deliver | PersistChosen | PersistVisibility | OnlineCount | SocketCount | Activity
 
 
 @dataclass

@@ -23,9 +23,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .activity import RollingRefresh
 from .audience import NO_RELATIONS, Relations, in_audience
 from .channels import Channel, ChannelState
-from .effects import OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
+from .effects import Activity, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
 from .slots import channel_key, slot_of
 from .status import (
     CHOSEN_STATUSES,
@@ -117,6 +118,8 @@ class ShardState:
         self._round: list[str] = []
         self._round_started: float | None = None
         self._round_sent = 0
+        # The active counts' rolling refresh of accounts with a live socket (actors/core/activity.py).
+        self.activity = RollingRefresh(checkpoint_interval_s)
         # Relations are loaded for readers and watchers too; unreferenced ones are dropped this often.
         self.relations_sweep_s = 60.0
         self._relations_swept_at = 0.0
@@ -249,6 +252,8 @@ class ShardState:
             acc.sockets[socket_id] = Socket(socket_id, edge_id)
             self.edge_sockets.setdefault(edge_id, set()).add((user_id, socket_id))
             self.outbox.add(SocketCount(user_id, socket_id, True))
+            if len(acc.sockets) == 1:
+                self.outbox.add(Activity(user_id, True, now))
         self._settle(acc, now, skip_self=socket_id)
         return acc.real
 
@@ -289,6 +294,8 @@ class ShardState:
         sock = acc.sockets.pop(socket_id)
         self.edge_sockets.get(sock.edge_id, set()).discard((user_id, socket_id))
         self.outbox.add(SocketCount(user_id, socket_id, False))
+        if not acc.sockets:
+            self.outbox.add(Activity(user_id, False, now))
         acc.touched_at = now
         self._settle(acc, now)
 
@@ -534,6 +541,18 @@ class ShardState:
     def live_sockets(self) -> list[tuple[str, str]]:
         return [(u, s) for u, acc in self.accounts.items() for s in acc.sockets]
 
+    def live_accounts(self) -> list[str]:
+        """Accounts with a live socket, whatever their chosen status (the active counts)."""
+        return [u for u, acc in self.accounts.items() if acc.sockets]
+
+    def activity_chunk(self, now: float) -> list[str]:
+        """The accounts whose active score is due for a refresh by `now` (about once a second):
+        a rolling round over the accounts live when it began, skipping those gone since (their
+        departure wrote the right time)."""
+        self._expire(now)
+        due = self.activity.chunk((u for u, acc in self.accounts.items() if acc.sockets), now)
+        return [u for u in due if u in self.accounts and self.accounts[u].sockets]
+
     def socket_count(self) -> int:
         return sum(len(a.sockets) for a in self.accounts.values())
 
@@ -578,7 +597,8 @@ class ShardState:
         return users
 
     def import_slots(self, export: SlotExport, now: float) -> None:
-        """Install an export. Emits nothing: statuses, watchers and rosters arrive as they were."""
+        """Install an export. Emits no frame: statuses, watchers and rosters arrive as they were
+        (only the active counts are told the live accounts again, see `activity_chunk`)."""
         for edge_id, refreshed in export.edges.items():
             # An edge's lease is as fresh as its best renewal anywhere; never shorten it here.
             self.edges[edge_id] = max(self.edges.get(edge_id, 0.0), refreshed)
@@ -595,6 +615,10 @@ class ShardState:
         for ch in export.channels:
             self.channels.channels[ch.channel_id] = ch
         self._expire(now)
+        # This shard's refresh round may not reach them before their scores' lead runs out.
+        for acc in export.accounts:
+            if acc.sockets and acc.user_id in self.accounts:
+                self.outbox.add(Activity(acc.user_id, True, now))
 
 
 @dataclass
