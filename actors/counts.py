@@ -27,11 +27,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
-
-from actors.core.activity import count_active
 
 log = logging.getLogger("presence.counts")
 
@@ -40,6 +39,18 @@ SOCKETS_KEY = "presence:sockets"
 ACTIVE_KEY = "presence:active"
 ACTIVE_SEEDED_KEY = "presence:active:seeded"
 CHUNK = 1_000
+AMONG_CHUNK = 10_000
+# How many of ARGV[2..] are scored at or after ARGV[1] in KEYS[1]: counted inside Redis, so a
+# 10,000-member server costs one round trip and one integer back (bench/active_store.py).
+COUNT_AMONG_LUA = """
+local since = tonumber(ARGV[1])
+local n = 0
+for i = 2, #ARGV do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if s and tonumber(s) >= since then n = n + 1 end
+end
+return n
+"""
 
 
 def active_mark_key(shard: int) -> str:
@@ -191,6 +202,10 @@ class CountReader:
         self.redis = connect(url) if url else None
         self.ttl_s = ttl_s
         self.clock = clock
+        # Loaded again by redis-py when Redis answers NOSCRIPT (after a wipe or a restart).
+        self._count_among: Any = None
+        if self.redis is not None:
+            self._count_among = self.redis.register_script(COUNT_AMONG_LUA)  # type: ignore[no-untyped-call]
 
     async def _count(self, key: str) -> int | None:
         if self.redis is None:
@@ -210,17 +225,18 @@ class CountReader:
             return None
 
     async def active_among(self, members: list[str], since: float) -> int | None:
-        """The same, counting only `members` (a server's): ZMSCORE in pipelined chunks."""
-        if self.redis is None:
+        """The same, counting only `members` (a server's), inside Redis: one script call per
+        10,000 members, each answering one integer (bench/RESULTS.md, "active counts")."""
+        if self._count_among is None:
             return None
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for i in range(0, len(members), CHUNK):
-                pipe.zmscore(ACTIVE_KEY, members[i : i + CHUNK])
-            chunks = await pipe.execute()
+            total = 0
+            for i in range(0, len(members), AMONG_CHUNK):
+                chunk = members[i : i + AMONG_CHUNK]
+                total += int(await self._count_among(keys=[ACTIVE_KEY], args=[since, *chunk]))
+            return total
         except (RedisError, OSError):
             return None
-        return count_active((s for chunk in chunks for s in chunk), since)
 
     async def online_in_server(self, server_id: str) -> int | None:
         return await self._count(server_key(server_id))

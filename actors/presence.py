@@ -247,7 +247,22 @@ class PresenceShard:
             else (row.last_seen_visibility if row else "everyone"),
             "sockets": len(acc.sockets) if acc is not None else 0,
             "chosenStatus": acc.chosen if acc is not None else (row.chosen_status if row else "online"),
+            # The operator page's detail: each live socket, where it is and what it reports.
+            "liveSockets": [
+                {"socketId": sk.socket_id, "edgeId": sk.edge_id, "idle": sk.idle, "focus": sk.focus}
+                for sk in (acc.sockets.values() if acc is not None else ())
+            ],
         }
+
+    async def postgres_ok(self, timeout_s: float = 1.0) -> bool:
+        """Whether this shard's pool reaches PostgreSQL now (the operator page's health line)."""
+        if self.pool is None:
+            return False
+        try:
+            async with asyncio.timeout(timeout_s), self.pool.acquire() as conn:
+                return bool(await conn.fetchval("SELECT 1") == 1)
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
 
     async def server_members(self, server_id: str) -> list[str]:
         """Every member of a server, from PostgreSQL (the active count of one server)."""

@@ -66,6 +66,9 @@ class _FlushActor:
     async def server_members(self, server_id: str) -> list[str]:
         return await (await self._ready()).server_members(server_id)
 
+    async def postgres_ok(self) -> bool:
+        return await (await self._ready()).postgres_ok()
+
     async def stop(self) -> None:
         await (await self._ready()).stop()
 
@@ -127,6 +130,9 @@ class _PresenceActor:
 
     async def server_members(self, server_id: str) -> list[str]:
         return await (await self._ready()).server_members(server_id)
+
+    async def postgres_ok(self) -> bool:
+        return await (await self._ready()).postgres_ok()
 
     async def drain(self, timeout_s: float) -> int:
         return await (await self._ready()).drain(timeout_s)
@@ -300,6 +306,9 @@ class ShardClient:
 
     async def server_members(self, server_id: str, timeout_s: float) -> list[str]:
         return await self._call("server_members", server_id, timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+    async def postgres_ok(self, timeout_s: float) -> bool:
+        return await self._call("postgres_ok", timeout_s=timeout_s)  # type: ignore[no-any-return]
 
 
 class DirectoryClient:

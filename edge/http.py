@@ -3,6 +3,9 @@
     GET /api/v1/internal/presence/focus?userId=U&channelId=C   {"focused": bool}
     GET /api/v1/internal/presence/online?serverId=G            {"online": N | null}
     GET /api/v1/internal/presence/users/U                      operator view
+    GET /api/v1/internal/presence/active?hours=H[&serverId=G]  {"active": N | null}
+    GET /api/v1/internal/presence/cluster                      the operator page's cluster panel
+    GET /admin (+ /admin/admin.js, /admin/admin.css)           the operator page (static, no data)
     GET /healthz                                               200 when every shard answers
     GET /metrics                                               Prometheus text
 
@@ -22,6 +25,8 @@ import hmac
 import http
 import ipaddress
 import logging
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -29,9 +34,10 @@ import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from actors.core.activity import REPORT_WINDOWS_H, BadWindow, parse_hours, window_start
 from actors.core.ids import id_problem
 from actors.metrics import render
-from actors.ray_api import flush_stats
+from actors.ray_api import DirectoryClient, flush_stats
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection
@@ -47,6 +53,17 @@ SHARD_TIMEOUT_S = 1.5
 OPEN_PATHS = frozenset({"/healthz"})
 
 log = logging.getLogger("presence.internal")
+# What the operator page shows of the FlushActor (its backlog and whether it reaches PostgreSQL).
+CLUSTER_FLUSH_KEYS = ("pending_rows", "in_flight_rows", "oldest_pending_age_s", "errors", "connected")
+# The operator page: plain files, no build step, no data in them (the data comes from the JSON
+# routes, which carry the internal token when one is set).
+ADMIN_DIR = Path(__file__).parent / "static" / "admin"
+ADMIN_FILES = {
+    "/admin": ("admin.html", "text/html; charset=utf-8"),
+    "/admin/": ("admin.html", "text/html; charset=utf-8"),
+    "/admin/admin.js": ("admin.js", "text/javascript; charset=utf-8"),
+    "/admin/admin.css": ("admin.css", "text/css; charset=utf-8"),
+}
 
 
 def is_loopback(host: str) -> bool:
@@ -133,6 +150,11 @@ class InternalApi:
                 return await self.online(query)
             if path.startswith(f"{PREFIX}/users/"):
                 return await self.user(unquote(path[len(PREFIX) + len("/users/") :]))
+            if path == f"{PREFIX}/active":
+                return await self.active(query)
+            if path == f"{PREFIX}/cluster":
+                return await self.cluster()
+            # ADMIN-ROUTE
         except TimeoutError:
             return json_response(None, 503, {"error": "a shard did not answer in time"})
         except Exception:
@@ -168,6 +190,90 @@ class InternalApi:
             return bad
         assert server is not None
         return json_response(None, 200, {"online": await self.edge.counts.online_in_server(server)})
+
+    async def active(self, query: dict[str, str]) -> Response:
+        """Accounts (members of G where given) with a live socket at some moment of the last H
+        hours (actors/core/activity.py); null when Redis cannot answer."""
+        try:
+            hours = parse_hours(query.get("hours"))
+        except BadWindow as e:
+            return json_response(None, 400, {"error": str(e)})
+        since = window_start(time.time(), hours)
+        server = query.get("serverId")
+        if server is None:
+            return json_response(None, 200, {"active": await self.edge.counts.active(since)})
+        bad = _bad_id("serverId", server)
+        if bad is not None:
+            return bad
+        shard = self.edge.router.shards[self.edge.router.shard_of_user(server)]
+        members = await shard.server_members(server, SHARD_TIMEOUT_S)
+        return json_response(None, 200, {"active": await self.edge.counts.active_among(members, since)})
+
+    async def cluster(self) -> Response:
+        """The operator page's cluster panel: shards, edges, pending last-seen, flush backlog,
+        PostgreSQL and Redis health, and the active counts of the usual windows."""
+        router = self.edge.router
+        clients = list(router.shards.values())
+        stats = await asyncio.gather(*(c.stats(SHARD_TIMEOUT_S) for c in clients), return_exceptions=True)
+        shards: list[dict[str, Any]] = []
+        for client, st in zip(clients, stats, strict=True):
+            if isinstance(st, dict):
+                keep = ("shard", "slots", "accounts", "online", "sockets", "edges", "pending_last_seen")
+                shards.append({k: st.get(k) for k in keep})
+            else:
+                shards.append({"shard": client.index, "error": "did not answer"})
+        try:
+            flush: dict[str, Any] = await flush_stats(SHARD_TIMEOUT_S)
+        except Exception:
+            flush = {"error": "did not answer"}
+        try:
+            edges = await asyncio.wait_for(DirectoryClient().list_edges(), SHARD_TIMEOUT_S)
+        except Exception:
+            edges = {}
+        postgres = False
+        if clients:
+            try:
+                postgres = await clients[0].postgres_ok(SHARD_TIMEOUT_S)
+            except Exception:
+                postgres = False
+        now = time.time()
+        counts = self.edge.counts
+        active = await asyncio.gather(*(counts.active(window_start(now, h)) for h in REPORT_WINDOWS_H))
+        return json_response(
+            None,
+            200,
+            {
+                "edge": self.edge.edge_id,
+                "shards": shards,
+                "edges": [
+                    {
+                        "edgeId": e,
+                        "wsPort": v.get("ws_port"),
+                        "internalPort": v.get("internal_port"),
+                        "sockets": v.get("sockets"),
+                    }
+                    for e, v in sorted(edges.items())
+                ],
+                "pendingLastSeen": sum(int(s.get("pending_last_seen") or 0) for s in shards),
+                "flush": {k: flush.get(k) for k in CLUSTER_FLUSH_KEYS}
+                if "error" not in flush
+                else {"error": flush["error"]},
+                "postgres": postgres,
+                "redis": await counts.ping(),
+                "accountsOnline": await counts.accounts_online(),
+                "active": {f"{h:g}h": n for h, n in zip(REPORT_WINDOWS_H, active, strict=True)},
+            },
+        )
+
+    def admin_file(self, path: str) -> Response:
+        name, content_type = ADMIN_FILES[path]
+        body = (ADMIN_DIR / name).read_bytes()
+        resp = _response(200, body, content_type)
+        # The page is the operator's; never framed by another site, never cached stale.
+        resp.headers["Cache-Control"] = "no-store"
+        resp.headers["X-Frame-Options"] = "DENY"
+        resp.headers["Content-Security-Policy"] = "default-src 'self'; frame-ancestors 'none'"
+        return resp
 
     async def user(self, user_id: str) -> Response:
         bad = _bad_id("userId", user_id)
