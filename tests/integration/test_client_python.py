@@ -1,0 +1,221 @@
+"""The Python client's connection handling against a scripted websocket server on loopback (no
+cluster): a server that stops answering, close codes 4029 / 1008 / 4001 / 1000, answers matched
+to requests by the heartbeat that follows them, outgoing pacing.
+
+The live behaviour (a real edge killed under the client) is tests/integration/test_clients_live.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from websockets.asyncio.server import Server, ServerConnection, serve
+
+from presence_client import BackoffPolicy, PresenceClient, PresenceError, TokenContext
+
+Script = Callable[[ServerConnection, int], Awaitable[None]]
+FAST = BackoffPolicy(base_s=0.02, cap_s=0.1, throttled_base_s=0.4, throttled_cap_s=1.0)
+
+
+class Scripted:
+    """Serves connection number n (from 0) with script(ws, n); records what clients send."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.count = 0
+        self.received: list[list[dict[str, Any]]] = []
+        self.server: Server | None = None
+
+    async def handler(self, ws: ServerConnection) -> None:
+        n = self.count
+        self.count += 1
+        self.received.append([])
+        await self.script(ws, n)
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = next(iter(self.server.sockets)).getsockname()[1]
+        return f"ws://127.0.0.1:{port}/ws/presence"
+
+    async def recv(self, ws: ServerConnection, n: int) -> dict[str, Any]:
+        frame: dict[str, Any] = json.loads(await ws.recv())
+        self.received[n].append(frame)
+        return frame
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[Callable[[Script], Awaitable[Scripted]]]:
+    servers: list[Scripted] = []
+
+    async def start(script: Script) -> Scripted:
+        s = Scripted(script)
+        s.server = await serve(s.handler, "127.0.0.1", 0)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        assert s.server is not None
+        s.server.close()
+        await s.server.wait_closed()
+
+
+async def ready(s: Scripted, ws: ServerConnection, n: int, interval_ms: int = 30_000) -> None:
+    assert (await s.recv(ws, n))["type"] == "identify"
+    await ws.send(json.dumps({"type": "ready", "userId": "me", "socketId": f"s-{n}", "status": "online",
+                              "heartbeatIntervalMs": interval_ms}))  # fmt: skip
+
+
+async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_silent_server_is_dropped_and_the_client_reconnects(scripted: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n, interval_ms=150)
+        if n == 0:
+            await ws.wait_closed()  # answers nothing: a dead path
+        else:
+            async for raw in ws:
+                if json.loads(raw)["type"] == "heartbeat":
+                    await ws.send('{"type":"heartbeat.ack"}')
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    states: list[tuple[str, dict[str, Any]]] = []
+    client.on("state", lambda state, info: states.append((state, info)))
+    client.connect()
+    started = time.monotonic()
+    await until(lambda: s.count == 2 and client.state == "open")
+    # One interval to send the heartbeat, one more without an answer: dropped within ~0.3 s.
+    assert time.monotonic() - started < 2.0
+    dropped = next(info for state, info in states if state == "reconnecting")
+    assert dropped["code"] == 4000
+    await asyncio.sleep(0.5)  # the new connection answers: it stays
+    assert client.state == "open" and s.count == 2
+    await client.close()
+
+
+@pytest.mark.parametrize("code", [4029, 1008])
+async def test_throttling_close_codes_back_off_harder(scripted: Any, code: int) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        if n == 0:
+            await ws.close(code, "slow down")
+        else:
+            await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST, random=lambda: 0.0)
+    client.connect()
+    await until(lambda: s.count == 2)
+    assert client.reconnect_delays == [pytest.approx(FAST.throttled_base_s / 2)]
+    await client.close()
+
+
+async def test_4001_asks_the_provider_again_and_1000_stops(scripted: Any) -> None:
+    asked: list[TokenContext] = []
+
+    def token(ctx: TokenContext) -> str:
+        asked.append(ctx)
+        return f"T{len(asked)}"
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        if n == 0:
+            await s.recv(ws, n)
+            await ws.close(4001, "bad token")
+            return
+        await ready(s, ws, n)
+        await ws.close(1000, "bye")
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, token, backoff=FAST)
+    client.connect()
+    await until(lambda: client.state == "closed")
+    assert [(c.attempt, c.rejected) for c in asked] == [(0, False), (1, True)]
+    assert [r[0]["token"] for r in s.received] == ["T1", "T2"]
+    await asyncio.sleep(0.3)
+    assert s.count == 2  # 1000: nothing retried
+
+
+async def test_a_fixed_token_refused_stops(scripted: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await s.recv(ws, n)
+        await ws.close(4001, "bad token")
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    errors: list[str] = []
+    client.on("error", lambda e: errors.append(e.code))
+    client.connect()
+    await until(lambda: client.state == "closed")
+    assert errors == ["unauthorized"] and s.count == 1
+
+
+async def test_answers_matched_by_the_following_heartbeat(scripted: Any) -> None:
+    """Two query chunks in flight at once: each gets its own answers, a broadcast in between is
+    taken as the newer word, an id outside the audience is silent."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        async for raw in ws:
+            frame = json.loads(raw)
+            s.received[n].append(frame)
+            if frame["type"] == "heartbeat":
+                await ws.send('{"type":"heartbeat.ack"}')
+            elif frame["type"] == "presence.query":
+                for u in frame["userIds"]:
+                    if u != "u7":
+                        answer = {"type": "presence.changed", "userId": u, "status": "offline"}
+                        if u == "u1":
+                            answer["lastSeenAt"] = "2026-12-02T08:47:00.000Z"
+                        await ws.send(json.dumps(answer))
+                if "u150" in frame["userIds"]:
+                    await ws.send(
+                        json.dumps({"type": "presence.changed", "userId": "u150", "status": "online"})
+                    )
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    client.connect()
+    await client.wait_open()
+    answers = await client.query([f"u{i}" for i in range(160)])
+    queries = [f for f in s.received[0] if f["type"] == "presence.query"]
+    assert [len(q["userIds"]) for q in queries] == [100, 60]
+    assert len(answers) == 159 and "u7" not in answers
+    assert list(answers)[:8] == ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "u8"]
+    assert answers["u1"].last_seen_at == "2026-12-02T08:47:00.000Z"
+    assert answers["u150"].status == "online" and answers["u150"].last_seen_at is None
+    await client.close()
+    with pytest.raises(PresenceError) as e:
+        await client.query(["u1"])
+    assert e.value.code == "not_connected"
+
+
+async def test_outgoing_frames_are_paced(scripted: Any) -> None:
+    arrivals: list[float] = []
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        async for _ in ws:
+            arrivals.append(time.monotonic())
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST, rate_burst=5, rate_per_s=20)
+    client.connect()
+    await client.wait_open()
+    for i in range(15):
+        client.set_focus(f"c{i}")
+    await until(lambda: len(arrivals) == 15)
+    # 5 at once, then 10 at 20/s: about half a second, never faster.
+    assert arrivals[-1] - arrivals[0] >= 0.45
+    await client.close()
