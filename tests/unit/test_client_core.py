@@ -161,3 +161,31 @@ def test_typing_lapses_after_ten_seconds() -> None:
     assert t.typers("c1", 110.0) == ["amy"]
     assert t.expire(113.0) == ["c1"]
     assert t.until == {}
+
+
+STATUS = st.sampled_from(["online", "idle", "dnd", "offline", "invisible"])
+IDS = [f"u{i}" for i in range(8)]
+
+
+@given(
+    before=st.lists(st.tuples(st.sampled_from(IDS), STATUS), max_size=20),
+    truth=st.dictionaries(st.sampled_from(IDS), STATUS),
+    later=st.lists(st.tuples(st.sampled_from(IDS), STATUS), max_size=6),
+)
+def test_after_a_resync_the_picture_is_the_truth(
+    before: list[tuple[str, str]], truth: dict[str, str], later: list[tuple[str, str]]
+) -> None:
+    """Whatever the picture held before a reconnect, after the fresh sync (the truth: the visible
+    ids and their statuses), and broadcasts that follow it, it holds exactly that."""
+    pic = Picture()
+    pic.watch(IDS)
+    for user_id, status in before:
+        pic.apply({"type": "presence.changed", "userId": user_id, "status": status})
+    sync = {"type": "presence.sync", "users": [{"userId": u, "status": s} for u, s in truth.items()]}
+    window: list[dict[str, Any]] = [sync]
+    window += [{"type": "presence.changed", "userId": u, "status": s} for u, s in later]
+    for f in window:
+        pic.apply(f)
+    pic.reconcile(IDS, window)
+    expected = {**truth, **dict(later)}
+    assert {u: e.status for u, e in pic.entries.items()} == expected
