@@ -27,6 +27,7 @@ from typing import Any
 import asyncpg
 
 from actors.core.flush_buffer import Batch, FlushBuffer, clamp_timestamp
+from actors.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class FlushActor:
         self._rows_written = 0
         self._rows_updated = 0
         self._errors = 0
+        self.metrics = Metrics()  # the write-time histogram (the rest is in stats())
         self._retries = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -189,7 +191,7 @@ class FlushActor:
             self._draining -= 1
         return self._unwritten()
 
-    async def stats(self) -> dict[str, int | float]:
+    async def stats(self) -> dict[str, Any]:
         since = self._buffer.oldest_pending_since()
         return {
             "pending_rows": self._buffer.pending_count,
@@ -203,7 +205,8 @@ class FlushActor:
             "waiting_writes": sum(len(v) for v in self._waiting.values()),
             "overloaded": int(self._buffer.overloaded),
             "connected": int(self._conn is not None and not self._conn.is_closed()),
-            "oldest_pending_age_s": 0.0 if since is None else max(self._clock() - since, 0.0),
+            "oldest_pending_age_seconds": 0.0 if since is None else max(self._clock() - since, 0.0),
+            "metrics": self.metrics.snapshot(),
         }
 
     # ------------------------------------------------------------------ the loop
@@ -242,10 +245,14 @@ class FlushActor:
     async def _execute(self, batch: Batch) -> None:
         if self._buffer.consecutive_failures:
             self._retries += 1
+        started = time.perf_counter()
         try:
             conn = await self._connection()
             times = [datetime.fromtimestamp(t, tz=UTC) for t in batch.times]
-            status = await conn.execute(UPDATE_SQL, batch.ids, times, timeout=self._statement_timeout_s)
+            try:
+                status = await conn.execute(UPDATE_SQL, batch.ids, times, timeout=self._statement_timeout_s)
+            finally:
+                self.metrics.observe("flush_write_seconds", time.perf_counter() - started)
         except asyncio.CancelledError:
             # Stopping mid-statement: whether it committed is unknown, so keep the rows (they
             # are counted as unwritten); callers are told by stop() and resend if needed.

@@ -1,13 +1,25 @@
 """A tiny in-process metrics registry rendered as Prometheus text.
 
-Counters and summaries (count and sum) keyed by name and labels. Shards keep one each and ship a
-snapshot to the edge that renders `/metrics`; no client library, no background thread.
+Counters, gauges, histograms and summaries keyed by name and labels. Shards keep one each and
+ship a snapshot to the edge that renders `/metrics`; no client library, no background thread.
+
+`observe` makes a histogram with the fixed buckets `BUCKETS_SECONDS` for names ending in
+`_seconds` (so p99 can be computed in Prometheus across processes), and a summary (count, sum)
+for everything else (sizes). Both also get a `_max` gauge. Every family carries `# HELP` (from
+`actors.metric_help`) and `# TYPE`.
 """
 
 from __future__ import annotations
 
+import bisect
+import os
 from collections import defaultdict
 from typing import Any
+
+from actors.metric_help import HELP
+
+# Upper bounds of the latency buckets, in seconds (the `+Inf` bucket is implicit).
+BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -23,6 +35,7 @@ class Metrics:
         self.counters: dict[Key, float] = defaultdict(float)
         self.summaries: dict[Key, list[float]] = {}
         self.gauges: dict[Key, float] = {}
+        self.histograms: dict[Key, list[float]] = {}
 
     def inc(self, name: str, n: float = 1, **labels: str) -> None:
         self.counters[_key(name, labels)] += n
@@ -31,6 +44,17 @@ class Metrics:
         self.gauges[_key(name, labels)] = value
 
     def observe(self, name: str, value: float, **labels: str) -> None:
+        if name.endswith("_seconds"):
+            h = self.histograms.get(key := _key(name, labels))
+            if h is None:
+                # per-bucket counts (not cumulative), then count, sum, max
+                h = self.histograms[key] = [0.0] * (len(BUCKETS_SECONDS) + 4)
+            h[bisect.bisect_left(BUCKETS_SECONDS, value)] += 1
+            n = len(BUCKETS_SECONDS) + 1
+            h[n] += 1
+            h[n + 1] += value
+            h[n + 2] = max(h[n + 2], value)
+            return
         s = self.summaries.setdefault(_key(name, labels), [0.0, 0.0, 0.0])
         s[0] += 1
         s[1] += value
@@ -41,7 +65,27 @@ class Metrics:
             "counters": [(n, list(lab), v) for (n, lab), v in self.counters.items()],
             "gauges": [(n, list(lab), v) for (n, lab), v in self.gauges.items()],
             "summaries": [(n, list(lab), v) for (n, lab), v in self.summaries.items()],
+            "histograms": [(n, list(lab), list(v)) for (n, lab), v in self.histograms.items()],
         }
+
+    def sample_process(self) -> None:
+        """Process gauges: open files and their limit, resident memory, CPU time."""
+        sample_process(self)
+
+
+def sample_process(metrics: Metrics) -> None:
+    import resource
+
+    import psutil
+
+    proc = psutil.Process()
+    with proc.oneshot():
+        metrics.set("process_open_fds", proc.num_fds())
+        metrics.set("process_resident_memory_bytes", proc.memory_info().rss)
+        times = proc.cpu_times()
+        metrics.set("process_cpu_seconds", times.user + times.system)
+    metrics.set("process_max_fds", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    metrics.set("process_pid", os.getpid())
 
 
 def _escape(value: object) -> str:
@@ -79,8 +123,34 @@ def render(snapshots: list[tuple[dict[str, str], dict[str, Any]]], prefix: str =
                 [f"{prefix}{name}_count{lab} {count}", f"{prefix}{name}_sum{lab} {total}"]
             )
             add(prefix + name + "_max", "gauge", lab, peak)
+        for name, labels, values in snap.get("histograms", []):
+            n = len(BUCKETS_SECONDS) + 1
+            lab = _labels(labels, extra)
+            out = groups.setdefault(prefix + name, ("histogram", []))[1]
+            cumulative = 0.0
+            for bound, count in zip((*BUCKETS_SECONDS, "+Inf"), values[:n], strict=True):
+                cumulative += count
+                le = _labels(labels, {**extra, "le": str(bound)})
+                out.append(f"{prefix}{name}_bucket{le} {cumulative}")
+            out.extend([f"{prefix}{name}_count{lab} {values[n]}", f"{prefix}{name}_sum{lab} {values[n + 1]}"])
+            add(prefix + name + "_max", "gauge", lab, values[n + 2])
     lines: list[str] = []
     for name, (kind, samples) in groups.items():
+        lines.append(f"# HELP {name} {_escape_help(help_text(name.removeprefix(prefix)))}")
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(samples)
     return "\n".join(lines) + "\n"
+
+
+def help_text(name: str) -> str:
+    """The HELP line of a family (without the prefix); `_max` gauges describe their base."""
+    if name in HELP:
+        return HELP[name]
+    base = name.removesuffix("_max")
+    if base != name and base in HELP:
+        return f"largest value observed since the process started: {HELP[base]}"
+    return name
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")

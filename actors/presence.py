@@ -271,6 +271,7 @@ class PresenceShard:
             return await db.server_member_ids(conn, server_id)
 
     async def stats(self) -> dict[str, Any]:
+        self.metrics.sample_process()
         return {
             "shard": self.config.shard_index,
             "incarnation": self.incarnation,

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 PREFIX = "/api/v1/internal/presence"
 # FlushActor figures exported by /metrics: statements and rows written, and what still waits.
 FLUSH_COUNTERS = ("statements", "rows_written", "errors", "retries")
-FLUSH_GAUGES = ("pending_rows", "in_flight_rows", "oldest_pending_age_s")
+FLUSH_GAUGES = ("pending_rows", "in_flight_rows", "oldest_pending_age_seconds")
 SHARD_TIMEOUT_S = 1.5
 # Served without the internal token: load balancers and orchestrators probe it.
 OPEN_PATHS = frozenset({"/healthz"})
@@ -287,6 +287,8 @@ class InternalApi:
 
     async def metrics(self) -> Response:
         router = self.edge.router
+        self.edge.metrics.sample_process()
+        self.edge.metrics.set("open_connections", len(self.edge.conns))
         snapshots: list[tuple[dict[str, str], dict[str, Any]]] = [
             ({"edge": self.edge.edge_id}, self.edge.metrics.snapshot())
         ]
@@ -309,6 +311,7 @@ class InternalApi:
             flush = {}
         counters = [(f"flush_{k}_total", [], float(flush[k])) for k in FLUSH_COUNTERS if k in flush]
         gauges = [(f"flush_{k}", [], float(flush[k])) for k in FLUSH_GAUGES if k in flush]
-        snapshots.append(({}, {"counters": counters, "gauges": gauges}))
+        histograms = flush.get("metrics", {}).get("histograms", [])
+        snapshots.append(({}, {"counters": counters, "gauges": gauges, "histograms": histograms}))
         text = render(snapshots)
         return _response(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")

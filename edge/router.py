@@ -196,8 +196,11 @@ class Router:
             backoff = 0.2
             self.last_contact[shard] = time.monotonic()
             seen, acked = incarnation, last
-            for socket_ids, payload in items:
-                self.deliver(socket_ids, payload)
+            if items:
+                started = time.perf_counter()
+                for socket_ids, payload in items:
+                    self.deliver(socket_ids, payload)
+                self.metrics.observe("edge_delivery_seconds", time.perf_counter() - started)
             self.metrics.observe("edge_pull_items", len(items))
             await self._check_incarnation(shard, incarnation)
             if 0 < len(items) < PULL_BATCH and self.pull_gather_s > 0:

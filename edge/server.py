@@ -533,7 +533,7 @@ class Edge:
                     task = asyncio.create_task(conn.ws.close(close.code, close.reason))
                     self._closing.add(task)
                     task.add_done_callback(self._closing.discard)
-            self.metrics.set("connections", len(self.conns))
+            self.metrics.set("open_connections", len(self.conns))
             self.admission.sweep(now)
 
     async def _register_loop(self) -> None:

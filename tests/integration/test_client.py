@@ -111,7 +111,9 @@ async def test_metrics_cover_what_operators_watch(cluster: Cluster, edge: Edge, 
 
     text = await eventually(lambda: _has_flush(asyncio.to_thread(fetch)), timeout=10)
     for series in (
-        "presence_connections",  # sockets on this edge
+        "presence_open_connections",  # sockets on this edge
+        "presence_process_open_fds",  # the edge's first limit
+        "presence_edge_actor_call_seconds_bucket",  # actor call latency histogram
         'presence_frames_in_total{type="heartbeat"',  # frames in, by type
         "presence_frames_out_total",
         'presence_events_total{type="presence.self"',  # events delivered by the shards, by type
@@ -126,8 +128,16 @@ async def test_metrics_cover_what_operators_watch(cluster: Cluster, edge: Edge, 
         assert series in text, series
     types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
     assert len(types) == len(set(types)), "one TYPE line per metric"
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = list(text_string_to_metric_families(text))  # raises on anything malformed
+    assert all(f.documentation for f in families)
+    kinds = {f.name: f.type for f in families}
+    assert kinds["presence_edge_actor_call_seconds"] == "histogram"
+    assert kinds["presence_flush_write_seconds"] == "histogram"
 
 
 async def _has_flush(text: object) -> str | None:
     value = await text  # type: ignore[misc]
-    return value if "presence_flush_statements_total" in value else None
+    # The flush-write histogram appears with the first write (the departure of the socket above).
+    return value if "presence_flush_write_seconds_bucket" in value else None

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from actors import gc_policy
-from actors.metrics import Metrics
+from actors.metrics import BUCKETS_SECONDS, Metrics
 
 
 @pytest.fixture(autouse=True)
@@ -23,9 +23,11 @@ def _restore_gc() -> Iterator[None]:
 
 
 def _pauses(metrics: Metrics) -> dict[str, list[float]]:
+    """Count, sum and max of the pause histogram, by generation."""
+    n = len(BUCKETS_SECONDS) + 1
     return {
-        dict(labels)["generation"]: v
-        for (name, labels), v in metrics.summaries.items()
+        dict(labels)["generation"]: v[n : n + 3]
+        for (name, labels), v in metrics.histograms.items()
         if name == "gc_pause_seconds"
     }
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from actors.metrics import Metrics, render
+from actors.metrics import BUCKETS_SECONDS, Metrics, render
 
 SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
@@ -30,6 +30,8 @@ def parse(text: str) -> list[tuple[str, str, list[tuple[str, str, dict[str, str]
     for line in text.splitlines():
         if not line:
             continue
+        if line.startswith("# HELP "):
+            continue
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
             assert kind in ("counter", "gauge", "summary", "histogram", "untyped")
@@ -41,6 +43,8 @@ def parse(text: str) -> list[tuple[str, str, list[tuple[str, str, dict[str, str]
         assert families, "a sample before any TYPE line"
         name, kind, samples = families[-1]
         allowed = {name} if kind in ("counter", "gauge") else {name, f"{name}_count", f"{name}_sum"}
+        if kind == "histogram":
+            allowed.add(f"{name}_bucket")
         assert m["name"] in allowed, f"{m['name']} under the TYPE line of {name}"
         labels = {
             k: v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
@@ -62,15 +66,15 @@ def test_counters_gauges_summaries() -> None:
     m.inc("ops_total", op="connect")
     m.inc("ops_total", 2, op="connect")
     m.inc("ops_total", op="watch")
-    m.set("connections", 7)
-    m.set("connections", 5)
+    m.set("open_connections", 7)
+    m.set("open_connections", 5)
     m.observe("batch_ops", 3)
     m.observe("batch_ops", 10)
     fams = parse(render([({}, m.snapshot())]))
     kind, samples = family(fams, "presence_ops_total")
     assert kind == "counter"
     assert {(s[2]["op"], s[3]) for s in samples} == {("connect", 3.0), ("watch", 1.0)}
-    kind, samples = family(fams, "presence_connections")
+    kind, samples = family(fams, "presence_open_connections")
     assert kind == "gauge" and [s[3] for s in samples] == [5.0]
     kind, samples = family(fams, "presence_batch_ops")
     assert kind == "summary"
@@ -105,7 +109,7 @@ def test_one_type_line_per_metric_and_samples_grouped_across_registries() -> Non
         (("edge", "edge-1"), ("type", "typing")),
     }
     _, samples = family(fams, "presence_apply_seconds")
-    assert len(samples) == 6  # count and sum per shard
+    assert len(samples) == 3 * (len(BUCKETS_SECONDS) + 3)  # buckets, +Inf, count and sum per shard
     assert math.isclose(sum(s[3] for s in samples if s[0].endswith("_sum")), 0.006)
 
 
@@ -137,6 +141,7 @@ def test_no_labels() -> None:
     m = Metrics()
     m.inc("plain_total")
     assert render([({}, m.snapshot())]).splitlines() == [
+        "# HELP presence_plain_total plain_total",
         "# TYPE presence_plain_total counter",
         "presence_plain_total 1.0",
     ]
@@ -163,6 +168,7 @@ def test_snapshot_is_plain_data() -> None:
         "counters": [("a_total", [("k", "v")], 1.0)],
         "gauges": [("g", [], 1.5)],
         "summaries": [("s", [], [1.0, 2.0, 2.0])],
+        "histograms": [],
     }
 
 
@@ -174,3 +180,93 @@ def test_observe_keeps_count_sum_max(values: list[float]) -> None:
     ((_, _, (count, total, peak)),) = m.snapshot()["summaries"]
     assert (count, total) == (len(values), sum(values))
     assert peak == max(values)
+
+
+# ---------------------------------------------------------------- what operators' tools accept
+
+
+# Every name the code exports, with made-up samples: a page as the edge renders it.
+def full_page() -> str:
+    from actors.metric_help import HELP
+
+    edge, shard, flush = Metrics(), Metrics(), Metrics()
+    for name in HELP:
+        target = flush if name.startswith("flush_") else shard if name.startswith("shard_") else edge
+        if name.endswith("_total"):
+            target.inc(name, 3)
+        elif name.endswith("_seconds") and name != "process_cpu_seconds":
+            for v in (0.0002, 0.003, 0.003, 0.7, 30.0):
+                target.observe(name, v)
+        elif name in ("edge_batch_ops", "edge_pull_items", "shard_batch_ops"):
+            target.observe(name, 12)
+        else:
+            target.set(name, 5)
+    edge.sample_process()
+    return render(
+        [({"edge": "e1"}, edge.snapshot()), ({"shard": "0"}, shard.snapshot()), ({}, flush.snapshot())]
+    )
+
+
+def test_prometheus_client_parses_every_family_with_help_and_type() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from actors.metric_help import HELP
+
+    text = full_page()
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names)), "two families share a name (e.g. a gauge X and a counter X_total)"
+    exported = {f.name.removeprefix("presence_") for f in families}
+    assert {n for n in HELP if not n.endswith("_total")} <= exported
+    for f in families:
+        assert f.type in ("counter", "gauge", "histogram", "summary"), (f.name, f.type)
+        assert f.documentation and f.documentation != f.name.removeprefix("presence_"), (
+            f"no HELP for {f.name}"
+        )
+    # Every family has its own HELP and TYPE line, in that order, once.
+    helps = [ln.split(" ")[2] for ln in text.splitlines() if ln.startswith("# HELP ")]
+    types = [ln.split(" ")[2] for ln in text.splitlines() if ln.startswith("# TYPE ")]
+    assert helps == types and len(types) == len(set(types))
+
+
+def test_names_carry_units_and_never_clash() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = list(text_string_to_metric_families(full_page()))
+    seen: set[str] = set()
+    for f in families:
+        assert not re.search(r"_(s|ms|secs?|millis)(_|$)", f.name), f"{f.name}: spell the unit out (_seconds)"
+        base = f.name.removesuffix("_total")
+        assert base not in seen, f"{f.name} clashes with another family"
+        seen.add(base)
+    gauges = {f.name for f in families if f.type == "gauge"}
+    counters = {f.name for f in families if f.type == "counter"}
+    assert not {g for g in gauges if f"{g}_total" in counters}, "a gauge X beside a counter X_total"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["presence_edge_actor_call_seconds", "presence_edge_delivery_seconds", "presence_flush_write_seconds"],
+)
+def test_latencies_are_histograms_with_fixed_buckets(name: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    (fam,) = [f for f in text_string_to_metric_families(full_page()) if f.name == name]
+    assert fam.type == "histogram"
+    buckets = [s for s in fam.samples if s.name == f"{name}_bucket"]
+    bounds = [s.labels["le"] for s in buckets]
+    assert [float(b) for b in bounds[:-1]] == list(BUCKETS_SECONDS) and bounds[-1] == "+Inf"
+    counts = [s.value for s in buckets]
+    assert counts == sorted(counts), "buckets are cumulative"
+    assert counts[-1] == 5 and counts[BUCKETS_SECONDS.index(0.005)] == 3  # 0.0002, 0.003, 0.003 <= 5 ms
+    (count,) = [s.value for s in fam.samples if s.name == f"{name}_count"]
+    assert count == 5
+
+
+def test_process_metrics_are_real() -> None:
+    m = Metrics()
+    m.sample_process()
+    gauges = {n: v for n, _, v in m.snapshot()["gauges"]}
+    assert gauges["process_open_fds"] >= 3
+    assert gauges["process_max_fds"] >= gauges["process_open_fds"]
+    assert gauges["process_resident_memory_bytes"] > 1_000_000

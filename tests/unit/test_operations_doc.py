@@ -92,7 +92,8 @@ def exported_metrics() -> dict[str, str]:
     kinds = {"inc": "counter", "set": "gauge", "observe": "summary"}
     for path in [*(ROOT / "actors").rglob("*.py"), *(ROOT / "edge").rglob("*.py")]:
         for method, name in re.findall(r"metrics\.(inc|set|observe)\(\s*\"(\w+)\"", path.read_text()):
-            found[PREFIX + name] = kinds[method]
+            kind = kinds[method]
+            found[PREFIX + name] = "histogram" if kind == "summary" and name.endswith("_seconds") else kind
     # The shard gauges that edge/http.py adds from each shard's stats, and the FlushActor's figures.
     http = (ROOT / "edge" / "http.py").read_text()
     m = re.search(r"for k in \(([^)]*)\)", http)
@@ -126,6 +127,18 @@ def test_metrics_table_matches_the_code() -> None:
     )
     for name, kind in exported.items():
         assert documented[name] == kind, name
+
+
+def test_help_lines_say_what_the_table_says() -> None:
+    """`# HELP` on /metrics (actors/metric_help.py) and the table's meaning are the same text."""
+    from actors.metric_help import HELP
+
+    rows = {
+        unquote(r[0]).removeprefix(PREFIX): r[-1].lstrip("| ").replace("`", "") for r in section("metrics")
+    }
+    assert set(HELP) == set(rows), sorted(set(HELP) ^ set(rows))
+    for name, meaning in rows.items():
+        assert HELP[name] == meaning, name
 
 
 def test_every_metric_named_in_the_text_exists() -> None:
