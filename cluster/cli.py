@@ -55,6 +55,14 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_files() -> None:
+    from cluster.runtime import raise_open_files_limit
+
+    before, after = raise_open_files_limit()
+    change = f" (raised from {before})" if after != before else ""
+    print(f"presence: open files limit {after}{change}", flush=True)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from cluster import rayauth
 
@@ -62,6 +70,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     settings = _settings(
         args, shards=args.shards, ws_port=args.ws_port, internal_port=args.internal_port, demo=demo
     )
+    _open_files()
     # Before `ray` is imported: a local instance gets token authentication, a cluster to join the
     # mode it requires.
     if settings.ray_address:
@@ -77,6 +86,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
     from cluster.runtime import prepare_to_join
 
     settings = _settings(args, ws_port=args.ws_port, internal_port=args.internal_port)
+    _open_files()
     prepare_to_join(settings)
     from cluster.up import edge
 

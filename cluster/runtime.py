@@ -126,3 +126,24 @@ def prepare_to_join(settings: Settings) -> None:
     if info is not None and info.ray_auth_token_path and rayauth.TOKEN_PATH_VAR not in os.environ:
         os.environ[rayauth.TOKEN_PATH_VAR] = info.ray_auth_token_path
     rayauth.prepare_join(settings.ray_address or (info.ray_address if info else None))
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open files to its hard limit; (before, after).
+
+    Every websocket is a file, so an edge left at a login default of 1,024 refuses clients long
+    before its CPU is busy. Only the soft limit moves (no privilege needed); raising the hard limit
+    is the start command's job (`ulimit -n` in ray_cluster.yaml).
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            target = soft
+    else:
+        target = soft
+    return soft, target

@@ -1,9 +1,13 @@
-"""ray_cluster.yaml is a valid Ray cluster-launcher config, checked by Ray's own validation."""
+"""ray_cluster.yaml gets through what `ray up` does before touching a machine: Ray's own
+prepare_config (which refused `available_node_types` for on-premise clusters) and validate_config;
+its start commands install a real package, run with token authentication, raise the file limit in
+the command that starts each presence process, and are supervised and idempotent."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,29 +15,76 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load() -> dict[str, object]:
+def load() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())  # type: ignore[no-any-return]
 
 
-def test_ray_validates_the_cluster_config() -> None:
+def prepared() -> dict[str, Any]:
+    from ray.autoscaler._private.util import prepare_config
+
+    return prepare_config(load())
+
+
+def test_ray_prepares_and_validates_the_cluster_config() -> None:
     from ray.autoscaler._private.util import validate_config
 
-    validate_config(load())
+    config = prepared()
+    validate_config(config)
+    assert config["provider"]["worker_ips"] and config["head_node_type"] in config["available_node_types"]
 
 
 def test_validation_can_fail() -> None:
     from ray.autoscaler._private.util import validate_config
 
-    broken = copy.deepcopy(load())
+    broken = copy.deepcopy(prepared())
     broken["head_node_type"] = "no-such-node-type"
     with pytest.raises(ValueError, match="head_node_type"):
         validate_config(broken)
 
 
+def test_preparation_can_fail() -> None:
+    config = load()
+    config["available_node_types"] = {"head": {"resources": {}, "node_config": {}}}
+    from ray.autoscaler._private.util import prepare_config
+
+    with pytest.raises(BaseException):  # noqa: B017 - Ray's cli_logger.abort raises SystemExit-like errors
+        prepare_config(config)
+
+
+def commands(config: dict[str, Any], key: str) -> str:
+    return "\n".join(config[key])
+
+
 def test_head_runs_the_pool_and_workers_run_edges() -> None:
     config = load()
-    head = " ".join(config["head_start_ray_commands"])  # type: ignore[arg-type]
-    workers = " ".join(config["worker_start_ray_commands"])  # type: ignore[arg-type]
+    head, workers = commands(config, "head_start_ray_commands"), commands(config, "worker_start_ray_commands")
     assert "presence up" in head and "RAY_ADDRESS=auto" in head
-    assert "presence edge" in workers and "--address=$RAY_HEAD_IP:6379" in workers
-    assert any("pip install" in c for c in config["setup_commands"])  # type: ignore[union-attr]
+    assert "presence edge" in workers and '--address="$RAY_HEAD_IP:6379"' in workers
+
+
+def test_a_real_install_line() -> None:
+    config = load()
+    setup = commands(config, "setup_commands")
+    assert "pip install" in setup and "~/presence-dist/presence_cluster-" in setup
+    assert "OWNER" not in setup and "git+" not in setup
+    assert config["file_mounts"]["~/presence-dist"] == "./dist"
+
+
+def test_ray_runs_with_token_authentication_and_the_token_is_owner_only() -> None:
+    config = load()
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    assert "chmod 600 ~/.ray/auth_token" in commands(config, "setup_commands")
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        for cmd in config[key]:
+            if "ray start" in cmd or "presence " in cmd:
+                assert "RAY_AUTH_MODE=token" in cmd, cmd
+    assert "--dashboard-host=127.0.0.1" in commands(config, "head_start_ray_commands")
+
+
+@pytest.mark.parametrize("key", ["head_start_ray_commands", "worker_start_ray_commands"])
+def test_presence_processes_are_supervised_idempotent_and_get_their_file_limit(key: str) -> None:
+    (start,) = [c for c in load()[key] if "presence " in c]
+    assert "flock -n ~/.presence/supervisor.lock" in start  # a second `ray up` starts nothing twice
+    assert "while true" in start  # restarted when it exits
+    # The limit is raised in the very command that execs the presence process.
+    assert '(ulimit -n 65536 || ulimit -n "$(ulimit -Hn)"; exec presence ' in start

@@ -132,3 +132,19 @@ def test_up_starts_a_new_local_instance_never_the_last_ray_start_cluster(
     assert seen["address"] == "local"
     ray_api.connect("10.0.0.10:6379", "ns")
     assert seen["address"] == "10.0.0.10:6379"
+
+
+def test_the_process_raises_its_own_soft_file_limit_to_the_hard_one() -> None:
+    import resource
+
+    from cluster.runtime import raise_open_files_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        before, after = raise_open_files_limit()
+        assert before == min(256, hard)
+        expected = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        assert after == expected == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
