@@ -143,9 +143,10 @@ async def test_python_client_survives_its_edge(
         kill(doomed)
         await a.close()  # leaves while the watcher is away...
         c = await Client.connect(ws_url(edge), cluster.token(w.c))  # ...and c arrives
-        await client.wait_synced(timeout=20)
-
-        assert client.url == ws_url(edge)
+        # Resynced on the survivor (not still on the old socket, which the kill has not reached yet).
+        await eventually(
+            lambda: client.url == ws_url(edge) and client.state == "open" and client.synced, timeout=20
+        )
         assert client.reconnect_delays[0] == pytest.approx(reconnect_delay(0, False, policy, lambda: 0.6))
         assert "reconnecting" in states
         expected = await truth(cluster, edge, w)

@@ -92,8 +92,11 @@ test("reconnects with jitter after its edge is killed, resubscribes, ends equal 
     process.kill(live.doomedPid, "SIGKILL");
     await closeRaw(a); // a leaves while the client is away ...
     c = await rawSocket(live.survivorUrl, tokens.c); // ... and c arrives
-    await eventually(() => client.state === "open" && client.synced, "resynced on the survivor", 20_000);
-    assert.equal(client.url, live.survivorUrl);
+    await eventually(
+      () => client.url === live.survivorUrl && client.state === "open" && client.synced,
+      "resynced on the survivor",
+      20_000,
+    );
     // Full jitter: the wait was drawn from the window (not the window itself).
     const first = seen.slice(before).find(([s]) => s === "reconnecting")[1];
     assert.equal(first.throttled, false);
