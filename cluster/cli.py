@@ -162,6 +162,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return status(settings, as_json=args.json)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from cluster.runtime import prepare_to_join
+
+    settings = _settings(args)
+    prepare_to_join(settings)
+    from cluster.report import report
+
+    return report(settings, as_json=args.json)
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     from cluster.runtime import prepare_to_join
 
@@ -215,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="machine-readable output (schema: docs/status.schema.json)"
     )
     p.set_defaults(fn=cmd_status)
+
+    p = add(
+        "report",
+        "sanity check: last-seen flushed in the last hour and day, newest and oldest stored, "
+        "pending writes, active counts",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=cmd_report)
 
     p = add("config", "print the effective settings (secrets redacted) and their environment variables")
     p.add_argument("--json", action="store_true", help="one JSON object, setting name to value")

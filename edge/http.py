@@ -135,6 +135,10 @@ class InternalApi:
         path = url.path
         if request.method != "GET":
             return json_response(None, 405, {"error": "only GET is served here"}, (("Allow", "GET"),))
+        # The operator page's files hold no data (the page asks for the token and sends it with
+        # every JSON request); everything else but /healthz needs the token when one is set.
+        if path in ADMIN_FILES:
+            return self.admin_file(path)
         if path not in OPEN_PATHS and not self._authorized(request):
             return json_response(
                 None, 401, {"error": "a valid internal token is required"}, (("WWW-Authenticate", "Bearer"),)
@@ -154,7 +158,6 @@ class InternalApi:
                 return await self.active(query)
             if path == f"{PREFIX}/cluster":
                 return await self.cluster()
-            # ADMIN-ROUTE
         except TimeoutError:
             return json_response(None, 503, {"error": "a shard did not answer in time"})
         except Exception:
@@ -267,13 +270,13 @@ class InternalApi:
 
     def admin_file(self, path: str) -> Response:
         name, content_type = ADMIN_FILES[path]
-        body = (ADMIN_DIR / name).read_bytes()
-        resp = _response(200, body, content_type)
-        # The page is the operator's; never framed by another site, never cached stale.
-        resp.headers["Cache-Control"] = "no-store"
-        resp.headers["X-Frame-Options"] = "DENY"
-        resp.headers["Content-Security-Policy"] = "default-src 'self'; frame-ancestors 'none'"
-        return resp
+        # The page is the operator's: never framed by another site, never cached stale.
+        headers = (
+            ("Cache-Control", "no-store"),
+            ("X-Frame-Options", "DENY"),
+            ("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'"),
+        )
+        return _response(200, (ADMIN_DIR / name).read_bytes(), content_type, headers)
 
     async def user(self, user_id: str) -> Response:
         bad = _bad_id("userId", user_id)

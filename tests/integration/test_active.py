@@ -105,3 +105,25 @@ async def test_active_counts_survive_a_wipe_and_a_restart(
         redis_server.restart()
     await eventually(lambda: counts_are(edge, g, {"1": 2, "24": 3, "720": 3}), timeout=15)
     await a2.close()
+
+
+async def test_report_sees_a_departure_flushed_and_active(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    from cluster.report import gather, render
+
+    before = await gather(cluster.database_url, cluster.redis_url)
+    assert before["stored"] is not None
+    u = ids("reporter")
+    c = await connect(cluster, edge, u)
+    await c.close()
+    await eventually(lambda: conn.fetchval("SELECT last_seen_at IS NOT NULL FROM users WHERE id = $1", u))
+    stored_at = await conn.fetchval("SELECT last_seen_at FROM users WHERE id = $1", u)
+    after = await gather(cluster.database_url, cluster.redis_url)
+    assert after["stored"]["flushed_last_hour"] >= before["stored"]["flushed_last_hour"] + 1
+    assert after["stored"]["newest_last_seen"] >= stored_at.isoformat(timespec="milliseconds")[:23]
+    assert isinstance(after["pending_writes"]["shards"], int)
+    assert isinstance(after["pending_writes"]["flusher"], int)
+    assert after["active"]["1h"] >= 1 and after["active"]["168h"] >= after["active"]["1h"]
+    text = render(after)
+    assert "flushed in the last day:" in text and "active: 1h" in text and "unavailable" not in text

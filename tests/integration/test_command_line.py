@@ -112,6 +112,11 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         report = json.loads(cli("status", "--json"))
         jsonschema.validate(report, json.loads(STATUS_SCHEMA.read_text()))
         assert report["postgres"] is True and len(report["shards"]) == 2
+        # The seed's sanity check: everything reachable, so nothing is null.
+        sanity = json.loads(cli("report", "--json"))
+        assert sanity["stored"]["flushed_last_day"] >= 0 and sanity["pending_writes"]["flusher"] == 0
+        assert all(isinstance(n, int) for n in sanity["active"].values()), sanity
+        assert "flushed in the last hour:" in cli("report")
 
         resized = cli("scale", "3")
         assert "resized from 2 to 3 shards" in resized, resized
