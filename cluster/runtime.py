@@ -34,11 +34,20 @@ class ClusterInfo:
     ray_auth_token_path: str | None = None
 
 
-def write_info(data_dir: Path, info: ClusterInfo) -> None:
-    path = data_dir / CLUSTER_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(info), indent=2))
+def write_private(path: Path, text: str) -> None:
+    """Write a file readable by its owner only (0600), atomically, also over an older file of
+    another mode: every file holding a secret or a URL with a password is written this way."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     tmp.replace(path)
+
+
+def write_info(data_dir: Path, info: ClusterInfo) -> None:
+    """cluster.json holds the database and Redis URLs, passwords included: 0600."""
+    write_private(data_dir / CLUSTER_FILE, json.dumps(asdict(info), indent=2))
 
 
 def read_info(data_dir: Path) -> ClusterInfo | None:
@@ -58,6 +67,8 @@ def token_secret(settings: Settings, create: bool = True) -> str:
         return settings.token_secret
     path = settings.data_dir / SECRET_FILE
     if path.exists():
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)  # made by hand, or by an older version
         return path.read_text().strip()
     if not create:
         raise SystemExit(

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -109,7 +110,14 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         assert "loaded" in cli("load", str(graph))
         status = cli("status")
         assert "shard" in status and "postgres: ok" in status and "redis: ok" in status
-        report = json.loads(cli("status", "--json"))
+        # Every file holding a secret or a URL with a password is the owner's only.
+        for name in ("cluster.json", "secret", "postgres.password", "redis.password"):
+            assert stat.S_IMODE((data_dir / name).stat().st_mode) == 0o600, name
+        passwords = [(data_dir / n).read_text().strip() for n in ("postgres.password", "redis.password")]
+        assert all(passwords)
+        status_json = cli("status", "--json")
+        assert not any(p in status + status_json for p in passwords)
+        report = json.loads(status_json)
         jsonschema.validate(report, json.loads(STATUS_SCHEMA.read_text()))
         assert report["postgres"] is True and len(report["shards"]) == 2
         # The seed's sanity check: everything reachable, so nothing is null.
@@ -139,6 +147,9 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
     output = (tmp_path / "up.log").read_text()
     assert code == 0, output
     assert "last-seen drained" in output
+    # presence up never prints a password: the URLs it shows are redacted.
+    assert not any(p in output for p in passwords), output
+    assert "database    postgresql://postgres:<redacted>@127.0.0.1:" in output
     time.sleep(1)
     alive = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"

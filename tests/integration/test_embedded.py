@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -71,7 +72,8 @@ async def test_postgres_start_stop_leaves_nothing(scratch: Path) -> None:
     started = time.monotonic()
     url = server.start(scratch)
     assert time.monotonic() - started < 10
-    assert url == f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+    password = (scratch / "postgres.password").read_text().strip()
+    assert url == f"postgresql://postgres:{password}@127.0.0.1:{server.port}/postgres"
     assert server.pid is not None and server.running
     assert (scratch / "pg" / "PG_VERSION").exists()
     assert (scratch / "postgres.log").stat().st_size > 0
@@ -142,7 +144,7 @@ async def test_postgres_starts_after_kill_9(scratch: Path) -> None:
     pidfile.write_text("\n".join([str(os.getpid()), *lines[1:]]) + "\n")
 
     fresh = EmbeddedPostgres()
-    assert fresh.start(scratch).startswith("postgresql://postgres@127.0.0.1:")
+    assert fresh.start(scratch).startswith("postgresql://postgres:")
     assert fresh.running and fresh.pid != pid
     conn = await asyncpg.connect(fresh.url)
     assert await conn.fetchval("SELECT 1") == 1
@@ -169,7 +171,8 @@ def test_postgres_start_failure_shows_the_log(scratch: Path) -> None:
 def test_redis_start_restart_stop(scratch: Path) -> None:
     server = EmbeddedRedis()
     url = server.start(scratch)
-    assert url == f"redis://127.0.0.1:{server.port}/0"
+    password = (scratch / "redis.password").read_text().strip()
+    assert url == f"redis://:{password}@127.0.0.1:{server.port}/0"
     pid = server.pid
     assert pid is not None
 
@@ -224,3 +227,77 @@ def test_embedded_fixtures_are_running(embedded_pg: EmbeddedPostgres, embedded_r
     assert embedded_pg.running and port_open(embedded_pg.port or 0)
     embedded_redis.stop()
     assert not embedded_redis.running  # the fixture restarts it for the next test that asks
+
+
+# -- credentials (issue 14) ----------------------------------------------------------------------
+
+
+async def test_postgres_refuses_clients_without_the_password(embedded_pg: EmbeddedPostgres) -> None:
+    port = embedded_pg.port
+    for url in (
+        f"postgresql://postgres@127.0.0.1:{port}/postgres",  # trusted before
+        f"postgresql://postgres:wrong@127.0.0.1:{port}/postgres",
+    ):
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(url)
+    # The local socket too (pg_hba.conf trusted every local connection as superuser before).
+    socket_dir = embedded_pg.data_dir / "pg"
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(host=str(socket_dir), port=port, user="postgres", database="postgres")
+    conn = await asyncpg.connect(embedded_pg.url)
+    assert await conn.fetchval("SELECT 1") == 1
+    await conn.close()
+    password = embedded_pg.data_dir / "postgres.password"
+    assert stat.S_IMODE(password.stat().st_mode) == 0o600
+    assert password.read_text().strip() in embedded_pg.url
+
+
+async def test_postgres_data_dir_from_before_credentials_is_upgraded(scratch: Path) -> None:
+    server = EmbeddedPostgres()
+    server.start(scratch)
+    server.stop()
+    # Put the directory back the way the code before credentials left it: trust, no password.
+    hba = scratch / "pg" / "pg_hba.conf"
+    hba.write_text("local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n")
+    (scratch / "postgres.password").unlink()
+    upgraded = EmbeddedPostgres()
+    url = upgraded.start(scratch)
+    try:
+        assert stat.S_IMODE((scratch / "postgres.password").stat().st_mode) == 0o600
+        conn = await asyncpg.connect(url)
+        await conn.close()
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{upgraded.port}/postgres")
+    finally:
+        upgraded.stop()
+
+
+def test_redis_refuses_clients_without_the_password_and_keeps_its_config(
+    embedded_redis: EmbeddedRedis,
+) -> None:
+    port = embedded_redis.port
+    assert port is not None
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as raw:
+        raw.sendall(b"PING\r\n")
+        assert raw.recv(128).startswith(b"-NOAUTH")
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=port, password="wrong").ping()
+    client = redis.Redis.from_url(embedded_redis.url)
+    try:
+        assert client.ping()
+        # CONFIG SET dir + SAVE wrote files anywhere before; MODULE LOAD runs code.
+        for command in (("CONFIG", "SET", "dir", "/tmp"), ("MODULE", "LIST"), ("DEBUG", "SLEEP", "0")):
+            with pytest.raises(redis.ResponseError, match="unknown command"):
+                client.execute_command(*command)
+    finally:
+        client.close()
+    data_dir = embedded_redis.log_path.parent.parent if embedded_redis.log_path else None
+    assert data_dir is not None
+    for path in (data_dir / "redis.password", data_dir / "redis" / "redis.conf"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    pid = embedded_redis.pid
+    assert pid is not None
+    process = psutil.Process(pid)
+    assert embedded_redis.url.split("@")[0].split(":")[-1] not in " ".join(process.cmdline())
+    if os.geteuid() == 0:  # never root: an unprivileged user that owns the redis directory only
+        assert process.uids().effective != 0

@@ -3,9 +3,13 @@ loopback public host with the embedded database, an exposed internal API only wi
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import pytest
 
 from cluster.config import Settings
+from cluster.runtime import CLUSTER_FILE, SECRET_FILE, ClusterInfo, read_info, token_secret, write_info
 from cluster.up import demo_mode
 from edge.http import internal_exposure_problem, is_loopback
 
@@ -51,3 +55,20 @@ def test_exposed_internal_api_needs_a_token() -> None:
     assert internal_exposure_problem("0.0.0.0", "t") is None
     problem = internal_exposure_problem("0.0.0.0", None)
     assert problem is not None and "PRESENCE_INTERNAL_TOKEN" in problem and "\n" not in problem
+
+
+def test_cluster_json_and_the_secret_are_owner_only(tmp_path: Path) -> None:
+    """cluster.json carries the database and Redis URLs with their passwords: 0600, also when an
+    older version left it 0644."""
+    path = tmp_path / CLUSTER_FILE
+    path.write_text("{}")
+    path.chmod(0o644)
+    info = ClusterInfo("postgresql://postgres:pw@127.0.0.1:5/postgres", None, "ray", "ns", "", "", 1)
+    write_info(tmp_path, info)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_info(tmp_path) == info
+    secret = tmp_path / SECRET_FILE
+    secret.write_text("s3cret")
+    secret.chmod(0o644)
+    assert token_secret(Settings(data_dir=tmp_path, token_secret=None)) == "s3cret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
