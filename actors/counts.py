@@ -230,6 +230,8 @@ class CountReader:
         if self._count_among is None:
             return None
         try:
+            if not members:  # still null, not 0, when Redis is away
+                return 0 if await self._count_among(keys=[ACTIVE_KEY], args=[0]) == 0 else None
             total = 0
             for i in range(0, len(members), AMONG_CHUNK):
                 chunk = members[i : i + AMONG_CHUNK]

@@ -101,6 +101,7 @@ async def test_active_counts_survive_a_wipe_and_a_restart(
     try:
         assert await active(edge, "24", g) is None
         assert await active(edge, "24") is None
+        assert await active(edge, "24", ids("no-members")) is None  # unknown, not 0
     finally:
         redis_server.restart()
     await eventually(lambda: counts_are(edge, g, {"1": 2, "24": 3, "720": 3}), timeout=15)
