@@ -149,7 +149,7 @@ class _Directory(SlotDirectory):
 # ---------------------------------------------------------------------------- connecting
 
 
-def connect(address: str | None, namespace: str, **init_kwargs: Any) -> None:
+def connect(address: str | None, namespace: str, node_ip: str | None = None, **init_kwargs: Any) -> None:
     """Start a new local Ray instance (address None) or join the one at `address`.
 
     None means a new instance ("local"), never a cluster this machine's last `ray start` left
@@ -158,6 +158,8 @@ def connect(address: str | None, namespace: str, **init_kwargs: Any) -> None:
     """
     if ray.is_initialized():
         return
+    if node_ip:
+        init_kwargs["_node_ip_address"] = node_ip
     ray.init(
         address=address or "local",
         namespace=namespace,

@@ -31,10 +31,14 @@ def version() -> str:
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     try:
-        return load_settings(data_dir=Path(args.data_dir) if args.data_dir else None, **extra)
+        settings = load_settings(data_dir=Path(args.data_dir) if args.data_dir else None, **extra)
     except SettingsError as e:
         print(f"presence: bad setting: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    from cluster import logs
+
+    logs.configure(settings.log_level, settings.log_json)
+    return settings
 
 
 def warn_unknown_settings() -> None:

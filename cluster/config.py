@@ -11,10 +11,10 @@ import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "PRESENCE_"
@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     ray_address: str | None = Field(default=None, validation_alias=AliasChoices("RAY_ADDRESS"))
     ray_namespace: str = "presence"
+    # This node's address as its Ray node knows it (`ray start --node-ip-address`); unset: Ray's
+    # guess from the route to the GCS, wrong on a node with several addresses.
+    ray_node_ip: str | None = None
 
     # HS256 secret for tokens; None means "generate one and keep it in data_dir/secret".
     token_secret: str | None = None
@@ -110,6 +113,15 @@ class Settings(BaseSettings):
     # Cross-shard online counts in Redis: refresh period and how long an entry stays valid.
     count_refresh_s: float = 30.0
     count_ttl_s: float = 90.0
+
+    # Logs of every process (edges, shards, FlushActor): level, and one JSON object a line.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
+    log_json: bool = False
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     # `presence up` serves the demo page at / on the websocket port and loads the demo accounts
     # (reserved `demo:` ids), but only with a loopback ws_host and the embedded database;

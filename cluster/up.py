@@ -23,6 +23,7 @@ from actors import ray_api
 from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings, redact_url
+from cluster.logs import ray_logging_config
 from cluster.runtime import ClusterInfo, cluster_info_or_exit, remove_info, token_secret, write_info
 from edge.http import internal_exposure_problem, is_loopback
 from edge.server import Edge, EdgeConfig
@@ -198,7 +199,12 @@ def up(settings: Settings) -> int:
         secret = token_secret(settings)
         step(
             "starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
-            lambda: ray_api.connect(settings.ray_address, settings.ray_namespace),
+            lambda: ray_api.connect(
+                settings.ray_address,
+                settings.ray_namespace,
+                settings.ray_node_ip,
+                logging_config=ray_logging_config(settings.log_level, settings.log_json),
+            ),
         )
         stack.enter_context(_cleanup("Ray", ray_api.shutdown))
         step(
@@ -265,11 +271,15 @@ def edge(settings: Settings) -> int:
         return 2
     info = cluster_info_or_exit(settings)
     secret = token_secret(settings, create=False)
-    step(f"joining Ray at {info.ray_address}", lambda: ray_api.connect(info.ray_address, info.ray_namespace))
+    step(
+        f"joining Ray at {info.ray_address}",
+        lambda: ray_api.connect(info.ray_address, info.ray_namespace, settings.ray_node_ip),
+    )
 
     def announce(e: Edge) -> None:
         print(f"edge {e.edge_id} is up", flush=True)
-        print(f"  websocket   ws://127.0.0.1:{e.ws_port}/ws/presence", flush=True)
+        host = "127.0.0.1" if settings.ws_host in ("0.0.0.0", "::") else settings.ws_host
+        print(f"  websocket   ws://{host}:{e.ws_port}/ws/presence", flush=True)
         print(f"  internal    http://{settings.internal_host}:{e.internal_port}", flush=True)
 
     _install_loop()

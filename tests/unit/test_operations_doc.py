@@ -8,7 +8,7 @@ import ast
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from cluster.config import Settings
 
@@ -78,6 +78,8 @@ def test_every_documented_variable_is_read(monkeypatch: Any) -> None:
             value = Path("/tmp/elsewhere")
         elif isinstance(default, tuple):
             value = tuple(x + 1 for x in default)
+        elif get_origin(Settings.model_fields[name].annotation) is Literal:
+            value = next(v for v in get_args(Settings.model_fields[name].annotation) if v != default)
         else:
             value = "changed"
         monkeypatch.setenv(var, str(value).lower() if isinstance(value, bool) else shown(value))
