@@ -341,3 +341,38 @@ async def test_two_windows_see_each_other(demo_edge: Edge, browser: Any) -> None
     await expect(ada.get_by_test_id("dot-grace")).to_have_attribute("data-status", "online", timeout=WAIT_MS)
     await expect(line).to_have_text("Online")
     assert not errors, errors
+
+
+@needs_browser
+async def test_page_reconnects_and_resubscribes_when_its_edge_restarts(
+    cluster: Cluster, demo_edge: Edge, browser: Any
+) -> None:
+    """The page's client (clients/js) through an edge restart on the same port: it shows the
+    wait, comes back by itself, and its member list is live again (resubscribed)."""
+    from playwright.async_api import expect
+
+    e = Edge(cluster.edge_config(demo=True))  # demo_edge loaded the demo accounts
+    await e.start()
+    port = e.ws_port
+    base = f"http://127.0.0.1:{port}/"
+    errors: list[str] = []
+    try:
+        linus = await open_as(browser, base, "linus", errors)
+        connection = linus.get_by_test_id("connection")
+        await e.stop()
+        await expect(connection).to_have_attribute("data-state", "closed", timeout=WAIT_MS)
+        await expect(connection).to_contain_text("reconnecting in")
+        e = Edge(cluster.edge_config(demo=True, ws_port=port))
+        await e.start()
+        await expect(connection).to_have_attribute("data-state", "open", timeout=2 * WAIT_MS)
+        ken = await open_as(browser, base, "ken", errors)
+        await expect(linus.get_by_test_id("dot-ken")).to_have_attribute(
+            "data-status", "online", timeout=WAIT_MS
+        )
+        await ken.close()
+        await expect(linus.get_by_test_id("dot-ken")).to_have_attribute(
+            "data-status", "offline", timeout=WAIT_MS
+        )
+    finally:
+        await e.stop()
+    assert not errors, errors
