@@ -405,8 +405,9 @@ class PresenceShard:
         s = self.state
         self.metrics.inc("shard_ops_total", op=kind)
         if kind == "connect":
-            _, user_id, socket_id = op
-            status = s.connect(user_id, socket_id, edge_id, now)
+            user_id, socket_id = op[1], op[2]
+            # A socket registered again after a restart may bring its idle flag along.
+            status = s.connect(user_id, socket_id, edge_id, now, idle=len(op) > 3 and bool(op[3]))
             return status, s.relations[user_id].last_seen_visibility
         if kind == "disconnect":
             s.disconnect(op[1], op[2], now, at=op[3] if len(op) > 3 else None)

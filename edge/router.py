@@ -191,7 +191,9 @@ class Router:
             except Exception as e:
                 log.info("pull from shard %d failed (%s); retrying", shard, type(e).__name__)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                # At most a second: a restarted shard is noticed (and registered again) within
+                # about a second of coming back, which the watchers' resync counts on.
+                backoff = min(backoff * 2, 1.0)
                 continue
             backoff = 0.2
             self.last_contact[shard] = time.monotonic()

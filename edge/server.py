@@ -67,6 +67,15 @@ CHANNEL_OPS = {
 }
 HELD_CAP = 1_000
 INTERNAL_PREFIX = '{"type":"_'  # how orjson spells an internal frame's start
+CHANGED_PREFIX = '{"type":"presence.changed"'
+
+
+def _about(payload: str) -> tuple[str, str] | None:
+    """(account, status) of a `presence.changed` payload, else None."""
+    if not payload.startswith(CHANGED_PREFIX):
+        return None
+    frame = orjson.loads(payload)
+    return frame["userId"], frame["status"]
 
 
 @dataclass(eq=False)
@@ -116,6 +125,9 @@ class EdgeConfig:
     # How long the edge remembers each departure, to report it again to a shard that restarts
     # meanwhile (the dead incarnation may not have written its last-seen yet).
     departure_journal_s: float = 120.0
+    # After a shard restarted and every edge registered its sockets again, each watcher is
+    # brought to the truth: a fresh watch answer, and only the differences are sent.
+    resync_delay_s: float = 2.0
     # The process's cycle-collector policy (actors/gc_policy.py); None leaves it alone (an edge
     # embedded in somebody else's process, tests).
     gc_thresholds: tuple[int, int, int] | None = None
@@ -326,6 +338,7 @@ class Edge:
                     answers = await self._gather_by_shard(ids, lambda targets: ("watch", user, sid, targets))
                     statuses = dict(pair for answer in answers for pair in answer)
                     users = [{"userId": u, "status": statuses[u]} for u in ids if u in statuses]
+                    s.synced([(u, statuses[u]) for u in ids if u in statuses])
                     self._send(conn, orjson.dumps({"type": "presence.sync", "users": users}).decode())
                 finally:
                     self._release(conn)
@@ -480,7 +493,9 @@ class Edge:
         if conn.hold == 0 and conn.held:
             held, conn.held = conn.held, []
             for payload in held:
-                self._send(conn, payload)
+                about = _about(payload)
+                if about is None or conn.session.tell(*about):
+                    self._send(conn, payload)
 
     def _deliver(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets."""
@@ -488,6 +503,7 @@ class Edge:
             self._internal(socket_ids, payload)
             return
         ready: list[ServerConnection] = []
+        about = _about(payload)
         for sid in socket_ids:
             conn = self.conns.get(sid)
             if conn is None:
@@ -495,6 +511,9 @@ class Edge:
             if conn.hold:
                 if len(conn.held) < HELD_CAP:
                     conn.held.append(payload)
+                continue
+            if about is not None and not conn.session.tell(*about):
+                self.metrics.inc("repeats_dropped_total")
                 continue
             ready.append(conn.ws)
         if ready:
@@ -569,9 +588,10 @@ class Edge:
             assert s.user_id is not None
             user, sid = s.user_id, s.socket_id
             if self.router.shard_of_user(user) == shard:
-                calls.append(self._call(shard, ("connect", user, sid)))
-                if s.idle:
-                    calls.append(self._call(shard, ("status", user, sid, "idle")))
+                # With its idle flag in the same step, so its watchers see no `online` in between.
+                calls.append(
+                    self._call(shard, ("connect", user, sid, True) if s.idle else ("connect", user, sid))
+                )
                 if s.focus is not None:
                     calls.append(self._call(shard, ("focus", user, sid, s.focus)))
             targets = [t for t in s.subscriptions if self.router.shard_of_user(t) == shard]
@@ -601,6 +621,44 @@ class Edge:
             if conn.session.socket_id not in self.conns:
                 self.metrics.inc("edge_reregister_undone_total")
                 await self._cleanup(conn)
+        self._spawn(self._resync(shard))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _resync(self, shard: int) -> None:
+        """Bring every watcher's view of the accounts on a restarted shard back to the truth.
+
+        The dead incarnation's mail is gone, and changes made while it was away (a socket that
+        closed, a status chosen) reach nobody who watched them: the new incarnation only knows the
+        watches registered again. Once every edge has had time to register its sockets again
+        (`resync_delay_s`), each watcher asks afresh and is sent only what differs from what it
+        shows; its other events wait meanwhile, so none overtakes the answer."""
+        await asyncio.sleep(self.config.resync_delay_s)
+
+        async def one(conn: Conn) -> None:
+            s = conn.session
+            targets = sorted(t for t in s.subscriptions if self.router.shard_of_user(t) == shard)
+            if not targets or s.socket_id not in self.conns:
+                return
+            conn.hold += 1
+            try:
+                answers = await self._gather_by_shard(
+                    targets, lambda ts: ("watch", s.user_id, s.socket_id, ts)
+                )
+                frames = s.differences([pair for answer in answers for pair in answer])
+                for frame in frames:
+                    self._send(conn, orjson.dumps(frame).decode())
+                self.metrics.inc("resync_frames_total", n=len(frames))
+            finally:
+                self._release(conn)
+
+        conns = [c for c in self.conns.values() if c.connected and c.session.subscriptions]
+        for result in await asyncio.gather(*(one(c) for c in conns), return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.warning("resync after the restart of shard %d incomplete: %s", shard, result)
 
 
 class ShardUnavailable(RuntimeError):

@@ -216,6 +216,9 @@ class Session:
     status: str = "offline"
     visibility: str = "everyone"
     subscriptions: set[str] = field(default_factory=set)
+    # What this socket shows for each account it watches: the status it was last told (sync or
+    # change). The edge uses it to drop repeats and to send only differences after a restart.
+    view: dict[str, str] = field(default_factory=dict)
     channels: set[str] = field(default_factory=set)
     voice_channel: str | None = None
     focus: str | None = None
@@ -367,6 +370,8 @@ class Session:
             case p.PresenceUnsubscribe(userIds=ids):
                 gone = tuple(u for u in dict.fromkeys(ids) if u in self.subscriptions)
                 self.subscriptions.difference_update(gone)
+                for u in gone:
+                    self.view.pop(u, None)
                 return [Unsubscribe(gone)] if gone else []
             case p.PresenceQuery(userIds=ids):
                 if len(ids) > self.limits.max_query_ids:
@@ -435,6 +440,31 @@ class Session:
         elif cmd.kind == "voice.leave" and self.voice_channel == cmd.channel_id:
             self.voice_channel = None
         return []
+
+    def tell(self, user_id: str, status: str) -> bool:
+        """A status about `user_id` is about to go to this socket: False if the socket already
+        shows exactly that (the frame would be noise), else the view takes it and True."""
+        if user_id not in self.subscriptions:
+            return True  # not part of a view (a frame in flight past an unsubscribe)
+        if self.view.get(user_id) == status:
+            return False
+        self.view[user_id] = status
+        return True
+
+    def synced(self, users: list[tuple[str, str]]) -> None:
+        """A `presence.sync` told these statuses."""
+        for user_id, status in users:
+            if user_id in self.subscriptions:
+                self.view[user_id] = status
+
+    def differences(self, answer: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The `presence.changed` frames that bring this socket's view to `answer` (a fresh
+        watch answer: the truth at that moment), recording them in the view."""
+        return [
+            {"type": "presence.changed", "userId": u, "status": status}
+            for u, status in answer
+            if self.tell(u, status)
+        ]
 
     def touched_channels(self) -> list[str]:
         """Every channel this socket has state in, for clean-up when it goes."""

@@ -242,14 +242,15 @@ class ShardState:
 
     # ------------------------------------------------------------------ sockets and statuses
 
-    def connect(self, user_id: str, socket_id: str, edge_id: str, now: float) -> Status:
-        """A socket of `user_id` authenticated on `edge_id`. Returns the account's real status."""
+    def connect(self, user_id: str, socket_id: str, edge_id: str, now: float, idle: bool = False) -> Status:
+        """A socket of `user_id` authenticated on `edge_id` (or is registered again after a
+        restart, then with its idle flag). Returns the account's real status."""
         self._expire(now)
         self.edges[edge_id] = now
         acc = self.accounts[user_id]
         acc.touched_at = now
         if socket_id not in acc.sockets:
-            acc.sockets[socket_id] = Socket(socket_id, edge_id)
+            acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle)
             self.edge_sockets.setdefault(edge_id, set()).add((user_id, socket_id))
             self.outbox.add(SocketCount(user_id, socket_id, True))
             if len(acc.sockets) == 1:
@@ -297,6 +298,12 @@ class ShardState:
         if not acc.sockets:
             self.outbox.add(Activity(user_id, False, now))
         acc.touched_at = now
+        if is_visibly_present(acc.real):
+            # The account was present at least until this socket went. Removals can arrive out
+            # of order (a socket whose handler waited on a restarting shard is removed after
+            # later sockets of the account came and went): the departure, whichever removal ends
+            # it, is the latest of these moments, never an earlier one.
+            acc.last_seen_at = max(now, acc.last_seen_at or now)
         self._settle(acc, now)
 
     def set_status(self, user_id: str, socket_id: str, status: str, now: float) -> Status:

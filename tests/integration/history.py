@@ -18,7 +18,10 @@ all. The rules come from the contract (shared/protocol.md), not from the code un
 - no ghosts: once the aging has passed, an account with no live socket is offline everywhere;
 - every departure's last-seen is stored, inside its window, and stored times never go back;
 - online counts are never negative nor above the members, and are right when the run is quiet;
-- nothing but contract frames reaches a client.
+- nothing but contract frames reaches a client;
+- every subscriber's view converges: for the sockets a test names as watchers (open at the end,
+  subscribing, never querying), the status each last heard about every account it watches equals
+  the truth once the run is quiet, and no frame repeats a status the socket already shows.
 """
 
 from __future__ import annotations
@@ -109,6 +112,9 @@ class History:
     final_status: dict[str, str] = field(default_factory=dict)
     final_sockets: dict[str, int] = field(default_factory=dict)
     faults: list[tuple[float, str]] = field(default_factory=list)
+    # Sockets whose final view is compared with the truth (`stale_views`): open at the end, and
+    # they send no query (a query's answers are presence.changed frames too).
+    watchers: set[str] = field(default_factory=set)
     precision_s: int = 60
     # Slack on departure windows: clocks are one machine's, but flushes and timers are not instant.
     tolerance_s: float = 1.0
@@ -342,6 +348,73 @@ def bad_counts(h: History) -> list[str]:
     return out
 
 
+def subscribed(h: History, socket: str) -> set[str]:
+    """The accounts a socket watches at the end (its subscribes less its unsubscribes)."""
+    out: set[str] = set()
+    for e in h.events:
+        if e.socket != socket or e.kind != "send" or e.frame is None:
+            continue
+        ids = [i for i in e.frame.get("userIds") or [] if isinstance(i, str)]
+        if e.frame.get("type") == "presence.subscribe":
+            out.update(ids)
+        elif e.frame.get("type") == "presence.unsubscribe":
+            out.difference_update(ids)
+    return out
+
+
+def view_of(h: History, socket: str) -> dict[str, str]:
+    """What a watcher socket shows for each account: the last status it heard (sync or change)."""
+    view: dict[str, str] = {}
+    for e in _received(h):
+        if e.socket != socket:
+            continue
+        assert e.frame is not None
+        if e.frame.get("type") in ("presence.sync", "presence.changed"):
+            for user, status, _ in mentions(e.frame, e.user):
+                if isinstance(user, str) and isinstance(status, str):
+                    view[user] = status
+    return view
+
+
+def truth_for(h: History, reader: str, target: str) -> str | None:
+    """The status `reader` must show for `target` once quiet: the real one for its own account,
+    the visible one for others, nothing outside the audience; None if the truth is unknown."""
+    real = h.final_status.get(target)
+    if real is None or not h.graph.in_audience(target, reader):
+        return None
+    return real if target == reader else ("offline" if real == "invisible" else real)
+
+
+def stale_views(h: History) -> list[str]:
+    out = []
+    for socket in sorted(h.watchers):
+        reader = h.user_of(socket)
+        view = view_of(h, socket)
+        for target in sorted(subscribed(h, socket)):
+            want = truth_for(h, reader, target)
+            if want is not None and view.get(target) != want:
+                out.append(f"{socket} ({reader}) shows {target} {view.get(target)}, the truth is {want}")
+    return out
+
+
+def repeated_frames(h: History) -> list[str]:
+    """A watcher told a status it already shows: noise (e.g. re-announcements after a restart)."""
+    out = []
+    for socket in sorted(h.watchers):
+        view: dict[str, str] = {}
+        for e in _received(h):
+            if e.socket != socket or e.frame is None or e.frame.get("type") != "presence.changed":
+                if e.socket == socket and e.frame is not None and e.frame.get("type") == "presence.sync":
+                    view.update({u["userId"]: u["status"] for u in e.frame.get("users", [])})
+                continue
+            user, status = e.frame.get("userId"), e.frame.get("status")
+            if isinstance(user, str) and view.get(user) == status:
+                out.append(f"{socket}: told {user} is {status} again at {e.t:.3f}")
+            if isinstance(user, str) and isinstance(status, str):
+                view[user] = status
+    return out
+
+
 CHECKS: tuple[Callable[[History], list[str]], ...] = (
     foreign_frames,
     invisible_leaks,
@@ -351,6 +424,8 @@ CHECKS: tuple[Callable[[History], list[str]], ...] = (
     departures_stored,
     last_seen_backwards,
     bad_counts,
+    stale_views,
+    repeated_frames,
 )
 # What can be checked while a run is still going (no final state yet).
 FRAME_CHECKS: tuple[Callable[[History], list[str]], ...] = (
@@ -359,6 +434,8 @@ FRAME_CHECKS: tuple[Callable[[History], list[str]], ...] = (
     audience_leaks,
     last_seen_leaks,
 )
+# Sockets still open at the end: what each watcher shows, and nothing said twice.
+VIEW_CHECKS: tuple[Callable[[History], list[str]], ...] = (*FRAME_CHECKS, stale_views, repeated_frames)
 
 
 def check(h: History, checks: Iterable[Callable[[History], list[str]]] = CHECKS) -> list[str]:

@@ -33,10 +33,10 @@ from actors.ray_api import DirectoryClient, ShardClient
 from edge.server import Edge
 
 from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
-from .history import Graph, SocketLife, check
+from .history import Graph, SocketLife, check, stale_views
 from .recorder import RecordedClient, Recorder, Sampler, operator_view, read_count, read_last_seen
 from .test_failures import start_edge_process
-from .wsclient import eventually
+from .wsclient import eventually, of_type
 
 pytestmark = pytest.mark.integration
 
@@ -50,13 +50,15 @@ class World:
     members: list[str]
     invisible: str
     outsider: str
+    # Connected through the whole run, subscribed to everybody: its view is checked at the end.
+    watcher: str
 
 
 async def make_world(conn: asyncpg.Connection, ids: Ids, n: int = 8) -> World:
     """n members of one server (one invisible throughout, one `friends`, one `nobody`), a friend
     from outside the server, and an outsider who knows nobody."""
     members = [ids(f"m{i}") for i in range(n)]
-    friend, outsider = ids("friend"), ids("outsider")
+    friend, outsider, watcher = ids("friend"), ids("outsider"), ids("watcher")
     server = ids("g")
     invisible = members[-1]
     visibility = {members[1]: "friends", members[2]: "nobody"}
@@ -64,21 +66,24 @@ async def make_world(conn: asyncpg.Connection, ids: Ids, n: int = 8) -> World:
         conn,
         {
             "users": [{"id": u, "lastSeenVisibility": visibility.get(u, "everyone")} for u in members]
-            + [{"id": friend}, {"id": outsider}],
-            "friendships": [[members[0], friend], [members[1], members[3]]],
+            + [{"id": friend}, {"id": outsider}, {"id": watcher}],
+            "friendships": [[members[0], friend], [members[1], members[3]]] + [[watcher, u] for u in members],
             "servers": [{"id": server, "members": members, "channels": [ids("c")]}],
         },
     )
     # Invisible before anything of this run happens (no shard has loaded the account yet).
     await conn.execute("UPDATE users SET chosen_status = 'invisible' WHERE id = $1", invisible)
     graph = Graph(
-        users=frozenset([*members, friend, outsider]),
-        friends=frozenset({frozenset((members[0], friend)), frozenset((members[1], members[3]))}),
+        users=frozenset([*members, friend, outsider, watcher]),
+        friends=frozenset(
+            {frozenset((members[0], friend)), frozenset((members[1], members[3]))}
+            | {frozenset((watcher, u)) for u in members}
+        ),
         servers={server: frozenset(members)},
         visibility=visibility,
         invisible=frozenset({invisible}),
     )
-    return World(graph, server, members, invisible, outsider)
+    return World(graph, server, members, invisible, outsider, watcher)
 
 
 @dataclass
@@ -97,7 +102,8 @@ class Load:
     connecting: dict[str, str] = field(default_factory=dict)  # user → edge url, while connecting
 
     def start(self) -> None:
-        users = [*self.world.members, *(u for u in self.world.graph.users if u not in self.world.members)]
+        others = self.world.graph.users - {*self.world.members, self.world.watcher}
+        users = [*self.world.members, *sorted(others)]
         for i, user in enumerate(users):
             self.tasks.append(asyncio.create_task(self._worker(user, random.Random(i))))
 
@@ -182,6 +188,10 @@ async def run_with_fault(
     recorder.history.stored_before = await read_last_seen(cluster.database_url, users) or {}
     internal = internal_url(edges[0])
     load_ = Load(cluster, recorder, world, [ws_url(e) for e in edges] + (extra_urls or []))
+    watcher = await recorder.connect(ws_url(edges[0]), world.watcher, cluster.token(world.watcher))
+    recorder.history.watchers.add(watcher.name)
+    others = [u for u in users if u != world.watcher]
+    await watcher.request({"type": "presence.subscribe", "userIds": others}, of_type("presence.sync"))
     async with Sampler(recorder, cluster.database_url, internal, [world.server]):
         load_.start()
         await asyncio.sleep(LOAD_S)
@@ -197,6 +207,15 @@ async def run_with_fault(
                 h.final_status[u], h.final_sockets[u] = view["status"], view["sockets"]
             return all(h.final_status[u] == "offline" and h.final_sockets[u] == 0 for u in users)
 
+        async def watcher_converged() -> bool:
+            # Everybody but the watcher is gone: it must show each of them offline, unprompted.
+            h.final_status.update({u: "offline" for u in users if u != world.watcher})
+            h.final_status[world.watcher] = "online"
+            return not stale_views(h)
+
+        with contextlib.suppress(AssertionError):  # the checker names what stayed stale
+            await eventually(watcher_converged, timeout=10, interval=0.5)
+        await watcher.close()
         with contextlib.suppress(AssertionError):  # the checker names the ghosts
             await eventually(all_offline, timeout=10, interval=0.5)
         # Longer than the FlushActor's retry backoff cap (30 s) plus its interval: a fault may

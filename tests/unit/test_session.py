@@ -430,3 +430,31 @@ def test_token_bucket() -> None:
     assert not b.take(T0 + 0.5)
     assert [b.take(T0 + 100) for _ in range(4)] == [True, True, True, False], "never above the burst"
     assert not b.take(T0 + 50), "a clock going backwards adds nothing"
+
+
+# ---------------------------------------------------------------------------- the socket's view
+
+
+def test_view_drops_repeats_and_forgets_unsubscribed_accounts() -> None:
+    s = authed()
+    s.receive(frame(type="presence.subscribe", userIds=["a", "b"]), T0)
+    s.synced([("a", "online"), ("b", "offline")])
+    assert not s.tell("a", "online")  # already shown: noise
+    assert s.tell("a", "dnd")
+    assert not s.tell("a", "dnd")
+    s.receive(frame(type="presence.unsubscribe", userIds=["a"]), T0)
+    assert "a" not in s.view
+    assert s.tell("zzz", "online")  # not watched: not part of the view, never held back
+
+
+def test_differences_bring_the_view_to_a_fresh_answer() -> None:
+    s = authed()
+    s.receive(frame(type="presence.subscribe", userIds=["a", "b", "c"]), T0)
+    s.synced([("a", "online"), ("b", "online"), ("c", "idle")])
+    frames = s.differences([("a", "online"), ("b", "offline"), ("c", "dnd")])
+    assert frames == [
+        {"type": "presence.changed", "userId": "b", "status": "offline"},
+        {"type": "presence.changed", "userId": "c", "status": "dnd"},
+    ]
+    assert s.view == {"a": "online", "b": "offline", "c": "dnd"}
+    assert s.differences([("a", "online"), ("b", "offline"), ("c", "dnd")]) == []

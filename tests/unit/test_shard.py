@@ -213,6 +213,34 @@ class TestDisconnect:
         assert w.drain() == []
         assert w.s.real_status_of("alice") == "online"
 
+    def test_a_late_removal_never_moves_the_departure_back(self) -> None:
+        # a1's handler waited on a restarting shard: a2 and a3 came and went meanwhile, and a1's
+        # removal (stamped with its earlier close) ends the account's presence last.
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e2", w.now)
+        w.s.disconnect("alice", "a2", w.at(20), at=T0 + 15)
+        w.s.disconnect("alice", "a1", w.at(1), at=T0 + 5)
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.pending_last_seen == {"alice": T0 + 15}
+        assert w.s.last_seen_of("alice", w.at(100)) == T0 + 15
+
+    def test_an_invisible_accounts_removals_keep_the_frozen_time(self) -> None:
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e1", w.now)
+        w.s.set_status("alice", "a1", "invisible", w.at(1))
+        w.s.disconnect("alice", "a2", w.at(10))
+        w.s.disconnect("alice", "a1", w.at(10))
+        assert w.s.last_seen_of("alice", w.at(100)) == T0 + 1
+
+    def test_registered_again_with_its_idle_flag_in_one_step(self) -> None:
+        w = pair_world()
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        assert w.s.connect("alice", "a1", "e1", w.now, idle=True) == "idle"
+        assert changed_to(w.drain(), "b1") == ["idle"]  # never `online` in between
+
     def test_remaining_sockets_hear_the_status_change(self) -> None:
         w = pair_world()
         w.s.connect("alice", "a1", "e1", w.now)
