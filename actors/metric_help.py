@@ -22,6 +22,7 @@ HELP: dict[str, str] = {
     "edge_shard_restarts_total": "a shard came back with a new incarnation; this edge registered its sockets there again",
     "edge_reregister_undone_total": "a socket closed while it was being registered again on a restarted shard; its registration was undone (else it would stay a ghost)",
     "edge_moved_total": "operations sent again because their slots were moving to another shard",
+    "edge_departure_retries_total": "departures (disconnects and replays to a restarted shard) tried again after the retry window; each is retried until it lands",
     "repeats_dropped_total": "presence.changed frames not sent to a socket that already shows that status (e.g. re-announcements after a shard restart)",
     "resync_frames_total": "presence.changed frames sent after a shard restart to bring watchers' views back to the truth (only the differences)",
     "shard_accounts": "accounts the shard holds in memory",

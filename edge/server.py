@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -463,8 +463,13 @@ class Edge:
         if not conn.connected or s.user_id is None:
             return
         sid = s.socket_id
+        user, at = s.user_id, conn.gone_at()
         calls: list[Awaitable[Any]] = [
-            self._for_user(s.user_id, ("disconnect", s.user_id, sid, conn.gone_at()))
+            # Until it lands: a socket left registered would keep its account online for as
+            # long as this edge lives (its lease stays fresh). Repeating it is harmless.
+            self._until_done(
+                lambda: self._for_user(user, ("disconnect", user, sid, at)), f"departure of {sid}"
+            )
         ]
         if s.subscriptions:
             calls.append(
@@ -480,6 +485,20 @@ class Edge:
                 # The shard is gone for longer than the retry window; when it comes back it has
                 # no memory of this socket, so there is nothing left to undo.
                 log.warning("clean-up of %s incomplete: %s", sid, result)
+
+    async def _until_done(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
+        """Retry `call` past the retry window, with backoff, until it succeeds (departures and
+        their replays: losing one would leave a ghost or an old last-seen). Each retry is safe:
+        the shard records a departure at most once, and last-seen never moves back."""
+        delay = 1.0
+        while True:
+            try:
+                return await call()
+            except ShardUnavailable as e:
+                self.metrics.inc("edge_departure_retries_total")
+                log.warning("%s not recorded yet (%s); trying again in %.0f s", what, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     # ------------------------------------------------------------------ frames out
 
@@ -581,7 +600,7 @@ class Edge:
         for conn in [c for c in registered if c.closed_at is not None]:
             user = conn.session.user_id
             if user is not None and self.router.shard_of_user(user) == shard:
-                calls.append(self._call(shard, ("departed", user, conn.closed_at)))
+                self._replay(shard, user, conn.closed_at)
         registered = [c for c in registered if c.closed_at is None]
         for conn in registered:
             s = conn.session
@@ -610,7 +629,7 @@ class Edge:
             if self.router.shard_of_user(user) == shard:
                 latest[user] = at
         for user, at in latest.items():
-            calls.append(self._call(shard, ("departed", user, at)))
+            self._replay(shard, user, at)
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("re-registration on shard %d incomplete: %s", shard, result)
@@ -622,6 +641,12 @@ class Edge:
                 self.metrics.inc("edge_reregister_undone_total")
                 await self._cleanup(conn)
         self._spawn(self._resync(shard))
+
+    def _replay(self, shard: int, user: str, at: float) -> None:
+        """Report a departure again to a restarted shard, in the background and until it lands
+        (PostgreSQL may be away longer than the retry window; re-registration must not wait)."""
+        op = ("departed", user, at)
+        self._spawn(self._until_done(lambda: self._call(shard, op), f"replayed departure of {user}"))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
