@@ -24,6 +24,7 @@ import orjson
 from actors import gc_policy
 from actors.core import activity
 from actors.core.audience import Relations
+from actors.core.budgets import Allowance
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.shard import AccountRow, ShardState, SlotExport
 from actors.core.slots import channel_key, slot_of
@@ -53,7 +54,7 @@ UNAVAILABLE = "__unavailable__"
 def op_keys(op: tuple[Any, ...]) -> list[str]:
     """The slot keys an operation touches (accounts by id, channels by `#id`)."""
     kind = op[0]
-    if kind in ("connect", "disconnect", "status", "focus", "settings", "departed"):
+    if kind in ("connect", "disconnect", "status", "focus", "settings", "departed", "spend"):
         return [op[1]]
     if kind in ("watch", "query"):
         return list(op[3])
@@ -86,6 +87,13 @@ class ShardConfig:
     count_ttl_s: float = 90.0
     sweep_interval_s: float = 1.0
     gc_thresholds: tuple[int, int, int] | None = None  # see actors/gc_policy.py; None: untouched
+    # Per-account budgets (actors/core/budgets.py): status publications per window, and the
+    # (per minute, burst) allowances of ids looked up and of voice joins.
+    status_publications: int = 5
+    lookup_allowance: tuple[float, float] = (1_200.0, 2_000.0)
+    voice_allowance: tuple[float, float] = (30.0, 10.0)
+    # How often held-back status changes are checked for being due (cheap when none is held).
+    publish_tick_s: float = 0.05
 
 
 class PresenceShard:
@@ -101,6 +109,11 @@ class PresenceShard:
             last_seen_precision_s=config.last_seen_precision_s,
             typing_lapse_s=config.typing_lapse_s,
             checkpoint_interval_s=config.checkpoint_interval_s,
+            status_publications=config.status_publications,
+            allowances={
+                "lookups": Allowance(*config.lookup_allowance),
+                "voice": Allowance(*config.voice_allowance),
+            },
         )
         self.mail: dict[str, Mailbox] = {}
         # One edge's batches apply in the order they arrive, even when an earlier one waits on
@@ -146,6 +159,7 @@ class PresenceShard:
             self._count_loop,
             self._checkpoint_loop,
             self._reload_loop,
+            self._publish_loop,
         ):
             self._tasks.append(asyncio.create_task(self._forever(loop)))
         if self.config.gc_thresholds is not None:
@@ -444,13 +458,16 @@ class PresenceShard:
             s.channels.typing_stop(op[1], op[2])
             return None
         if kind == "voice_join":
-            return s.channels.voice_join(op[1], op[2], op[3], edge_id)
+            # A 5th element marks a client's own join, charged to its voice budget.
+            return s.channels.voice_join(op[1], op[2], op[3], edge_id, now if len(op) > 4 else None)
         if kind == "voice_leave":
             s.channels.voice_leave(op[1], op[2])
             return None
         if kind == "drop_socket":
             s.channels.drop_socket(op[1], op[2])
             return None
+        if kind == "spend":
+            return s.spend(op[1], op[2], op[3], now)
         if kind == "ping":
             return None
         raise ValueError(f"unknown operation {kind!r}")
@@ -506,6 +523,14 @@ class PresenceShard:
             await asyncio.sleep(self.config.sweep_interval_s)
             self.state.sweep(self.clock())
             self._carry_out()
+
+    async def _publish_loop(self) -> None:
+        # Status changes an account's budget held back go out once its window admits them.
+        while True:
+            await asyncio.sleep(self.config.publish_tick_s)
+            if self.state.next_publication_due() is not None:
+                self.state.publish_due(self.clock())
+                self._carry_out()
 
     async def _flush_once(self) -> None:
         entries = self.state.last_seen_to_flush()

@@ -78,12 +78,24 @@ class Settings(BaseSettings):
     socket_rate_burst: float = 60.0
     flood_close_after: int = 100
 
-    # Per-edge limits across sockets (more sockets are closed with 4029), and each account's
-    # budget of ids named in `presence.query` (a token bucket: this many per minute, burst the
-    # same; over budget → `rate_limited`).
+    # Per-edge limits across sockets (more sockets are closed with 4029).
     max_sockets_per_account: int = 20
     max_sockets_per_ip: int = 1_000
-    query_ids_per_min: float = 600.0
+    # Per client address on each edge: connections still upgrading or authenticating at once,
+    # and new connections (a token bucket); past either a new connection is dropped at once.
+    max_handshakes_per_ip: int = 100
+    accepts_per_ip_per_s: float = 100.0
+    accepts_per_ip_burst: float = 1_000.0
+
+    # Per-account budgets, kept by the account's shard so they hold across reconnects and edges
+    # (over budget → `rate_limited`). Ids looked up: named in `presence.query` or newly watched
+    # through `presence.subscribe` (a token bucket: this many per minute, this burst; the burst
+    # is never below max_subscriptions_per_socket). Voice joins that change a roster (kept by
+    # the channel's shard). Status changes reach watchers at most 5 times a second (contract).
+    query_ids_per_min: float = 1_200.0
+    query_ids_burst: float = 2_000.0
+    voice_joins_per_min: float = 30.0
+    voice_joins_burst: float = 10.0
     # Behind a proxy, the header carrying the client's address (e.g. X-Forwarded-For; its last
     # entry counts). Unset: the socket's peer address.
     client_ip_header: str | None = None

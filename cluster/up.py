@@ -65,7 +65,9 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
             flood_close_after=settings.flood_close_after,
             max_sockets_per_account=settings.max_sockets_per_account,
             max_sockets_per_ip=settings.max_sockets_per_ip,
-            query_ids_per_min=settings.query_ids_per_min,
+            max_handshakes_per_ip=settings.max_handshakes_per_ip,
+            accepts_per_ip_per_s=settings.accepts_per_ip_per_s,
+            accepts_per_ip_burst=settings.accepts_per_ip_burst,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             token_max_ttl_s=settings.token_max_ttl_s,
         ),
@@ -94,6 +96,12 @@ def shard_config(settings: Settings, database_url: str, redis_url: str | None) -
         count_refresh_s=settings.count_refresh_s,
         count_ttl_s=settings.count_ttl_s,
         gc_thresholds=settings.gc_thresholds,
+        # The contract: one full per-socket subscription must fit in the lookup budget at once.
+        lookup_allowance=(
+            settings.query_ids_per_min,
+            max(settings.query_ids_burst, float(settings.max_subscriptions_per_socket)),
+        ),
+        voice_allowance=(settings.voice_joins_per_min, settings.voice_joins_burst),
     )
 
 

@@ -78,6 +78,41 @@ def _about(payload: str) -> tuple[str, str] | None:
     return frame["userId"], frame["status"]
 
 
+class CountedConnection(ServerConnection):
+    """A public connection, counted against its client address from accept until it has
+    authenticated or gone (`Admission.handshake_begin` / `handshake_end`): half-open upgrades and
+    sockets that never identify are bounded per address. Each edge makes a subclass naming it."""
+
+    edge: Edge
+    handshake_ip: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.edge.config.client_ip_header is None:  # else counted once the header is read
+            peer = transport.get_extra_info("peername")
+            self.begin_handshake(str(peer[0]) if peer else "unknown")
+
+    def begin_handshake(self, ip: str) -> bool:
+        refused = self.edge.admission.handshake_begin(ip, time.time())
+        if refused is not None:
+            self.edge.metrics.inc("handshakes_refused_total")
+            log.debug("dropping a connection from %s: %s", ip, refused)
+            assert self.transport is not None
+            self.transport.abort()
+            return False
+        self.handshake_ip = ip
+        return True
+
+    def end_handshake(self) -> None:
+        if self.handshake_ip is not None:
+            self.edge.admission.handshake_end(self.handshake_ip)
+            self.handshake_ip = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.end_handshake()
+        super().connection_lost(exc)
+
+
 @dataclass(eq=False)
 class Conn:
     ws: ServerConnection
@@ -176,6 +211,7 @@ class Edge:
                 self.config.ws_host,
                 self.config.ws_port,
                 process_request=self._public_request,
+                create_connection=type("EdgeConnection", (CountedConnection,), {"edge": self}),
                 max_size=self.config.max_frame_bytes,
                 compression=None,
                 ping_interval=None,
@@ -221,6 +257,12 @@ class Edge:
     async def _public_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == WS_PATH:
+            if (
+                self.config.client_ip_header is not None
+                and isinstance(connection, CountedConnection)
+                and not connection.begin_handshake(self._client_ip(connection))
+            ):
+                return json_response(connection, 429, {"error": "too many connections from this address"})
             return None
         if self.demo is not None:
             response = self.demo.handle(request)
@@ -267,6 +309,8 @@ class Edge:
                     commands = session.receive(raw, time.time())
             if not await self._run(conn, commands):
                 return
+            if isinstance(ws, CountedConnection):
+                ws.end_handshake()  # authenticated: from now on it counts as a socket
             async for raw in ws:
                 commands = session.receive(raw, time.time())
                 self.metrics.inc("frames_in_total", type=session.last_frame_type or "refused")
@@ -332,7 +376,10 @@ class Edge:
                 conn.connected = True
                 self._send(conn, orjson.dumps(s.connected(status, visibility).frame).decode())
                 self._release(conn)
-            case Subscribe(user_ids=ids):
+            case Subscribe(user_ids=ids, new=new):
+                if new and not await self._spend(user, len(new)):
+                    self._send(conn, orjson.dumps(s.budget_refused(cmd).frame).decode())
+                    return True
                 conn.hold += 1
                 try:
                     answers = await self._gather_by_shard(ids, lambda targets: ("watch", user, sid, targets))
@@ -345,6 +392,9 @@ class Edge:
             case Unsubscribe(user_ids=ids):
                 await self._gather_by_shard(ids, lambda targets: ("unwatch", sid, targets))
             case Query(user_ids=ids, reader_visibility=visibility):
+                if not await self._spend(user, len(ids)):
+                    self._send(conn, orjson.dumps(s.budget_refused(cmd).frame).decode())
+                    return True
                 answers = await self._gather_by_shard(
                     ids, lambda targets: ("query", user, visibility, targets)
                 )
@@ -372,14 +422,18 @@ class Edge:
             case ChannelCommand(kind=kind, channel_id=channel):
                 op = CHANNEL_OPS[kind]
                 args: tuple[Any, ...]
-                if kind in ("subscribe", "voice.join"):
+                if kind == "voice.join":
+                    args = (op, channel, user, sid, True)  # a client's own join: charged
+                elif kind == "subscribe":
                     args = (op, channel, user, sid)
                 elif kind in ("typing.start", "typing.stop"):
                     args = (op, channel, user)
                 else:
                     args = (op, channel, sid)
                 result = await self._for_channel(channel, args)
-                return await self._run(conn, s.channel_result(cmd, result is not False))
+                return await self._run(
+                    conn, s.channel_result(cmd, result if result == "rate_limited" else result is not False)
+                )
         return True
 
     @staticmethod
@@ -403,6 +457,12 @@ class Edge:
 
     async def _for_user(self, user: str, op: tuple[Any, ...]) -> Any:
         return (await self._routed([user], self.router.shard_of_user, lambda _: op))[0]
+
+    async def _spend(self, user: str | None, n: int) -> bool:
+        """Charge `n` ids to the account's lookup budget, kept by its shard (so it holds across
+        this account's sockets on every edge); False: refused, nothing charged."""
+        assert user is not None
+        return bool(await self._for_user(user, ("spend", user, "lookups", n)))
 
     async def _for_channel(self, channel: str, op: tuple[Any, ...]) -> Any:
         return (await self._routed([channel], self.router.shard_of_channel, lambda _: op))[0]

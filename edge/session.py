@@ -12,6 +12,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from actors.core.budgets import Bucket as TokenBucket
+
 from . import protocol as p
 from .tokens import TokenError, verify_token
 
@@ -41,6 +43,9 @@ class Connect:
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     user_ids: tuple[str, ...]
+    # The ids this socket did not watch yet: what the account's lookup budget is charged (at its
+    # shard, before anything is looked up). Not part of equality.
+    new: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,32 +109,16 @@ class Limits:
     flood_close_after: int = 100
     heartbeat_interval_ms: int = 30_000
     # Edge-wide, across sockets (see `Admission`): sockets per account and per client address on
-    # one edge (one more is closed with 4029), and each account's budget of ids named in
-    # `presence.query`, a token bucket refilled at this many per minute with a burst of as many.
+    # one edge (one more is closed with 4029); per client address, connections still upgrading
+    # or authenticating at once, and new connections (a token bucket). Past either, a new
+    # connection is dropped at once. (Per-account budgets live in the account's shard.)
     max_sockets_per_account: int = 20
     max_sockets_per_ip: int = 1_000
-    query_ids_per_min: float = 600.0
+    max_handshakes_per_ip: int = 100
+    accepts_per_ip_per_s: float = 100.0
+    accepts_per_ip_burst: float = 1_000.0
     # Tokens whose `exp` lies further ahead than this are refused (4001) like expired ones.
     token_max_ttl_s: float = 24 * 3600
-
-
-@dataclass
-class TokenBucket:
-    rate_per_s: float
-    burst: float
-    tokens: float
-    at: float
-
-    def level(self, now: float) -> float:
-        return min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate_per_s)
-
-    def take(self, now: float, n: float = 1.0) -> bool:
-        self.tokens = self.level(now)
-        self.at = max(self.at, now)
-        if self.tokens >= n:
-            self.tokens -= n
-            return True
-        return False
 
 
 @dataclass
@@ -137,16 +126,44 @@ class Admission:
     """The limits of one edge that span its sockets. Pure; the edge keeps one and every session
     shares it.
 
+    - connections per client address still upgrading or authenticating (`handshake_begin` at
+      accept, `handshake_end` once authenticated or gone), and new connections per address (a
+      token bucket, kept until it has refilled: `sweep`);
     - sockets per client address, counted from the upgrade (authenticated or not);
-    - sockets per account, counted from authentication, before anything reaches an actor;
-    - each account's `presence.query` budget, a token bucket of ids. It outlives the account's
-      sockets until it has refilled (`sweep`), so reconnecting does not buy a fresh budget.
+    - sockets per account, counted from authentication, before anything reaches an actor.
+
+    Per-account budgets (status changes, lookups, voice joins) are not here: they must hold
+    across edges, so the account's shard keeps them (actors/core/budgets.py).
     """
 
     limits: Limits = field(default_factory=Limits)
     by_ip: dict[str, int] = field(default_factory=dict)
     by_account: dict[str, set[str]] = field(default_factory=dict)
-    query_budgets: dict[str, TokenBucket] = field(default_factory=dict)
+    handshakes: dict[str, int] = field(default_factory=dict)
+    accepts: dict[str, TokenBucket] = field(default_factory=dict)
+
+    def handshake_begin(self, ip: str, now: float) -> str | None:
+        """A connection from `ip` was accepted. None: counted (call `handshake_end` once); else
+        why it must be dropped (nothing counted)."""
+        n = self.handshakes.get(ip, 0)
+        if n >= self.limits.max_handshakes_per_ip:
+            cap = self.limits.max_handshakes_per_ip
+            return f"too many connections opening from this address (at most {cap})"
+        bucket = self.accepts.get(ip)
+        if bucket is None:
+            burst = self.limits.accepts_per_ip_burst
+            bucket = self.accepts[ip] = TokenBucket(self.limits.accepts_per_ip_per_s, burst, burst, now)
+        if not bucket.take(now):
+            return "too many new connections from this address; slow down"
+        self.handshakes[ip] = n + 1
+        return None
+
+    def handshake_end(self, ip: str) -> None:
+        n = self.handshakes.get(ip, 0) - 1
+        if n > 0:
+            self.handshakes[ip] = n
+        else:
+            self.handshakes.pop(ip, None)
 
     def open(self, ip: str) -> Close | None:
         n = self.by_ip.get(ip, 0)
@@ -182,19 +199,11 @@ class Admission:
             if not sockets:
                 del self.by_account[user_id]
 
-    def take_query(self, user_id: str, n: int, now: float) -> bool:
-        """Spend `n` ids of the account's query budget; False (nothing spent) if it has not got them."""
-        burst = self.limits.query_ids_per_min
-        bucket = self.query_budgets.get(user_id)
-        if bucket is None:
-            bucket = self.query_budgets[user_id] = TokenBucket(burst / 60.0, burst, burst, now)
-        return bucket.take(now, n)
-
     def sweep(self, now: float) -> None:
-        """Forget the budgets of accounts without sockets here once they have refilled."""
-        for user_id, bucket in list(self.query_budgets.items()):
-            if user_id not in self.by_account and bucket.level(now) >= bucket.burst:
-                del self.query_budgets[user_id]
+        """Forget the accept buckets of addresses that have refilled (a full one is a fresh one)."""
+        for ip, bucket in list(self.accepts.items()):
+            if bucket.level(now) >= bucket.burst:
+                del self.accepts[ip]
 
 
 def new_socket_id() -> str:
@@ -365,8 +374,9 @@ class Session:
                         )
                     ]
                 self.subscriptions.update(new)
-                # The sync answers every id of the frame, also ones subscribed before.
-                return [Subscribe(tuple(dict.fromkeys(ids)))]
+                # The sync answers every id of the frame, also ones subscribed before; the new
+                # ones are charged to the account's lookup budget first (`subscribe_refused`).
+                return [Subscribe(tuple(dict.fromkeys(ids)), new)]
             case p.PresenceUnsubscribe(userIds=ids):
                 gone = tuple(u for u in dict.fromkeys(ids) if u in self.subscriptions)
                 self.subscriptions.difference_update(gone)
@@ -382,21 +392,8 @@ class Session:
                             )
                         )
                     ]
-                unique = tuple(dict.fromkeys(ids))
-                if (
-                    self.admission is not None
-                    and self.user_id is not None
-                    and not self.admission.take_query(self.user_id, len(unique), now)
-                ):
-                    per_min = self.limits.query_ids_per_min
-                    return [
-                        Reply(
-                            p.error_frame(
-                                "rate_limited", f"query budget spent ({per_min:g} ids a minute); slow down"
-                            )
-                        )
-                    ]
-                return [Query(unique, self.visibility)]
+                # Charged to the account's lookup budget (at its shard) before any lookup.
+                return [Query(tuple(dict.fromkeys(ids)), self.visibility)]
             case p.Focus(channelId=channel):
                 self.focus = channel
                 return [SetFocus(channel)]
@@ -426,7 +423,17 @@ class Session:
 
     # ------------------------------------------------------------------ results of upstream work
 
-    def channel_result(self, cmd: ChannelCommand, allowed: bool) -> list[Command]:
+    def budget_refused(self, cmd: Subscribe | Query | None = None) -> Reply:
+        """The account's shard refused to charge a frame to a per-account budget: nothing of it
+        happened, so a subscription it added is forgotten again."""
+        if isinstance(cmd, Subscribe):
+            self.subscriptions.difference_update(cmd.new)
+        what = "voice" if cmd is None else "lookup"
+        return Reply(p.error_frame("rate_limited", f"this account's {what} budget is spent; slow down"))
+
+    def channel_result(self, cmd: ChannelCommand, allowed: bool | str) -> list[Command]:
+        if allowed == "rate_limited":
+            return [self.budget_refused()]
         if not allowed:
             return [
                 Reply(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .audience import NO_RELATIONS, Relations
+from .budgets import Spending
 from .effects import Outbox
 
 
@@ -36,9 +37,17 @@ class Channel:
 
 class ChannelState:
     def __init__(
-        self, outbox: Outbox, relations: dict[str, Relations], *, typing_lapse_s: float = 10.0
+        self,
+        outbox: Outbox,
+        relations: dict[str, Relations],
+        *,
+        typing_lapse_s: float = 10.0,
+        spending: Spending | None = None,
     ) -> None:
         self.outbox = outbox
+        # Voice joins are charged to the joining account's `voice` budget, kept here by the shard
+        # that owns the channel: every edge's joins to its rosters pass through it.
+        self.spending = spending
         self.relations = relations
         self.typing_lapse_s = typing_lapse_s
         # A repeat of typing.start re-broadcasts only once the client's own lapse is near, so a
@@ -85,7 +94,9 @@ class ChannelState:
             return False
         ch = self.channels[channel_id]
         t = ch.typing.get(user_id)
-        if t is not None and now < t.expires_at and now - t.broadcast_at < self.typing_refresh_s:
+        if t is not None and now - t.broadcast_at < self.typing_refresh_s:
+            # Watchers still show the last broadcast (it lapses on their side only), stopped in
+            # between or not: the contract has no "stopped" frame to undo it.
             t.expires_at = now + self.typing_lapse_s
             return True
         ch.typing[user_id] = Typing(expires_at=now + self.typing_lapse_s, broadcast_at=now)
@@ -95,18 +106,32 @@ class ChannelState:
         return True
 
     def typing_stop(self, channel_id: str, user_id: str) -> None:
-        # The contract has no "stopped" frame: clients lapse on their own. Forgetting the entry
-        # makes the next start broadcast at once instead of being taken for a repeat.
+        # The contract has no "stopped" frame: clients lapse on their own. The account stops
+        # being listed as typing, but the time of the last broadcast stays: a stop/start pair is
+        # a repeat like any other, so it cannot buy a fresh broadcast before the throttle allows.
         ch = self.channels.get(channel_id)
-        if ch is not None:
-            ch.typing.pop(user_id, None)
+        t = ch.typing.get(user_id) if ch is not None else None
+        if t is not None:
+            t.expires_at = min(t.expires_at, t.broadcast_at)
 
-    def voice_join(self, channel_id: str, user_id: str, socket_id: str, edge_id: str) -> bool:
+    def voice_join(
+        self, channel_id: str, user_id: str, socket_id: str, edge_id: str, charge_at: float | None = None
+    ) -> bool | str:
+        """Join the roster: False for a non-member (`not_allowed`). With `charge_at` (a client's
+        own join, not an edge registering its sockets again), a join that changes the roster is
+        charged to the account's voice budget; past it the answer is "rate_limited" and the
+        roster is left as it was. Leaving is never charged, so a roster is always right."""
         if not self.allowed(channel_id, user_id):
             return False
         ch = self.channels[channel_id]
         if socket_id in ch.voice:
             return True
+        if (
+            charge_at is not None
+            and self.spending is not None
+            and not self.spending.spend(user_id, "voice", 1, charge_at)
+        ):
+            return "rate_limited"
         ch.voice[socket_id] = Member(edge_id, user_id)
         self._to_subscribers(ch, self._roster_frame(ch))
         return True
@@ -136,7 +161,11 @@ class ChannelState:
         # shell has just loaded for an operation about to be applied is never swept under it.
         empty: set[str] = set()
         for channel_id, ch in list(self.channels.items()):
-            for user_id in [u for u, t in ch.typing.items() if now >= t.expires_at]:
+            for user_id in [
+                u
+                for u, t in ch.typing.items()
+                if now >= t.expires_at and now - t.broadcast_at >= self.typing_refresh_s
+            ]:
                 del ch.typing[user_id]
             if not ch.subscribers and not ch.voice and not ch.typing:
                 if channel_id in self._empty_at_last_sweep:

@@ -25,6 +25,15 @@ from dataclasses import dataclass, field
 
 from .activity import RollingRefresh
 from .audience import NO_RELATIONS, Relations, in_audience
+from .budgets import (
+    STATUS_PUBLICATIONS,
+    STATUS_WINDOW_S,
+    Allowance,
+    Bucket,
+    Publications,
+    PublicationState,
+    Spending,
+)
 from .channels import Channel, ChannelState
 from .effects import Activity, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
 from .slots import channel_key, slot_of
@@ -94,6 +103,9 @@ class ShardState:
         typing_lapse_s: float = 10.0,
         account_idle_evict_s: float = 600.0,
         checkpoint_interval_s: float = 600.0,
+        status_publications: int = STATUS_PUBLICATIONS,
+        status_window_s: float = STATUS_WINDOW_S,
+        allowances: dict[str, Allowance] | None = None,
     ) -> None:
         self.socket_timeout_s = socket_timeout_s
         self.precision_s = last_seen_precision_s
@@ -110,7 +122,13 @@ class ShardState:
         self.edge_watches: dict[str, set[tuple[str, str]]] = {}
         # Last-seen values waiting for the FlushActor's acknowledgement, latest per account.
         self.pending_last_seen: dict[str, float] = {}
-        self.channels = ChannelState(self.outbox, self.relations, typing_lapse_s=typing_lapse_s)
+        # Per-account budgets (actors/core/budgets.py): how often an account's status changes
+        # reach its watchers, and what it may spend on lookups and voice joins.
+        self.publications = Publications(status_publications, status_window_s)
+        self.spending = Spending(allowances)
+        self.channels = ChannelState(
+            self.outbox, self.relations, typing_lapse_s=typing_lapse_s, spending=self.spending
+        )
         # The rolling checkpoint of accounts that stay online (see checkpoint_chunk).
         self.checkpoint_interval_s = checkpoint_interval_s
         self.checkpoint_spread = 0.8
@@ -226,6 +244,9 @@ class ShardState:
         cached relations nothing refers to any more."""
         self._expire(now)
         self.channels.sweep(now)
+        self.publish_due(now)
+        self.publications.sweep(now)
+        self.spending.sweep(now)
         if now - self._relations_swept_at >= self.relations_sweep_s:
             self._relations_swept_at = now
             for user_id in set(self.relations) - self._referenced_users():
@@ -366,8 +387,28 @@ class ShardState:
         if was_present != is_present:
             servers = self.relations.get(acc.user_id, NO_RELATIONS).servers
             self.outbox.add(OnlineCount(acc.user_id, servers, is_present))
-        self._broadcast_change(acc.user_id, before, after)
-        self._tell_self(acc, {"type": "presence.self", "status": after}, skip=skip_self)
+        # Watchers and the account's own sockets hear of it at most `status_publications` times
+        # per window; a change past that is published once the window admits it (publish_due).
+        verdict = self.publications.change(acc.user_id, visible_status(before) != visible_status(after), now)
+        if verdict is not None:
+            self._publish(acc, tell_others=verdict[1], skip_self=skip_self)
+
+    def _publish(self, acc: Account, tell_others: bool, skip_self: str | None = None) -> None:
+        """Tell the account's watchers and its own sockets its current status."""
+        self._broadcast(acc.user_id, acc.real, tell_others)
+        self._tell_self(acc, {"type": "presence.self", "status": acc.real}, skip=skip_self)
+
+    def publish_due(self, now: float) -> None:
+        """Publish the current status of accounts whose changes were held back and whose window
+        now admits it. The shell calls this often (see `next_publication_due`); `sweep` too."""
+        for user_id, tell_others in self.publications.due(now):
+            acc = self.accounts.get(user_id)
+            if acc is not None:
+                self._publish(acc, tell_others)
+
+    def next_publication_due(self) -> float | None:
+        """When the earliest held-back change may go out; None when nothing is held back."""
+        return self.publications.next_due()
 
     def _tell_self(self, acc: Account, frame: dict[str, object], skip: str | None = None) -> None:
         recipients: dict[str, list[str]] = {}
@@ -376,9 +417,9 @@ class ShardState:
                 recipients.setdefault(s.edge_id, []).append(s.socket_id)
         self.outbox.deliver(recipients, frame)
 
-    def _broadcast_change(self, target: str, before: Status, after: Status) -> None:
-        """Tell the target's watchers what changed for them: everybody else the visible status,
-        the account's own sockets (subscribed to themselves) the real one."""
+    def _broadcast(self, target: str, real: Status, tell_others: bool) -> None:
+        """Tell the target's watchers its status: the account's own sockets (subscribed to
+        themselves) the real one, everybody else the visible one when it changed for them."""
         watchers = self.watchers.get(target)
         if not watchers:
             return
@@ -390,11 +431,10 @@ class ShardState:
                 own.setdefault(w.edge_id, []).append(socket_id)
             elif in_audience(target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)):
                 others.setdefault(w.edge_id, []).append(socket_id)
-        if visible_status(before) != visible_status(after):
-            frame = {"type": "presence.changed", "userId": target, "status": visible_status(after)}
+        if tell_others:
+            frame = {"type": "presence.changed", "userId": target, "status": visible_status(real)}
             self.outbox.deliver(others, frame)
-        if before != after:
-            self.outbox.deliver(own, {"type": "presence.changed", "userId": target, "status": after})
+        self.outbox.deliver(own, {"type": "presence.changed", "userId": target, "status": real})
 
     # ------------------------------------------------------------------ reading statuses
 
@@ -492,6 +532,14 @@ class ShardState:
         reader_rel = self.relations[reader]
         return [t for t in dict.fromkeys(targets) if in_audience(t, self.relations[t], reader, reader_rel)]
 
+    # ------------------------------------------------------------------ budgets
+
+    def spend(self, user_id: str, kind: str, n: int, now: float) -> bool:
+        """Charge `n` to the account's `kind` budget (`lookups`: ids queried or newly watched;
+        `voice`: voice joins). False: refused whole, nothing charged; the edge answers
+        `rate_limited` and sends nothing else of the frame upstream."""
+        return self.spending.spend(user_id, kind, n, now)
+
     # ------------------------------------------------------------------ last-seen durability
 
     def last_seen_to_flush(self) -> list[tuple[str, float]]:
@@ -587,6 +635,8 @@ class ShardState:
             for socket_id, w in watchers.items():
                 self.edge_watches.get(w.edge_id, set()).discard((target, socket_id))
                 out.edges.setdefault(w.edge_id, self.edges.get(w.edge_id, 0.0))
+        out.publications = self.publications.export([u for u in self.publications if slot_of(u) in slots])
+        out.spending = self.spending.export({u for u, _ in self.spending.buckets if slot_of(u) in slots})
         for channel_id in [c for c in self.channels.channels if slot_of(channel_key(c)) in slots]:
             ch = self.channels.channels.pop(channel_id)
             out.channels.append(ch)
@@ -621,6 +671,8 @@ class ShardState:
                 self.edge_watches.setdefault(w.edge_id, set()).add((target, socket_id))
         for ch in export.channels:
             self.channels.channels[ch.channel_id] = ch
+        self.publications.restore(export.publications)
+        self.spending.restore(export.spending)
         self._expire(now)
         # This shard's refresh round may not reach them before their scores' lead runs out.
         for acc in export.accounts:
@@ -638,3 +690,6 @@ class SlotExport:
     watchers: dict[str, dict[str, Watcher]] = field(default_factory=dict)
     channels: list[Channel] = field(default_factory=list)
     edges: dict[str, float] = field(default_factory=dict)
+    # Budgets move with their accounts, so resizing the pool never refills them.
+    publications: dict[str, PublicationState] = field(default_factory=dict)
+    spending: dict[tuple[str, str], Bucket] = field(default_factory=dict)

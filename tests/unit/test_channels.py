@@ -3,16 +3,17 @@
 protocol.md: typing lapses after 10 s unless repeated; `voice.roster` goes to subscribers after
 subscribe and after each change; only members of the channel's server may subscribe, type or
 join (`not_allowed` otherwise). Project decisions (docs/protocol.md): the typist's own sockets
-get no `typing` frame; repeats re-broadcast only after 7 s; `typing.stop` makes the next start
-broadcast at once; one roster entry per socket, one id per account on the wire.
+get no `typing` frame; repeats re-broadcast only after 7 s, and `typing.stop` does not reset
+that (a stop/start pair is a repeat); one roster entry per socket, one id per account on the wire.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -167,7 +168,9 @@ class TestTyping:
         ch.c.typing_start("c1", "ann", clock.advance(10))
         assert ch.to("b1") == [typing_frame("ann")]
 
-    def test_stop_then_start_broadcasts_again(self, ch: Chan, clock: Clock) -> None:
+    def test_stop_then_start_is_a_repeat(self, ch: Chan, clock: Clock) -> None:
+        """Issue 14: `typing.stop` does not reset the throttle (watchers still show the last
+        broadcast, which only lapses on their side), so a stop/start pair is a repeat."""
         ch.c.subscribe("c1", "ben", "b1", "e1")
         ch.c.typing_start("c1", "ann", clock())
         ch.frames()
@@ -175,7 +178,46 @@ class TestTyping:
         assert ch.frames() == [], "the contract has no stop frame"
         assert ch.c.typing_users("c1", clock()) == []
         ch.c.typing_start("c1", "ann", clock.advance(1))
+        assert ch.to("b1") == []
+        assert ch.c.typing_users("c1", clock()) == ["ann"]
+        ch.c.typing_stop("c1", "ann")
+        ch.c.sweep(clock.advance(1))  # a sweep in between forgets nothing the throttle needs
+        ch.c.typing_start("c1", "ann", clock.advance(1))
+        assert ch.to("b1") == []
+        ch.c.typing_stop("c1", "ann")
+        ch.c.typing_start("c1", "ann", clock.advance(4.5))  # 7.5 s after the broadcast
         assert ch.to("b1") == [typing_frame("ann")]
+
+    @given(
+        steps=st.lists(
+            st.tuples(
+                st.sampled_from(["start", "stop", "sweep"]), st.sampled_from([0.0, 0.1, 0.5, 1.0, 3.0, 11.0])
+            ),
+            max_size=60,
+        )
+    )
+    @settings(max_examples=150, deadline=None)
+    def test_no_stop_start_sequence_beats_the_throttle(self, steps: list[tuple[str, float]]) -> None:
+        """Whatever mix of start, stop and sweeps: two `typing` broadcasts of one typist are at
+        least the refresh interval (7 s) apart, and a start after that always broadcasts."""
+        c = ChannelState(Outbox(), {"ann": member_of("g1"), "ben": member_of("g1")})
+        c.load_channel("c1", "g1")
+        c.subscribe("c1", "ben", "b1", "e1")
+        c.outbox.drain()
+        now, sent = T0, []
+        for op, dt in steps:
+            now += dt
+            if op == "start":
+                c.typing_start("c1", "ann", now)
+                if c.outbox.drain():
+                    sent.append(now)
+                else:
+                    assert sent and now - sent[-1] < c.typing_refresh_s
+            elif op == "stop":
+                c.typing_stop("c1", "ann")
+            else:
+                c.sweep(now)
+        assert all(b - a >= c.typing_refresh_s for a, b in itertools.pairwise(sent))
 
     def test_stop_of_unknown_is_harmless(self, ch: Chan) -> None:
         ch.c.typing_stop("nope", "ann")

@@ -1,11 +1,13 @@
-"""Limits of issue 7, without I/O: floods, sockets per account and per address, the query budget,
-hostile bytes and odd ids, and how Settings reach them.
+"""Limits of issues 7 and 14, without I/O: floods, sockets per account and per address,
+handshakes and accepts per address, what a frame costs the account's lookup budget, hostile bytes
+and odd ids, and how Settings reach them.
 
 docs/protocol.md ("Limits and floods"): a per-socket token bucket answers a frame over it with
 `rate_limited` and closes a socket that goes on with 1008; an edge admits at most
 `max_sockets_per_account` sockets of one account and `max_sockets_per_ip` from one address (one
-more is closed with 4029, before anything reaches an actor); each account has a budget of ids it
-may name in `presence.query` per edge (a token bucket), over which a query gets `rate_limited`.
+more is closed with 4029, before anything reaches an actor); per address, connections still
+opening are capped and new ones rate-limited (dropped at once past either). Ids queried or newly
+watched are charged to the account's lookup budget, which its shard keeps (test_budgets.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from edge import protocol as p
 from edge.session import (
     Admission,
+    ChannelCommand,
     Close,
     Command,
     Connect,
@@ -25,6 +28,7 @@ from edge.session import (
     Query,
     Reply,
     Session,
+    Subscribe,
     TokenBucket,
 )
 from edge.tokens import mint_token
@@ -83,7 +87,8 @@ def test_defaults() -> None:
     assert (lim.rate_per_s, lim.rate_burst, lim.flood_close_after) == (20.0, 60.0, 100)
     assert lim.max_sockets_per_account == 20
     assert lim.max_sockets_per_ip == 1_000
-    assert lim.query_ids_per_min == 600.0
+    assert lim.max_handshakes_per_ip == 100
+    assert (lim.accepts_per_ip_per_s, lim.accepts_per_ip_burst) == (100.0, 1_000.0)
     assert p.CLOSE_TOO_MANY_CONNECTIONS == 4029
 
 
@@ -247,70 +252,83 @@ class TestSocketsPerAddress:
         assert session(adm, ip=None).open() == []
 
 
-# ---------------------------------------------------------------------------- query budget
+# ---------------------------------------------------------------------------- lookup budget (issue 14)
+# The budget itself is the account's shard's (tests/unit/test_budgets.py); the session says what
+# a frame costs and undoes what a refused frame did.
 
 
-class TestQueryBudget:
-    ids = [f"t{i}" for i in range(100)]
-
-    def test_600_ids_a_minute_then_rate_limited(self) -> None:
+class TestLookupCharges:
+    def test_subscribe_charges_only_ids_new_to_the_socket(self) -> None:
         s = authed(Admission(Limits(rate_burst=1_000)))
-        for _ in range(6):
-            assert s.receive(query(self.ids), T0) == [Query(tuple(self.ids), "everyone")]
-        out = s.receive(query(self.ids), T0)
-        assert errors(out) == ["rate_limited"]
-        assert not any(isinstance(c, Query) for c in out), "a refused query goes nowhere"
-        assert "budget" in out[0].frame["message"]  # type: ignore[union-attr]
-        # The socket stays usable.
-        assert s.receive(HB, T0) == ACK
-        # 10 ids a second come back.
-        assert errors(s.receive(query(self.ids[:11]), T0 + 1)) == ["rate_limited"]
-        assert s.receive(query(self.ids[:10]), T0 + 1) == [Query(tuple(self.ids[:10]), "everyone")]
+        [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "b", "a"]), T0)
+        assert isinstance(sub, Subscribe) and sub.new == ("a", "b")
+        [sub] = s.receive(frame(type="presence.subscribe", userIds=["b", "c"]), T0)
+        assert isinstance(sub, Subscribe) and sub.user_ids == ("b", "c") and sub.new == ("c",)
+        [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "c"]), T0)
+        assert isinstance(sub, Subscribe) and sub.new == ()
 
-    def test_duplicates_count_once_and_refused_frames_cost_nothing(self) -> None:
-        adm = Admission(Limits(query_ids_per_min=60, rate_burst=1_000))
-        s = authed(adm)
-        assert errors(s.receive(query(["x"] * 101), T0)) == ["too_many_ids"]
-        assert errors(s.receive(frame(type="presence.query", userIds=[1]), T0)) == ["bad_frame"]
+    def test_unsubscribe_then_subscribe_is_new_again(self) -> None:
+        s = authed(Admission(Limits(rate_burst=1_000)))
+        s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
+        s.receive(frame(type="presence.unsubscribe", userIds=["a"]), T0)
+        [sub] = s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
+        assert isinstance(sub, Subscribe) and sub.new == ("a",)
+
+    def test_refused_subscribe_is_forgotten(self) -> None:
+        s = authed(Admission(Limits(rate_burst=1_000)))
+        s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
+        [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "b"]), T0)
+        assert isinstance(sub, Subscribe)
+        reply = s.budget_refused(sub)
+        assert reply.frame["code"] == "rate_limited" and "budget" in reply.frame["message"]
+        assert s.subscriptions == {"a"}
+
+    def test_query_names_each_id_once(self) -> None:
+        s = authed(Admission(Limits(rate_burst=1_000)))
         assert s.receive(query(["a", "a", "b"] * 20), T0) == [Query(("a", "b"), "everyone")]
-        assert adm.query_budgets["u1"].level(T0) == 58
 
-    def test_shared_by_the_accounts_sockets_not_by_other_accounts(self) -> None:
-        adm = Admission(Limits(query_ids_per_min=100, rate_burst=1_000))
-        one, two = authed(adm, "u1"), authed(adm, "u1")
-        other = authed(adm, "u2")
-        assert errors(one.receive(query(self.ids[:60]), T0)) == []
-        assert errors(two.receive(query(self.ids[:60]), T0)) == ["rate_limited"]
-        assert errors(two.receive(query(self.ids[:40]), T0)) == []
-        assert errors(other.receive(query(self.ids), T0)) == []
+    def test_refused_voice_join_leaves_the_session_out_of_the_roster(self) -> None:
+        s = authed(Admission(Limits(rate_burst=1_000)))
+        [join] = s.receive(frame(type="voice.join", channelId="c1"), T0)
+        assert isinstance(join, ChannelCommand)
+        assert errors(s.channel_result(join, "rate_limited")) == ["rate_limited"]
+        assert s.voice_channel is None
 
-    def test_reconnecting_does_not_buy_a_fresh_budget(self) -> None:
-        adm = Admission(Limits(query_ids_per_min=100, rate_burst=1_000))
-        s = authed(adm, "u1")
-        s.receive(query(self.ids), T0)
-        s.gone()
+
+# ---------------------------------------------------------------------------- handshakes per address
+
+
+class TestHandshakes:
+    def test_concurrent_handshakes_per_address_are_capped(self) -> None:
+        adm = Admission(Limits(max_handshakes_per_ip=3))
+        assert [adm.handshake_begin("1.2.3.4", T0) for _ in range(3)] == [None] * 3
+        refused = adm.handshake_begin("1.2.3.4", T0)
+        assert refused is not None and "opening" in refused
+        assert adm.handshake_begin("5.6.7.8", T0) is None, "addresses are independent"
+        adm.handshake_end("1.2.3.4")
+        assert adm.handshake_begin("1.2.3.4", T0) is None
+        for _ in range(3):
+            adm.handshake_end("1.2.3.4")
+        assert "1.2.3.4" not in adm.handshakes
+
+    def test_accepts_per_address_are_rate_limited(self) -> None:
+        adm = Admission(Limits(max_handshakes_per_ip=1_000, accepts_per_ip_per_s=2, accepts_per_ip_burst=5))
+        for _ in range(5):
+            assert adm.handshake_begin("1.2.3.4", T0) is None
+            adm.handshake_end("1.2.3.4")
+        refused = adm.handshake_begin("1.2.3.4", T0)
+        assert refused is not None and "new connections" in refused
+        assert "1.2.3.4" not in adm.handshakes, "a refused connection is not counted"
+        assert adm.handshake_begin("1.2.3.4", T0 + 0.5) is None  # 2 a second come back
+        assert adm.handshake_begin("1.2.3.4", T0 + 0.5) is not None
+
+    def test_sweep_forgets_refilled_accept_buckets(self) -> None:
+        adm = Admission(Limits(accepts_per_ip_per_s=1, accepts_per_ip_burst=5))
+        adm.handshake_begin("1.2.3.4", T0)
+        adm.sweep(T0 + 0.5)
+        assert "1.2.3.4" in adm.accepts
         adm.sweep(T0 + 1)
-        again = authed(adm, "u1")
-        assert errors(again.receive(query(self.ids[:10]), T0 + 1)) == ["rate_limited"]
-        again.gone()
-        # Forgotten only once it has refilled (100 ids at 100 a minute: 60 s).
-        adm.sweep(T0 + 30)
-        assert "u1" in adm.query_budgets
-        adm.sweep(T0 + 61)
-        assert "u1" not in adm.query_budgets
-
-    def test_sweep_keeps_budgets_of_connected_accounts(self) -> None:
-        adm = Admission()
-        s = authed(adm, "u1")
-        s.receive(query(["a"]), T0)
-        adm.sweep(T0 + 3_600)
-        assert "u1" in adm.query_budgets
-
-    def test_without_admission_no_budget(self) -> None:
-        s = Session(secret=SECRET, now=T0, limits=Limits(rate_burst=1_000))
-        s.receive(identify("u1"), T0)
-        for _ in range(20):
-            assert errors(s.receive(query(self.ids), T0)) == []
+        assert "1.2.3.4" not in adm.accepts
 
 
 # ---------------------------------------------------------------------------- hostile bytes, odd ids
@@ -414,7 +432,9 @@ def test_settings_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
         "PRESENCE_FLOOD_CLOSE_AFTER": "13",
         "PRESENCE_MAX_SOCKETS_PER_ACCOUNT": "3",
         "PRESENCE_MAX_SOCKETS_PER_IP": "17",
-        "PRESENCE_QUERY_IDS_PER_MIN": "120",
+        "PRESENCE_MAX_HANDSHAKES_PER_IP": "19",
+        "PRESENCE_ACCEPTS_PER_IP_PER_S": "23",
+        "PRESENCE_ACCEPTS_PER_IP_BURST": "29",
         "PRESENCE_MAX_FRAME_BYTES": "4096",
         "PRESENCE_SEND_BUFFER_BYTES": "65536",
         "PRESENCE_CLIENT_IP_HEADER": "X-Forwarded-For",
@@ -424,7 +444,8 @@ def test_settings_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     config = edge_config(Settings(), "secret", None)
     lim = config.limits
     assert (lim.rate_per_s, lim.rate_burst, lim.flood_close_after) == (7, 11, 13)
-    assert (lim.max_sockets_per_account, lim.max_sockets_per_ip, lim.query_ids_per_min) == (3, 17, 120)
+    assert (lim.max_sockets_per_account, lim.max_sockets_per_ip) == (3, 17)
+    assert (lim.max_handshakes_per_ip, lim.accepts_per_ip_per_s, lim.accepts_per_ip_burst) == (19, 23, 29)
     assert (config.max_frame_bytes, config.send_buffer_bytes) == (4096, 65536)
     assert config.client_ip_header == "X-Forwarded-For"
 

@@ -990,7 +990,8 @@ class ShardMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = ShardState(socket_timeout_s=TIMEOUT)
+        # Changes are published at once here (the model has no coalescing; test_budgets has it).
+        self.state = ShardState(socket_timeout_s=TIMEOUT, status_publications=10**9)
         self.now = T0
         self.lease: dict[str, float] = {}
         self.conn: dict[str, bool] = {}  # live socket → idle flag

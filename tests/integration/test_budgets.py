@@ -1,0 +1,234 @@
+"""Per-account budgets through real edges (issue 14, "Abuse of the audience").
+
+protocol.md ("Audience and privacy"): one account's rapid status changes reach its watchers as at
+most 5 `presence.changed` frames per second, and the last state always arrives; ids newly watched
+through `presence.subscribe` are charged like queried ids, past the budget the answer is
+`rate_limited`, and budgets hold across reconnects and across edges. docs/protocol.md
+("Budgets"): `typing.stop` does not reset the typing throttle; voice joins are budgeted; and
+connections still opening are capped per client address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from typing import Any
+
+import asyncpg
+import pytest
+import websockets
+
+from edge.server import Edge
+from edge.session import Limits
+
+from .conftest import Cluster, Ids, load, ws_url
+from .hostile import shard_ops
+from .wsclient import Client, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+
+class TimedClient(Client):
+    """A client that also notes when each frame arrived."""
+
+    async def _read(self) -> None:
+        self.times: list[tuple[float, dict[str, Any]]] = []
+        try:
+            async for message in self.ws:
+                frame = json.loads(message)
+                self.times.append((time.monotonic(), frame))
+                self.frames.append(frame)
+                self.log.append(frame)
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self.ws.close_code
+
+    def changes_about(self, user: str) -> list[tuple[float, str]]:
+        return [
+            (t, f["status"])
+            for t, f in self.times
+            if f.get("type") == "presence.changed" and f.get("userId") == user
+        ]
+
+
+async def timed(cluster: Cluster, edge: Edge, user: str) -> TimedClient:
+    c = await TimedClient.connect(ws_url(edge), cluster.token(user))
+    assert isinstance(c, TimedClient)
+    return c
+
+
+def compact(frame: dict[str, Any]) -> str:
+    return json.dumps(frame, separators=(",", ":"))
+
+
+def most_in(times: list[float], window: float) -> int:
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - window:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+async def pair(conn: asyncpg.Connection, ids: Ids) -> tuple[str, str, str]:
+    """Two accounts sharing a server (and its channel)."""
+    a, b, c = ids("toggler"), ids("watcher"), ids("c")
+    await load(
+        conn,
+        {"users": [{"id": a}, {"id": b}], "servers": [{"id": ids("g"), "members": [a, b], "channels": [c]}]},
+    )
+    return a, b, c
+
+
+async def test_58_toggles_reach_a_watcher_as_at_most_5_frames_a_second_and_the_last_arrives(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    toggler, watcher, _ = await pair(conn, ids)
+    w = await timed(cluster, second_edge, watcher)  # the watcher sits on another edge
+    await w.request({"type": "presence.subscribe", "userIds": [toggler]}, of_type("presence.sync"))
+    t = await timed(cluster, edge, toggler)
+    await w.expect(lambda f: f.get("userId") == toggler and f.get("status") == "online")
+    await asyncio.sleep(1.1)  # the connect's own publication leaves the window
+    statuses = ["dnd" if i % 2 == 0 else "online" for i in range(57)] + ["dnd"]
+    sent_at = time.monotonic()
+    for status in statuses:  # 58 toggles, as fast as the socket sends them
+        await t.send({"type": "presence.update", "status": status})
+    await t.roundtrip()
+    assert not [f for f in t.log if f.get("type") == "error"], "within the socket's own rate limit"
+
+    def settled() -> bool:
+        got = w.changes_about(toggler)
+        return bool(got) and got[-1][1] == "dnd" and got[-1][0] > sent_at
+
+    await eventually(settled, timeout=5)
+    await asyncio.sleep(1.2)  # nothing more may come
+    got = [(at, st) for at, st in w.changes_about(toggler) if at > sent_at]
+    times = [at for at, _ in got]
+    assert len(got) <= 6, f"58 toggles became {len(got)} frames"
+    assert most_in(times, 0.9) <= 5, times  # 5 a second (0.1 s slack for delivery jitter)
+    assert got[-1][1] == "dnd", "the last state arrives"
+    # ... promptly: one window (1.05 s) after the first frame, plus the shard's tick and delivery.
+    assert times[-1] - times[0] < 1.05 + 0.45, times
+    # The account's other sockets get presence.self coalesced the same way, ending on the truth.
+    t2_selfs = [f["status"] for f in t.log if f.get("type") == "presence.self"]
+    assert len(t2_selfs) <= 6 and t2_selfs[-1] == "dnd"
+    for c in (t, w):
+        await c.close()
+
+
+async def test_subscribe_churn_past_the_budget_is_rate_limited_across_reconnects_and_edges(
+    cluster: Cluster, edge: Edge, second_edge: Edge, ids: Ids
+) -> None:
+    churner = ids("churner")
+    targets = [ids(f"t{i}") for i in range(2_500)]  # 500 more than the burst: ~25 s of refill
+    c = await Client.connect(ws_url(edge), cluster.token(churner))
+    # One full per-socket cap at once always fits; the default budget holds two (2,000 ids).
+    for chunk in (targets[:1_000], targets[1_000:2_000]):
+        await c.send(compact({"type": "presence.subscribe", "userIds": chunk}))  # under 16 KiB
+        await c.expect(of_type("presence.sync"), timeout=20)
+        await c.send(compact({"type": "presence.unsubscribe", "userIds": chunk}))
+    await c.roundtrip()
+    assert not [f for f in c.log if f.get("type") == "error"]
+    watched = await shard_ops("watch")
+    more = targets[2_000:]
+    err = await c.request({"type": "presence.subscribe", "userIds": more}, of_type("error"))
+    assert err["code"] == "rate_limited"
+    err = await c.request({"type": "presence.query", "userIds": more[:100]}, of_type("error"))
+    assert err["code"] == "rate_limited", "queries spend the same budget"
+    await c.close()
+    # A new socket, on this edge and on another one: the same account, the same budget.
+    for e in (edge, second_edge):
+        again = await Client.connect(ws_url(e), cluster.token(churner))
+        err = await again.request({"type": "presence.subscribe", "userIds": more}, of_type("error"))
+        assert err["code"] == "rate_limited"
+        assert not [f for f in again.log if f.get("type") == "presence.sync"]
+        await again.close()
+    assert await shard_ops("watch") == watched, "nothing of a refused frame was looked up"
+    # Somebody else is not affected.
+    other = await Client.connect(ws_url(second_edge), cluster.token(ids("other")))
+    await other.request({"type": "presence.subscribe", "userIds": more}, of_type("presence.sync"))
+    await other.close()
+
+
+async def test_typing_stop_start_pairs_do_not_defeat_the_throttle(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    typist, watcher, channel = await pair(conn, ids)
+    w = await timed(cluster, second_edge, watcher)
+    await w.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+    t = await Client.connect(ws_url(edge), cluster.token(typist))
+    for _ in range(10):
+        await t.send({"type": "typing.start", "channelId": channel})
+        await t.send({"type": "typing.stop", "channelId": channel})
+    await t.close()  # and reconnecting buys nothing either: the throttle is the channel's shard's
+    t = await Client.connect(ws_url(second_edge), cluster.token(typist))
+    await t.send({"type": "typing.start", "channelId": channel})
+    await t.roundtrip()
+    await w.expect(of_type("typing"))
+    await asyncio.sleep(0.3)  # anything more would have arrived by now
+    typings = [f for _, f in w.times if f.get("type") == "typing"]
+    assert len(typings) == 1, typings
+    for c in (t, w):
+        await c.close()
+
+
+async def test_voice_churn_is_bounded_and_the_roster_stays_right(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    joiner, watcher, channel = await pair(conn, ids)
+    w = await Client.connect(ws_url(edge), cluster.token(watcher))
+    await w.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+    refused = 0
+    for e in (edge, second_edge):  # a second socket on another edge shares the budget
+        j = await Client.connect(ws_url(e), cluster.token(joiner))
+        for _ in range(8):
+            await j.send({"type": "voice.join", "channelId": channel})
+            await j.send({"type": "voice.leave"})
+        await j.roundtrip()
+        codes = [f["code"] for f in j.log if f.get("type") == "error"]
+        assert set(codes) <= {"rate_limited"}
+        refused += len(codes)
+        await j.close()
+    assert 5 <= refused <= 6, "16 joins against a burst of 10 (30 a minute come back)"
+
+    # Every join that passed changed the roster twice (in, out); a refused one not at all, and
+    # the watcher's last roster is the truth: nobody is in voice.
+    def rosters() -> list[list[str]]:
+        return [f["userIds"] for f in w.log if f.get("type") == "voice.roster"][1:]
+
+    await eventually(lambda: len(rosters()) >= 2 * (16 - refused))
+    await asyncio.sleep(0.2)
+    assert len(rosters()) == 2 * (16 - refused)
+    assert rosters()[-1] == []
+    await w.close()
+
+
+async def test_connections_still_opening_are_capped_per_address(cluster: Cluster, ids: Ids) -> None:
+    narrow = Edge(cluster.edge_config(limits=Limits(max_handshakes_per_ip=5)))
+    await narrow.start()
+    held: list[socket.socket] = []
+    try:
+        loop = asyncio.get_running_loop()
+        for _ in range(5):  # half-open upgrades: a request line and nothing more
+            s = socket.socket()
+            s.setblocking(False)
+            await loop.sock_connect(s, ("127.0.0.1", narrow.ws_port))
+            await loop.sock_sendall(s, b"GET /ws/presence HTTP/1.1\r\n")
+            held.append(s)
+        await eventually(lambda: narrow.admission.handshakes.get("127.0.0.1") == 5)
+        with pytest.raises((OSError, websockets.InvalidHandshake, TimeoutError, EOFError)):
+            await Client.connect(ws_url(narrow), cluster.token(ids("late")))
+        assert narrow.metrics.counters.get(("handshakes_refused_total", ()), 0) >= 1
+        held.pop().close()
+        await eventually(lambda: narrow.admission.handshakes.get("127.0.0.1") == 4)
+        ok = await Client.connect(ws_url(narrow), cluster.token(ids("ok")))
+        # Authenticated, it no longer counts as opening.
+        assert narrow.admission.handshakes.get("127.0.0.1") == 4
+        await ok.close()
+    finally:
+        for s in held:
+            s.close()
+        await narrow.stop()
