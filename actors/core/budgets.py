@@ -9,6 +9,7 @@ is the same as a fresh one), which an outsider cannot cause at will.
   `window_s` (a sliding window). A change past it is held back, not lost: the account is marked
   pending, and the first moment the window admits another publication (`due`), the account's
   *current* state goes out. Intermediate states may be skipped; the last one always arrives.
+  What was published last is remembered, so a change undone while held is told to nobody.
 - `Spending`: token buckets per account and kind (`lookups`: ids named in `presence.query` or
   newly watched through `presence.subscribe`; `voice`: voice joins). A spend that would
   overdraw the bucket is refused whole and costs nothing.
@@ -17,8 +18,10 @@ is the same as a fresh one), which an outsider cannot cause at will.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+
+from .status import Status
 
 # One account's status changes reach its watchers at most this often (the contract: 5 a second).
 STATUS_PUBLICATIONS = 5
@@ -29,23 +32,25 @@ STATUS_WINDOW_S = 1.05
 
 @dataclass(slots=True)
 class _Account:
+    shown: Status  # the status last published: what every watcher was last told
     times: deque[float] = field(default_factory=deque)
     pending: bool = False
-    # A held-back change altered what others see (so the catch-up publication must tell them).
-    visible_dirty: bool = False
 
 
 @dataclass(slots=True)
 class PublicationState:
     """One account's window in transit between shards (see `export` / `restore`)."""
 
+    shown: Status
     times: tuple[float, ...]
     pending: bool
-    visible_dirty: bool
 
 
 class Publications:
-    """At most `limit` publications of one account's status per `window_s`, sliding."""
+    """At most `limit` publications of one account's status per `window_s`, sliding.
+
+    It also remembers what was last published (`shown`), so that a publication tells each
+    watcher only what changed since, and a change undone while held is not told at all."""
 
     def __init__(self, limit: int = STATUS_PUBLICATIONS, window_s: float = STATUS_WINDOW_S) -> None:
         if limit < 1 or window_s <= 0:
@@ -63,37 +68,35 @@ class Publications:
         self._trim(a, now)
         return len(a.times) < self.limit
 
-    def change(self, user_id: str, visible_changed: bool, now: float) -> tuple[bool, bool] | None:
-        """The account's real status changed at `now`. Returns None when the change must wait
-        (the account is now pending), else `(publish, tell_others)`: publish now, and whether the
-        frame for everybody else (the visible status) must go too, because this change or a held
-        one altered it."""
+    def change(self, user_id: str, before: Status, after: Status, now: float) -> Status | None:
+        """The account's status changed from `before` to `after` at `now`. None: held (the
+        account is pending until `due` admits it). Else publish `after` now: the answer is the
+        status published last (what its watchers believe), and `after` becomes it."""
         a = self._accounts.get(user_id)
-        if a is None:
-            a = self._accounts[user_id] = _Account()
+        if a is None:  # nothing held, so everybody was told `before`
+            a = self._accounts[user_id] = _Account(shown=before)
         if not self._room(a, now):
             a.pending = True
-            a.visible_dirty = a.visible_dirty or visible_changed
             self._pending.add(user_id)
             return None
-        tell_others = visible_changed or a.visible_dirty
-        self._published(user_id, a, now)
-        return True, tell_others
+        return self._published(user_id, a, after, now)
 
-    def _published(self, user_id: str, a: _Account, now: float) -> None:
+    def _published(self, user_id: str, a: _Account, status: Status, now: float) -> Status:
+        shown, a.shown = a.shown, status
         a.times.append(now)
-        a.pending = a.visible_dirty = False
+        a.pending = False
         self._pending.discard(user_id)
+        return shown
 
-    def due(self, now: float) -> list[tuple[str, bool]]:
-        """Pending accounts the window admits at `now`, each with `tell_others`; they count as
-        published (the caller sends their current state)."""
-        out: list[tuple[str, bool]] = []
+    def due(self, now: float, current: Callable[[str], Status]) -> list[tuple[str, Status, Status]]:
+        """Pending accounts the window admits at `now`: `(account, published last, current)` for
+        each, the current status (`current(account)`) counting as published from now on."""
+        out: list[tuple[str, Status, Status]] = []
         for user_id in sorted(self._pending):
             a = self._accounts[user_id]
             if self._room(a, now):
-                out.append((user_id, a.visible_dirty))
-                self._published(user_id, a, now)
+                status = current(user_id)
+                out.append((user_id, self._published(user_id, a, status, now), status))
         return out
 
     def next_due(self) -> float | None:
@@ -105,9 +108,8 @@ class Publications:
     def pending(self) -> frozenset[str]:
         return frozenset(self._pending)
 
-    def forget(self, user_id: str) -> None:
-        self._accounts.pop(user_id, None)
-        self._pending.discard(user_id)
+    def is_pending(self, user_id: str) -> bool:
+        return user_id in self._pending
 
     def sweep(self, now: float) -> None:
         """Drop the windows that hold nothing any more (a fresh window is the same)."""
@@ -122,17 +124,17 @@ class Publications:
             a = self._accounts.pop(user_id, None)
             if a is not None:
                 self._pending.discard(user_id)
-                out[user_id] = PublicationState(tuple(a.times), a.pending, a.visible_dirty)
+                out[user_id] = PublicationState(a.shown, tuple(a.times), a.pending)
         return out
 
     def restore(self, states: dict[str, PublicationState]) -> None:
         for user_id, st in states.items():
-            self._accounts[user_id] = _Account(deque(st.times), st.pending, st.visible_dirty)
+            self._accounts[user_id] = _Account(st.shown, deque(st.times), st.pending)
             if st.pending:
                 self._pending.add(user_id)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._accounts)
+        return iter(list(self._accounts))
 
 
 @dataclass(slots=True)

@@ -125,6 +125,10 @@ class ShardState:
         # Per-account budgets (actors/core/budgets.py): how often an account's status changes
         # reach its watchers, and what it may spend on lookups and voice joins.
         self.publications = Publications(status_publications, status_window_s)
+        # While an account's change is held: what a sync told each new watcher socket, and what
+        # `ready` told each new socket of the account (the next publication tells them too).
+        self._held_told: dict[str, dict[str, Status]] = {}
+        self._held_ready: dict[str, dict[str, Status]] = {}
         self.spending = Spending(allowances)
         self.channels = ChannelState(
             self.outbox, self.relations, typing_lapse_s=typing_lapse_s, spending=self.spending
@@ -277,6 +281,8 @@ class ShardState:
             if len(acc.sockets) == 1:
                 self.outbox.add(Activity(user_id, True, now))
         self._settle(acc, now, skip_self=socket_id)
+        if self.publications.is_pending(user_id):
+            self._held_ready.setdefault(user_id, {})[socket_id] = acc.real
         return acc.real
 
     def disconnect(self, user_id: str, socket_id: str, now: float, at: float | None = None) -> None:
@@ -389,22 +395,33 @@ class ShardState:
             self.outbox.add(OnlineCount(acc.user_id, servers, is_present))
         # Watchers and the account's own sockets hear of it at most `status_publications` times
         # per window; a change past that is published once the window admits it (publish_due).
-        verdict = self.publications.change(acc.user_id, visible_status(before) != visible_status(after), now)
-        if verdict is not None:
-            self._publish(acc, tell_others=verdict[1], skip_self=skip_self)
+        shown = self.publications.change(acc.user_id, before, after, now)
+        if shown is not None:
+            self._publish(acc, shown, skip_self=skip_self)
 
-    def _publish(self, acc: Account, tell_others: bool, skip_self: str | None = None) -> None:
-        """Tell the account's watchers and its own sockets its current status."""
-        self._broadcast(acc.user_id, acc.real, tell_others)
-        self._tell_self(acc, {"type": "presence.self", "status": acc.real}, skip=skip_self)
+    def _publish(self, acc: Account, shown: Status, skip_self: str | None = None) -> None:
+        """Tell the account's watchers and its own sockets its current status, each only if it
+        differs from what that socket was last told: `shown` (the status published last), or
+        what a sync or `ready` told it while a change was held."""
+        told = self._held_told.pop(acc.user_id, {})
+        ready = self._held_ready.pop(acc.user_id, {})
+        self._broadcast(acc.user_id, shown, acc.real, told)
+        recipients: dict[str, list[str]] = {}
+        for s in acc.sockets.values():
+            if s.socket_id != skip_self and ready.get(s.socket_id, shown) != acc.real:
+                recipients.setdefault(s.edge_id, []).append(s.socket_id)
+        self.outbox.deliver(recipients, {"type": "presence.self", "status": acc.real})
 
     def publish_due(self, now: float) -> None:
         """Publish the current status of accounts whose changes were held back and whose window
         now admits it. The shell calls this often (see `next_publication_due`); `sweep` too."""
-        for user_id, tell_others in self.publications.due(now):
+        for user_id, shown, _ in self.publications.due(now, self.real_status_of):
             acc = self.accounts.get(user_id)
             if acc is not None:
-                self._publish(acc, tell_others)
+                self._publish(acc, shown)
+            else:
+                self._held_told.pop(user_id, None)
+                self._held_ready.pop(user_id, None)
 
     def next_publication_due(self) -> float | None:
         """When the earliest held-back change may go out; None when nothing is held back."""
@@ -417,23 +434,26 @@ class ShardState:
                 recipients.setdefault(s.edge_id, []).append(s.socket_id)
         self.outbox.deliver(recipients, frame)
 
-    def _broadcast(self, target: str, real: Status, tell_others: bool) -> None:
-        """Tell the target's watchers its status: the account's own sockets (subscribed to
-        themselves) the real one, everybody else the visible one when it changed for them."""
+    def _broadcast(self, target: str, shown: Status, real: Status, told: dict[str, Status]) -> None:
+        """Tell the target's watchers its status where it differs from what each was last told
+        (`told`, else `shown`): the account's own sockets (subscribed to themselves) the real
+        one, everybody else in its audience the visible one."""
         watchers = self.watchers.get(target)
         if not watchers:
             return
         target_rel = self.relations.get(target, NO_RELATIONS)
+        visible = visible_status(real)
         others: dict[str, list[str]] = {}
         own: dict[str, list[str]] = {}
         for socket_id, w in watchers.items():
             if w.user_id == target:
-                own.setdefault(w.edge_id, []).append(socket_id)
-            elif in_audience(target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)):
+                if told.get(socket_id, shown) != real:
+                    own.setdefault(w.edge_id, []).append(socket_id)
+            elif told.get(socket_id, visible_status(shown)) != visible and in_audience(
+                target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)
+            ):
                 others.setdefault(w.edge_id, []).append(socket_id)
-        if tell_others:
-            frame = {"type": "presence.changed", "userId": target, "status": visible_status(real)}
-            self.outbox.deliver(others, frame)
+        self.outbox.deliver(others, {"type": "presence.changed", "userId": target, "status": visible})
         self.outbox.deliver(own, {"type": "presence.changed", "userId": target, "status": real})
 
     # ------------------------------------------------------------------ reading statuses
@@ -477,7 +497,10 @@ class ShardState:
             self.watchers.setdefault(target, {})[socket_id] = w
             self.edge_watches.setdefault(edge_id, set()).add((target, socket_id))
             if in_audience(target, self.relations[target], watcher, watcher_rel):
-                answer.append((target, self.status_for(target, watcher)))
+                status = self.status_for(target, watcher)
+                answer.append((target, status))
+                if self.publications.is_pending(target):
+                    self._held_told.setdefault(target, {})[socket_id] = status
         return answer
 
     def unwatch(self, socket_id: str, edge_id: str, targets: Iterable[str]) -> None:
@@ -636,6 +659,8 @@ class ShardState:
                 self.edge_watches.get(w.edge_id, set()).discard((target, socket_id))
                 out.edges.setdefault(w.edge_id, self.edges.get(w.edge_id, 0.0))
         out.publications = self.publications.export([u for u in self.publications if slot_of(u) in slots])
+        for user_id in out.publications:
+            out.held[user_id] = (self._held_told.pop(user_id, {}), self._held_ready.pop(user_id, {}))
         out.spending = self.spending.export({u for u, _ in self.spending.buckets if slot_of(u) in slots})
         for channel_id in [c for c in self.channels.channels if slot_of(channel_key(c)) in slots]:
             ch = self.channels.channels.pop(channel_id)
@@ -672,6 +697,9 @@ class ShardState:
         for ch in export.channels:
             self.channels.channels[ch.channel_id] = ch
         self.publications.restore(export.publications)
+        for user_id, (told, ready) in export.held.items():
+            self._held_told.setdefault(user_id, {}).update(told)
+            self._held_ready.setdefault(user_id, {}).update(ready)
         self.spending.restore(export.spending)
         self._expire(now)
         # This shard's refresh round may not reach them before their scores' lead runs out.
@@ -692,4 +720,5 @@ class SlotExport:
     edges: dict[str, float] = field(default_factory=dict)
     # Budgets move with their accounts, so resizing the pool never refills them.
     publications: dict[str, PublicationState] = field(default_factory=dict)
+    held: dict[str, tuple[dict[str, Status], dict[str, Status]]] = field(default_factory=dict)
     spending: dict[tuple[str, str], Bucket] = field(default_factory=dict)

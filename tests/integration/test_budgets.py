@@ -97,6 +97,7 @@ async def test_58_toggles_reach_a_watcher_as_at_most_5_frames_a_second_and_the_l
     for status in statuses:  # 58 toggles, as fast as the socket sends them
         await t.send({"type": "presence.update", "status": status})
     await t.roundtrip()
+    applied_at = time.monotonic()  # every toggle has been applied (frames are handled in order)
     assert not [f for f in t.log if f.get("type") == "error"], "within the socket's own rate limit"
 
     def settled() -> bool:
@@ -104,17 +105,23 @@ async def test_58_toggles_reach_a_watcher_as_at_most_5_frames_a_second_and_the_l
         return bool(got) and got[-1][1] == "dnd" and got[-1][0] > sent_at
 
     await eventually(settled, timeout=5)
-    await asyncio.sleep(1.2)  # nothing more may come
+    # Past one window (and the tick) after the last toggle nothing more may come.
+    await asyncio.sleep(max(0.0, applied_at + 1.6 - time.monotonic()))
     got = [(at, st) for at, st in w.changes_about(toggler) if at > sent_at]
     times = [at for at, _ in got]
-    assert len(got) <= 6, f"58 toggles became {len(got)} frames"
-    assert most_in(times, 0.9) <= 5, times  # 5 a second (0.1 s slack for delivery jitter)
+    # The toggles take a while to pass the edge one by one (each waits for its shard); however
+    # long, the watcher gets at most 5 frames in any second (0.1 s slack for delivery jitter).
+    assert most_in(times, 0.9) <= 5, times
+    assert len(got) <= 5 * (1 + int((applied_at - sent_at) / 1.05)) + 1, f"58 toggles became {len(got)}"
     assert got[-1][1] == "dnd", "the last state arrives"
-    # ... promptly: one window (1.05 s) after the first frame, plus the shard's tick and delivery.
-    assert times[-1] - times[0] < 1.05 + 0.45, times
-    # The account's other sockets get presence.self coalesced the same way, ending on the truth.
-    t2_selfs = [f["status"] for f in t.log if f.get("type") == "presence.self"]
-    assert len(t2_selfs) <= 6 and t2_selfs[-1] == "dnd"
+    # ... promptly: within one window (1.05 s) of the last toggle, plus the shard's tick and delivery.
+    assert times[-1] - applied_at < 1.05 + 0.45, (times, applied_at)
+    # The account's own socket gets presence.self coalesced the same way, ending on the truth.
+    selfs = [at for at, f in t.times if f.get("type") == "presence.self"]
+    assert (
+        most_in(selfs, 0.9) <= 5
+        and [f for _, f in t.times if f.get("type") == "presence.self"][-1]["status"] == "dnd"
+    )
     for c in (t, w):
         await c.close()
 

@@ -1,6 +1,6 @@
 """Live resizing of the pool, 2 → 6 → 3 shards, while clients keep connecting, changing status
 and subscribing: every subscriber ends with the truth and never sees a transition that did not
-happen; rosters and unflushed last-seen survive."""
+happen (rapid ones may be coalesced away); rosters and unflushed last-seen survive."""
 
 from __future__ import annotations
 
@@ -87,6 +87,12 @@ def view_of(client: Client, user: str) -> str | None:
     return view
 
 
+def in_order_within(part: list[str], whole: list[str]) -> bool:
+    """Every item of `part` occurs in `whole`, in the same order (a subsequence)."""
+    rest = iter(whole)
+    return all(any(x == y for y in rest) for x in part)
+
+
 def seen(watcher: Client, user: str) -> list[str]:
     return [
         f["status"] for f in watcher.log if f.get("type") == "presence.changed" and f.get("userId") == user
@@ -167,8 +173,10 @@ async def test_resize_2_6_3_under_load(
         raise AssertionError(f"views differ from the truth: {wrong[:6]}") from None
     for w in watchers:
         for d in drivers:
-            # Exactly the transitions that happened, in order: none lost, none invented.
-            assert seen(w, d.user) == d.truth, (d.user, seen(w, d.user), d.truth)
+            # Transitions that happened, in order, ending on the last: none invented. (Rapid ones
+            # of one account are coalesced, 5 a second: some in between may be skipped.)
+            assert in_order_within(seen(w, d.user), d.truth), (d.user, seen(w, d.user), d.truth)
+            assert seen(w, d.user)[-1:] == d.truth[-1:], (d.user, seen(w, d.user), d.truth)
     for c in late:
         for d in drivers:
             assert view_of(c, d.user) == d.visible(), (d.user, view_of(c, d.user), d.visible())
@@ -190,9 +198,10 @@ async def test_resize_2_6_3_under_load(
     for w in watchers:
         for d in drivers:
             got = seen(w, d.user)
-            assert got[: before[d.user]] == d.truth[: before[d.user]]
-            tail = got[before[d.user] :]
-            assert (got or ["offline"])[-1] == "offline" and len(tail) <= 2, (d.user, tail)
+            # Before the closes, transitions that happened (some possibly coalesced away); then
+            # at most two more, ending offline.
+            assert in_order_within(got[:-2], d.truth[: before[d.user]]), (d.user, got, d.truth)
+            assert (got or ["offline"])[-1] == "offline", (d.user, got)
             assert all(a != b for a, b in itertools.pairwise(got)), f"repeated status for {d.user}"
 
     async def departures_stored() -> bool:

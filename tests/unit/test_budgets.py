@@ -9,6 +9,7 @@ same way; a held-back change goes out as the account's current state once the wi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,34 +68,30 @@ def max_in_window(times: list[float], window: float = WINDOW) -> int:
 class TestPublications:
     def test_five_at_once_then_held_until_the_window_admits(self) -> None:
         p = Publications(5, 1.0)
-        assert [p.change("u", True, T0) for _ in range(5)] == [(True, True)] * 5
-        assert p.change("u", True, T0 + 0.1) is None
-        assert p.change("u", False, T0 + 0.2) is None
+        seq = ["online", "dnd", "online", "dnd", "online", "dnd"]
+        shown = [p.change("u", a, b, T0) for a, b in itertools.pairwise(seq)]
+        assert shown == ["online", "dnd", "online", "dnd", "online"]  # what watchers believed
+        assert p.change("u", "dnd", "idle", T0 + 0.1) is None
+        assert p.change("u", "idle", "invisible", T0 + 0.2) is None
         assert p.pending == {"u"}
         assert p.next_due() == T0 + 1.0
-        assert p.due(T0 + 0.99) == []
-        assert p.due(T0 + 1.0) == [("u", True)]  # a held change altered the visible status
+        assert p.due(T0 + 0.99, lambda u: "invisible") == []
+        assert p.due(T0 + 1.0, lambda u: "invisible") == [("u", "dnd", "invisible")]
         assert p.pending == set() and p.next_due() is None
 
-    def test_held_changes_that_others_cannot_see_tell_only_the_account(self) -> None:
+    def test_a_change_when_the_window_has_room_tells_what_was_published_last(self) -> None:
         p = Publications(1, 1.0)
-        p.change("u", True, T0)
-        assert p.change("u", False, T0) is None
-        assert p.due(T0 + 1) == [("u", False)]
-
-    def test_a_change_when_the_window_has_room_carries_what_was_held(self) -> None:
-        p = Publications(1, 1.0)
-        p.change("u", False, T0)
-        assert p.change("u", True, T0 + 0.5) is None
+        assert p.change("u", "offline", "online", T0) == "offline"
+        assert p.change("u", "online", "dnd", T0 + 0.5) is None
         # The next change comes after the window opened but before any tick: it goes out at
-        # once, and it must tell others too (they have not heard of the held one).
-        assert p.change("u", False, T0 + 1.2) == (True, True)
+        # once, compared with what watchers were told (online), not with the held dnd.
+        assert p.change("u", "dnd", "online", T0 + 1.2) == "online"
         assert p.pending == set()
 
     def test_accounts_are_independent_and_sweep_forgets_empty_windows(self) -> None:
         p = Publications(1, 1.0)
-        p.change("a", True, T0)
-        assert p.change("b", True, T0) == (True, True)
+        p.change("a", "offline", "online", T0)
+        assert p.change("b", "offline", "online", T0) == "offline"
         p.sweep(T0 + 0.5)
         assert set(p) == {"a", "b"}
         p.sweep(T0 + 1.0)
@@ -102,15 +99,15 @@ class TestPublications:
 
     def test_export_and_restore_keep_the_window(self) -> None:
         p = Publications(1, 1.0)
-        p.change("a", True, T0)
-        p.change("a", True, T0)
+        p.change("a", "offline", "online", T0)
+        p.change("a", "online", "dnd", T0)
         moved = p.export(["a"])
         assert set(p) == set() and p.pending == set()
         q = Publications(1, 1.0)
         q.restore(moved)
         assert q.pending == {"a"}
-        assert q.change("a", False, T0 + 0.5) is None
-        assert q.due(T0 + 1.0) == [("a", True)]
+        assert q.change("a", "dnd", "idle", T0 + 0.5) is None
+        assert q.due(T0 + 1.0, lambda u: "idle") == [("a", "online", "idle")]
 
     def test_bad_budget(self) -> None:
         with pytest.raises(ValueError):
@@ -227,6 +224,8 @@ def test_any_changes_and_clock_steps_stay_in_budget_and_end_on_the_truth(
     - every frame carries the status at the moment it was sent: others the visible one (so
       `invisible` never leaves the account, nor `online` while she hides), her own sockets the
       real one;
+    - no socket is told the same status twice in a row (a change undone while held is told to
+      nobody);
     - once quiet, every watcher's view (its sync, then the frames) is alice's current status.
     """
     s = world()
@@ -245,10 +244,12 @@ def test_any_changes_and_clock_steps_stay_in_budget_and_end_on_the_truth(
             expected = real if WATCHER.get(sid, "alice") == "alice" else visible_status(real)
             assert status == expected, (sid, status, real)
             assert sid != "c1", "an outsider hears nothing"
+            assert view.get(sid) != status, f"{sid} told {status} twice in a row"
             view[sid] = status
             sent.setdefault(sid, []).append(now)
         for sid, status in self_frames(effects):
             assert status == real
+            assert own_view.get(sid) != status, f"{sid} told its own {status} twice in a row"
             own_view[sid] = status
             self_sent.setdefault(sid, []).append(now)
 
