@@ -9,6 +9,10 @@ from __future__ import annotations
 HELP: dict[str, str] = {
     "open_connections": "open websockets on this edge (refreshed every second)",
     "connections_total": "websocket connections accepted",
+    "handshakes_refused_total": (
+        "connections dropped at accept: too many still opening from the address, or too many new ones "
+        "(max_handshakes_per_ip, accepts_per_ip_*)"
+    ),
     "frames_in_total": "frames received, by frame type (refused when the frame was refused)",
     "frames_out_total": "frames sent to clients",
     "replies_total": "direct replies (ready, presence.sync, heartbeat.ack, error, …)",
