@@ -24,6 +24,9 @@ class Member:
 class Typing:
     expires_at: float
     broadcast_at: float
+    # A repeat arrived too soon to be re-broadcast: the sweep re-broadcasts once the throttle
+    # allows (if still typing), so watchers never lapse while the typist goes on.
+    held: bool = False
 
 
 @dataclass(slots=True)
@@ -98,6 +101,7 @@ class ChannelState:
             # Watchers still show the last broadcast (it lapses on their side only), stopped in
             # between or not: the contract has no "stopped" frame to undo it.
             t.expires_at = now + self.typing_lapse_s
+            t.held = True
             return True
         ch.typing[user_id] = Typing(expires_at=now + self.typing_lapse_s, broadcast_at=now)
         self._to_subscribers(
@@ -113,6 +117,7 @@ class ChannelState:
         t = ch.typing.get(user_id) if ch is not None else None
         if t is not None:
             t.expires_at = min(t.expires_at, t.broadcast_at)
+            t.held = False
 
     def voice_join(
         self, channel_id: str, user_id: str, socket_id: str, edge_id: str, charge_at: float | None = None
@@ -161,6 +166,11 @@ class ChannelState:
         # shell has just loaded for an operation about to be applied is never swept under it.
         empty: set[str] = set()
         for channel_id, ch in list(self.channels.items()):
+            for user_id, t in ch.typing.items():
+                if t.held and now < t.expires_at and now - t.broadcast_at >= self.typing_refresh_s:
+                    t.broadcast_at, t.held = now, False
+                    frame: dict[str, object] = {"type": "typing", "channelId": channel_id, "userId": user_id}
+                    self._to_subscribers(ch, frame, exclude_user=user_id)
             for user_id in [
                 u
                 for u, t in ch.typing.items()

@@ -188,6 +188,25 @@ class TestTyping:
         ch.c.typing_start("c1", "ann", clock.advance(4.5))  # 7.5 s after the broadcast
         assert ch.to("b1") == [typing_frame("ann")]
 
+    def test_a_held_repeat_is_re_broadcast_by_the_sweep_before_watchers_lapse(
+        self, ch: Chan, clock: Clock
+    ) -> None:
+        ch.c.subscribe("c1", "ben", "b1", "e1")
+        ch.c.typing_start("c1", "ann", clock())
+        ch.c.typing_start("c1", "ann", clock.advance(3))  # too soon: held
+        ch.frames()
+        ch.c.sweep(clock.advance(3))
+        assert ch.to("b1") == []
+        ch.c.sweep(clock.advance(1.5))  # 7.5 s after the broadcast, still typing
+        assert ch.to("b1") == [typing_frame("ann")]
+        ch.c.sweep(clock.advance(1))
+        assert ch.to("b1") == [], "once"
+        # A stop cancels a held repeat.
+        ch.c.typing_start("c1", "ann", clock.advance(1))
+        ch.c.typing_stop("c1", "ann")
+        ch.c.sweep(clock.advance(8))
+        assert ch.to("b1") == []
+
     @given(
         steps=st.lists(
             st.tuples(
@@ -217,6 +236,8 @@ class TestTyping:
                 c.typing_stop("c1", "ann")
             else:
                 c.sweep(now)
+                if c.outbox.drain():  # a held repeat re-broadcast once the throttle allows
+                    sent.append(now)
         assert all(b - a >= c.typing_refresh_s for a, b in itertools.pairwise(sent))
 
     def test_stop_of_unknown_is_harmless(self, ch: Chan) -> None:
