@@ -40,6 +40,7 @@ ACTIVE_KEY = "presence:active"
 ACTIVE_SEEDED_KEY = "presence:active:seeded"
 CHUNK = 1_000
 AMONG_CHUNK = 10_000
+PIPELINE_MAX = 10_000
 # How many of ARGV[2..] are scored at or after ARGV[1] in KEYS[1]: counted inside Redis, so a
 # 10,000-member server costs one round trip and one integer back (bench/active_store.py).
 COUNT_AMONG_LUA = """
@@ -145,7 +146,10 @@ class OnlineCounts:
             batch, self._queue = self._queue, []
             try:
                 pipe = self.redis.pipeline(transaction=False)
-                for op, key, member, score in batch:
+                for i, (op, key, member, score) in enumerate(batch):
+                    if i and i % PIPELINE_MAX == 0:  # a refill may queue a month of accounts
+                        await pipe.execute()
+                        pipe = self.redis.pipeline(transaction=False)
                     if op == "add":
                         pipe.zadd(key, {member: score or self.clock()})
                     elif op == "gt":
