@@ -552,10 +552,15 @@ def _unprivileged_user() -> tuple[int, int] | None:
             capture_output=True,
             check=False,
         )
-        if made.returncode != 0:
-            log.warning("cannot create system user %s; Redis runs as root", REDIS_SYSTEM_USER)
+        try:  # made by a concurrent start, if useradd failed for that reason
+            entry = pwd.getpwnam(REDIS_SYSTEM_USER)
+        except KeyError:
+            log.warning(
+                "cannot create system user %s (%s); Redis runs as root",
+                REDIS_SYSTEM_USER,
+                made.stderr.decode(errors="replace").strip()[:200] or f"exit {made.returncode}",
+            )
             return None
-        entry = pwd.getpwnam(REDIS_SYSTEM_USER)
     return entry.pw_uid, entry.pw_gid
 
 
