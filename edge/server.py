@@ -126,6 +126,11 @@ class Conn:
     # and the departure is stamped with this time.
     closed_at: float | None = None
 
+    def went(self, at: float) -> None:
+        """The connection went at `at`; the first cause noticed keeps its time."""
+        if self.closed_at is None:
+            self.closed_at = at
+
     def gone_at(self) -> float:
         return self.closed_at if self.closed_at is not None else time.time()
 
@@ -292,7 +297,7 @@ class Edge:
         )
         conn = Conn(ws, session)
         self.conns[session.socket_id] = conn
-        ws.connection_lost_waiter.add_done_callback(lambda _: setattr(conn, "closed_at", time.time()))
+        ws.connection_lost_waiter.add_done_callback(lambda _: conn.went(time.time()))
         self.metrics.inc("connections_total")
         try:
             assert ws.request is not None
@@ -627,6 +632,9 @@ class Edge:
             for conn in list(self.conns.values()):
                 close = conn.session.expired(now)
                 if close is not None:
+                    if close.code == p.CLOSE_SILENT:
+                        # Per the contract, a silent socket departs when it was last heard.
+                        conn.went(conn.session.last_frame_at)
                     self.metrics.inc("closes_total", code=str(close.code))
                     task = asyncio.create_task(conn.ws.close(close.code, close.reason))
                     self._closing.add(task)

@@ -226,3 +226,26 @@ async def test_settings_from_one_socket_apply_to_the_accounts_other_sockets(
     await eventually(hidden_from_the_other_socket, timeout=3, interval=0.1)
     await here.close()
     await there.close()
+
+
+async def test_a_silent_socket_departs_when_it_was_last_heard(
+    cluster: Cluster, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """The contract: a socket closed for silence departs at its last frame, not when the silence
+    was noticed (here 3 s later; 90 s in production)."""
+    from edge.session import Limits
+
+    e = Edge(cluster.edge_config(limits=Limits(socket_timeout_s=3.0)))
+    await e.start()
+    try:
+        user = ids("quiet")
+        await load(conn, {"users": [{"id": user}]})
+        c = await Client.connect(f"ws://127.0.0.1:{e.ws_port}/ws/presence", cluster.token(user))
+        await c.roundtrip()
+        last_heard = time.time()
+        assert await c.closed(timeout=15) == 4000
+        noticed = time.time()
+        got = await eventually(lambda: stored(conn, user), timeout=15)
+        assert last_heard - 0.5 <= got <= last_heard + 0.5, (got - last_heard, noticed - last_heard)
+    finally:
+        await e.stop()
