@@ -26,7 +26,7 @@ from actors.core import activity
 from actors.core.audience import Relations
 from actors.core.budgets import Allowance
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
-from actors.core.shard import AccountRow, ShardState, SlotExport
+from actors.core.shard import AccountRow, Claim, ShardState, SlotExport
 from actors.core.slots import channel_key, slot_of
 from actors.counts import OnlineCounts
 from actors.metrics import Metrics
@@ -124,6 +124,10 @@ class PresenceShard:
         self.pool: asyncpg.Pool | None = None
         self.persist_status: dict[str, str] = {}
         self.persist_visibility: dict[str, str] = {}
+        # The batch being written now: not saved yet either (a reload must not see the older
+        # stored value, nor may the account be evicted meanwhile).
+        self._saving_status: dict[str, str] = {}
+        self._saving_visibility: dict[str, str] = {}
         self._persist_wake = asyncio.Event()
         self._flush_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -334,14 +338,43 @@ class PresenceShard:
         """Frames waiting for an edge to collect them (a shard is retired only at 0)."""
         return sum(len(box.items) for box in self.mail.values())
 
+    def unsaved(self) -> set[str]:
+        """Accounts whose chosen status or setting is not in PostgreSQL yet."""
+        return {
+            *self.persist_status,
+            *self.persist_visibility,
+            *self._saving_status,
+            *self._saving_visibility,
+        }
+
     async def drain(self, timeout_s: float) -> int:
-        """Hand every pending last-seen value to the FlushActor (clean shutdown)."""
+        """Hand every pending last-seen value to the FlushActor and save every chosen status and
+        setting (clean shutdown), within `timeout_s` whatever PostgreSQL does. Returns how many
+        are left, and logs them: what a deadline leaves is lost with this process."""
         deadline = time.monotonic() + timeout_s
-        while self.state.pending_last_seen and time.monotonic() < deadline:
-            await self._flush_once()
-            if self.state.pending_last_seen:
+
+        def left() -> int:
+            return len(self.state.pending_last_seen) + len(self.unsaved())
+
+        while left() and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # a failure is retried until the deadline
+                await asyncio.wait_for(self._drain_once(), max(0.1, deadline - time.monotonic()))
+            if left():
                 await asyncio.sleep(0.2)
-        return len(self.state.pending_last_seen)
+        if left():
+            log.error(
+                "shard %s: drain deadline passed with %d last-seen and %d choices unsaved: %s",
+                self.config.shard_index,
+                len(self.state.pending_last_seen),
+                len(self.unsaved()),
+                sorted({*self.state.pending_last_seen, *self.unsaved()})[:20],
+            )
+        return left()
+
+    async def _drain_once(self) -> None:
+        await self._flush_once()
+        if self.persist_status or self.persist_visibility:
+            await self._persist_once()
 
     # ------------------------------------------------------------------ applying
 
@@ -420,7 +453,10 @@ class PresenceShard:
         self.metrics.inc("shard_ops_total", op=kind)
         if kind == "connect":
             user_id, socket_id = op[1], op[2]
-            # A socket registered again after a restart may bring its idle flag along.
+            # A socket registered again after a restart brings its idle flag and what its edge
+            # knows of the account's choices (acknowledged, perhaps never saved: see claim).
+            if len(op) > 4 and op[4] is not None:
+                s.claim(user_id, Claim(*op[4]), now)
             status = s.connect(user_id, socket_id, edge_id, now, idle=len(op) > 3 and bool(op[3]))
             return status, s.relations[user_id].last_seen_visibility
         if kind == "disconnect":
@@ -521,7 +557,7 @@ class PresenceShard:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.sweep_interval_s)
-            self.state.sweep(self.clock())
+            self.state.sweep(self.clock(), keep=self.unsaved())
             self._carry_out()
 
     async def _publish_loop(self) -> None:
@@ -577,15 +613,8 @@ class PresenceShard:
         while True:
             await self._persist_wake.wait()
             self._persist_wake.clear()
-            status, visibility = self.persist_status, self.persist_visibility
-            self.persist_status, self.persist_visibility = {}, {}
             try:
-                assert self.pool is not None
-                async with self.pool.acquire() as conn:
-                    if status:
-                        await db.save_chosen_status(conn, sorted(status.items()))
-                    if visibility:
-                        await db.save_visibility(conn, sorted(visibility.items()))
+                await self._persist_once()
                 backoff = 0.5
             except Exception as e:
                 log.warning(
@@ -593,12 +622,28 @@ class PresenceShard:
                     self.config.shard_index,
                     type(e).__name__,
                 )
-                # Newer values that arrived meanwhile win over the ones being retried.
-                self.persist_status = {**status, **self.persist_status}
-                self.persist_visibility = {**visibility, **self.persist_visibility}
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
                 self._persist_wake.set()
+
+    async def _persist_once(self) -> None:
+        status, visibility = self.persist_status, self.persist_visibility
+        self.persist_status, self.persist_visibility = {}, {}
+        self._saving_status, self._saving_visibility = status, visibility
+        try:
+            assert self.pool is not None
+            async with self.pool.acquire() as conn:
+                if status:
+                    await db.save_chosen_status(conn, sorted(status.items()))
+                if visibility:
+                    await db.save_visibility(conn, sorted(visibility.items()))
+        except BaseException:
+            # Newer values that arrived meanwhile win over the ones being retried.
+            self.persist_status = {**status, **self.persist_status}
+            self.persist_visibility = {**visibility, **self.persist_visibility}
+            raise
+        finally:
+            self._saving_status, self._saving_visibility = {}, {}
 
     async def _count_loop(self) -> None:
         while True:
@@ -655,7 +700,7 @@ class PresenceShard:
                 raise
             now = self.clock()
             for user_id, rel in rels.items():
-                pending = self.persist_visibility.get(user_id)
+                pending = self.persist_visibility.get(user_id, self._saving_visibility.get(user_id))
                 if pending is not None:
                     # Not yet saved: the database still has the older value.
                     rel = Relations(rel.friends, rel.servers, pending)

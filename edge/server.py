@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from actors import gc_policy
-from actors.core.shard import INTERNAL_SETTINGS
+from actors.core.shard import INTERNAL_CHOSEN, INTERNAL_SETTINGS
 from actors.counts import CountReader
 from actors.metrics import Metrics
 from actors.presence import MOVED, UNAVAILABLE
@@ -418,6 +418,8 @@ class Edge:
             case UpdateStatus(status=status):
                 assert user is not None
                 await self._for_user(user, ("status", user, sid, status))
+                if status != "idle":
+                    s.note_chosen(status, time.time())  # acknowledged: claimed after a restart
             case SetFocus(channel_id=channel):
                 assert user is not None
                 await self._for_user(user, ("focus", user, sid, channel))
@@ -610,11 +612,15 @@ class Edge:
     def _internal(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """Frames from the shards meant for the edge itself, never for clients."""
         frame = orjson.loads(payload)
-        if frame.get("type") == INTERNAL_SETTINGS:
-            for sid in socket_ids:
-                conn = self.conns.get(sid)
-                if conn is not None:
-                    conn.session.visibility = frame["lastSeenVisibility"]
+        kind = frame.get("type")
+        for sid in socket_ids:
+            conn = self.conns.get(sid)
+            if conn is None:
+                continue
+            if kind == INTERNAL_SETTINGS:
+                conn.session.note_visibility(frame["lastSeenVisibility"], float(frame.get("at", 0.0)))
+            elif kind == INTERNAL_CHOSEN:
+                conn.session.note_chosen(frame["status"], float(frame["at"]))
 
     def _check_backlog(self, conn: Conn) -> None:
         transport = conn.ws.transport
@@ -676,9 +682,7 @@ class Edge:
             user, sid = s.user_id, s.socket_id
             if self.router.shard_of_user(user) == shard:
                 # With its idle flag in the same step, so its watchers see no `online` in between.
-                calls.append(
-                    self._call(shard, ("connect", user, sid, True) if s.idle else ("connect", user, sid))
-                )
+                calls.append(self._call(shard, ("connect", user, sid, s.idle, s.claim())))
                 if s.focus is not None:
                     calls.append(self._call(shard, ("focus", user, sid, s.focus)))
             targets = [t for t in s.subscriptions if self.router.shard_of_user(t) == shard]

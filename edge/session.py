@@ -224,6 +224,12 @@ class Session:
     user_id: str | None = None
     status: str = "offline"
     visibility: str = "everyone"
+    # The account's latest choices as this socket learnt them, with when they were made (0.0:
+    # unknown): claimed when the socket is registered again on a restarted shard, so that a
+    # choice acknowledged but not yet saved is not lost with the shard (see ShardState.claim).
+    visibility_at: float = 0.0
+    chosen: str | None = None
+    chosen_at: float = 0.0
     subscriptions: set[str] = field(default_factory=set)
     # What this socket shows for each account it watches: the status it was last told (sync or
     # change). The edge uses it to drop repeats and to send only differences after a restart.
@@ -298,7 +304,13 @@ class Session:
 
     def connected(self, status: str, visibility: str) -> Reply:
         """The shard registered the socket; the client is told who it is."""
-        self.status, self.visibility = status, visibility
+        self.status = status
+        if self.visibility_at == 0.0:
+            # A setting that reached this socket before its registration was answered is newer
+            # than the answer (the shard only tells sockets it has registered).
+            self.visibility = visibility
+        if self.chosen is None:
+            self.chosen = "online" if status in ("online", "idle") else status
         assert self.user_id is not None
         return Reply(
             {
@@ -417,7 +429,7 @@ class Session:
                     return []
                 return [ChannelCommand("voice.leave", self.voice_channel)]
             case p.SettingsUpdate(lastSeenVisibility=visibility):
-                self.visibility = visibility
+                self.visibility, self.visibility_at = visibility, max(now, self.visibility_at)
                 return [UpdateSettings(visibility)]
         raise AssertionError(f"unhandled frame {frame!r}")  # pragma: no cover
 
@@ -447,6 +459,20 @@ class Session:
         elif cmd.kind == "voice.leave" and self.voice_channel == cmd.channel_id:
             self.voice_channel = None
         return []
+
+    def note_chosen(self, status: str, at: float) -> None:
+        """The account's chosen status became `status` at `at` (the latest wins)."""
+        if at >= self.chosen_at:
+            self.chosen, self.chosen_at = status, at
+
+    def note_visibility(self, visibility: str, at: float) -> None:
+        """The account's last-seen visibility became `visibility` at `at` (the latest wins)."""
+        if at >= self.visibility_at:
+            self.visibility, self.visibility_at = visibility, at
+
+    def claim(self) -> tuple[str | None, float, str, float]:
+        """What this socket knows of its account's choices (see ShardState.claim)."""
+        return self.chosen, self.chosen_at, self.visibility, self.visibility_at
 
     def tell(self, user_id: str, status: str) -> bool:
         """A status about `user_id` is about to go to this socket: False if the socket already

@@ -50,6 +50,9 @@ from .status import (
 from .visibility import last_seen_for_reader
 
 INTERNAL_SETTINGS = "_settings"
+# Internal frame to every socket of an account when its chosen status changes: the edges keep the
+# latest choice per socket and claim it when they register the socket again after a restart.
+INTERNAL_CHOSEN = "_chosen"
 
 
 @dataclass(slots=True)
@@ -70,6 +73,10 @@ class Account:
     sockets: dict[str, Socket] = field(default_factory=dict)
     real: Status = "offline"
     touched_at: float = 0.0
+    # When the chosen status and the last-seen visibility were last chosen here (shard clock);
+    # 0.0 when they come from the database, whose value carries no time.
+    chosen_at: float = 0.0
+    visibility_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,17 @@ class QueryAnswer:
     user_id: str
     status: Status
     last_seen_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An edge's latest knowledge of an account's choices, with the times they were made
+    (0.0: unknown, never wins over anything)."""
+
+    chosen: str | None = None
+    chosen_at: float = 0.0
+    visibility: str | None = None
+    visibility_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +261,7 @@ class ShardState:
             self._remove_socket(user_id, socket_id, now)
         self.channels.drop_edge(edge_id)
 
-    def sweep(self, now: float) -> None:
+    def sweep(self, now: float, keep: Iterable[str] = ()) -> None:
         """Periodic housekeeping: expired edges, lapsed typing, idle offline accounts, and
         cached relations nothing refers to any more."""
         self._expire(now)
@@ -255,10 +273,14 @@ class ShardState:
             self._relations_swept_at = now
             for user_id in set(self.relations) - self._referenced_users():
                 del self.relations[user_id]
+        # `keep`: accounts whose chosen status or setting the shell has not saved yet; evicted,
+        # they would be read back from the database with the older value.
+        kept = set(keep)
         for user_id, acc in list(self.accounts.items()):
             if (
                 not acc.sockets
                 and user_id not in self.pending_last_seen
+                and user_id not in kept
                 and now - acc.touched_at > self.account_idle_evict_s
             ):
                 # Evicting means the next read goes back to the stored column, which is how a
@@ -346,7 +368,9 @@ class ShardState:
                 sock.idle = False  # `online` also wakes this socket
             if acc.chosen != status:
                 acc.chosen = as_chosen(status)
+                acc.chosen_at = now
                 self.outbox.add(PersistChosen(user_id, status))
+                self._tell_self(acc, {"type": INTERNAL_CHOSEN, "status": status, "at": now})
         else:
             raise ValueError(f"not a status a client may choose: {status!r}")
         acc.touched_at = now
@@ -362,9 +386,31 @@ class ShardState:
             self.outbox.add(PersistVisibility(user_id, visibility))
             acc = self.accounts.get(user_id)
             if acc is not None:
+                acc.visibility_at = now
                 # Internal frame: the edges keep each socket's own setting (the reader's side of
                 # the reciprocal `nobody` rule) and never forward frames whose type starts with _.
-                self._tell_self(acc, {"type": INTERNAL_SETTINGS, "lastSeenVisibility": visibility})
+                self._tell_self(acc, {"type": INTERNAL_SETTINGS, "lastSeenVisibility": visibility, "at": now})
+
+    def claim(self, user_id: str, claim: Claim, now: float) -> None:
+        """What an edge knew of the account's choices when it registers a socket again after a
+        restart: a chosen status or visibility acknowledged by the dead incarnation may not have
+        reached PostgreSQL. A claim newer than what this state holds wins (the database's value
+        counts as oldest) and is persisted again; an older one changes nothing. Call it before
+        `connect`, so that the socket comes back with the chosen status and never shows another.
+        """
+        acc = self.accounts[user_id]
+        if claim.chosen in CHOSEN_STATUSES and claim.chosen_at > acc.chosen_at:
+            acc.chosen_at = claim.chosen_at
+            if acc.chosen != claim.chosen:
+                acc.chosen = as_chosen(claim.chosen)
+                self.outbox.add(PersistChosen(user_id, claim.chosen))
+                self._settle(acc, now)
+        if claim.visibility in VISIBILITIES and claim.visibility_at > acc.visibility_at:
+            rel = self.relations.get(user_id, NO_RELATIONS)
+            acc.visibility_at = claim.visibility_at
+            if rel.last_seen_visibility != claim.visibility:
+                self.relations[user_id] = Relations(rel.friends, rel.servers, claim.visibility)
+                self.outbox.add(PersistVisibility(user_id, claim.visibility))
 
     def set_focus(self, user_id: str, socket_id: str, channel_id: str | None) -> None:
         acc = self.accounts.get(user_id)

@@ -458,3 +458,23 @@ def test_differences_bring_the_view_to_a_fresh_answer() -> None:
     ]
     assert s.view == {"a": "online", "b": "offline", "c": "dnd"}
     assert s.differences([("a", "online"), ("b", "offline"), ("c", "dnd")]) == []
+
+
+def test_a_setting_that_arrives_before_the_ready_answer_is_kept() -> None:
+    # Another socket of the account changed the setting after this one was registered but
+    # before the registration's answer came back (carrying the older value).
+    s = Session(secret=SECRET, now=T0)
+    s.receive(identify(token()), T0)
+    s.note_visibility("nobody", T0 + 1)
+    s.connected("online", "everyone")
+    assert s.visibility == "nobody"
+    assert s.receive(frame(type="presence.query", userIds=["x"]), T0 + 2)[0].reader_visibility == "nobody"
+
+
+def test_the_claim_is_the_latest_choice_known() -> None:
+    s = authed()
+    assert s.claim() == ("online", 0.0, "everyone", 0.0)
+    s.note_chosen("invisible", T0 + 5)
+    s.note_chosen("dnd", T0 + 3)  # older: ignored
+    s.note_visibility("friends", T0 + 4)
+    assert s.claim() == ("invisible", T0 + 5, "friends", T0 + 4)

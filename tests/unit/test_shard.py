@@ -30,7 +30,7 @@ from actors.core.effects import (
     PersistVisibility,
     SocketCount,
 )
-from actors.core.shard import INTERNAL_SETTINGS, AccountRow, QueryAnswer, ShardState
+from actors.core.shard import INTERNAL_CHOSEN, INTERNAL_SETTINGS, AccountRow, QueryAnswer, ShardState
 from actors.core.slots import channel_key, slot_of
 
 from .conftest import T0
@@ -415,7 +415,7 @@ class TestInvisibleAndLastSeen:
         w.s.disconnect("alice", "a2", w.now)
         for d in delivers(w.drain()):
             if d.frame["status"] == "invisible":
-                assert d.frame["type"] == "presence.self"
+                assert d.frame["type"] in ("presence.self", INTERNAL_CHOSEN)  # _chosen: never forwarded
                 assert set(d.socket_ids) <= {"a1", "a2"}
         assert w.s.watch("bob", "b1", "e2", ["alice"], w.now) == [("alice", "offline")]
 
@@ -808,7 +808,10 @@ class TestSettingsAndFocus:
         effects = w.drain()
         internal = [d for d in delivers(effects) if d.frame["type"] == INTERNAL_SETTINGS]
         assert sorted(s for d in internal for s in d.socket_ids) == ["a1", "a2"]
-        assert all(d.frame == {"type": INTERNAL_SETTINGS, "lastSeenVisibility": "nobody"} for d in internal)
+        assert all(
+            d.frame == {"type": INTERNAL_SETTINGS, "lastSeenVisibility": "nobody", "at": w.now}
+            for d in internal
+        )
         assert INTERNAL_SETTINGS.startswith("_"), "the edge forwards no frame whose type starts with _"
         assert frames_to(effects, "b1") == []
 
@@ -1152,10 +1155,15 @@ class ShardMachine(RuleBasedStateMachine):
                         self.self_told[s] = e.frame["status"]
                 elif kind == INTERNAL_SETTINGS:
                     # Internal (never forwarded by the edge): the account's own sockets learn its setting.
-                    assert set(e.frame) == {"type", "lastSeenVisibility"}
+                    assert set(e.frame) == {"type", "lastSeenVisibility", "at"}
                     for s in e.socket_ids:
                         assert s in self.conn, "internal settings frame to a socket not connected"
                         assert e.frame["lastSeenVisibility"] == self.rel[OWNER[s]].last_seen_visibility
+                elif kind == INTERNAL_CHOSEN:
+                    # Internal too: the account's own sockets learn its choice (claimed after a restart).
+                    assert set(e.frame) == {"type", "status", "at"}
+                    for s in e.socket_ids:
+                        assert s in self.conn, "internal chosen frame to a socket not connected"
                 else:
                     raise AssertionError(f"unexpected frame {e.frame}")
             elif isinstance(e, PersistChosen):
@@ -1923,3 +1931,57 @@ def test_moving_slots_loses_nothing(ops: list[tuple[Any, ...]]) -> None:
                 del theirs[k]
         assert mine == theirs, o
         assert one.view(now) == two.view(now), o
+
+
+# ---------------------------------------------------------------------------- claims after a restart
+
+
+class TestClaim:
+    def test_an_acknowledged_choice_comes_back_before_the_socket(self) -> None:
+        # The dead incarnation acknowledged `invisible`; PostgreSQL still says `online`.
+        from actors.core.shard import Claim
+
+        w = pair_world()
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.claim("alice", Claim("invisible", T0 - 5, "nobody", T0 - 5), w.now)
+        assert w.s.connect("alice", "a1", "e1", w.now) == "invisible"
+        effects = w.drain()
+        assert changed_to(effects, "b1") == []  # never `online` to anybody
+        assert PersistChosen("alice", "invisible") in effects
+        assert PersistVisibility("alice", "nobody") in effects
+        assert w.s.relations["alice"].last_seen_visibility == "nobody"
+
+    def test_the_newest_choice_wins_and_unknown_times_never_do(self) -> None:
+        from actors.core.shard import Claim
+
+        w = pair_world()
+        w.s.claim("alice", Claim("dnd", T0 - 5), w.now)
+        w.s.claim("alice", Claim("invisible", T0 - 9), w.now)  # older: ignored
+        w.s.claim("bob", Claim("dnd", 0.0), w.now)  # unknown time: the database's value stays
+        assert w.s.connect("alice", "a1", "e1", w.now) == "dnd"
+        assert w.s.connect("bob", "b1", "e1", w.now) == "online"
+        w.s.set_status("alice", "a1", "online", w.at(1))  # chosen here later: newer than the claim
+        w.s.claim("alice", Claim("dnd", T0 - 5), w.now)
+        assert w.s.real_status_of("alice") == "online"
+
+    def test_choices_are_told_to_every_socket_with_their_time(self) -> None:
+        from actors.core.shard import INTERNAL_CHOSEN
+
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.connect("alice", "a2", "e2", w.now)
+        w.drain()
+        w.s.set_status("alice", "a1", "dnd", w.at(1))
+        w.s.set_visibility("alice", "friends", w.at(1))
+        effects = w.drain()
+        for sid in ("a1", "a2"):
+            frames = frames_to(effects, sid)
+            assert {"type": INTERNAL_CHOSEN, "status": "dnd", "at": T0 + 1} in frames
+            assert {"type": INTERNAL_SETTINGS, "lastSeenVisibility": "friends", "at": T0 + 2} in frames
+
+    def test_unsaved_accounts_are_not_evicted(self) -> None:
+        w = pair_world(account_idle_evict_s=10.0)
+        w.s.sweep(w.at(100), keep={"alice"})
+        assert w.s.has_account("alice")
+        assert not w.s.has_account("bob")

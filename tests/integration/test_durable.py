@@ -1,0 +1,69 @@
+"""Durable choices (issue 13, item 2): a chosen status or setting acknowledged to the client is
+never lost nor reverted, even when the shard that acknowledged it dies before PostgreSQL saved it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from actors import ray_api
+from actors.core.slots import slot_of
+from edge.server import Edge
+
+from .conftest import Cluster, Ids, internal_url, load
+from .recorder import operator_view
+from .test_presence_ws import connect
+from .wsclient import changed, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+
+async def test_invisible_chosen_while_postgres_is_away_survives_a_shard_kill(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """The case the contract forbids outright: `invisible` acknowledged while PostgreSQL is away,
+    the shard killed, and after the restart the still-open socket shown `online` to a friend."""
+    pg, _ = cluster.require_servers()
+    alice, bob = ids("alice"), ids("bob")
+    await load(conn, {"users": [{"id": alice}, {"id": bob}], "friendships": [[alice, bob]]})
+    watcher = await connect(cluster, second_edge, bob)
+    await watcher.request({"type": "presence.subscribe", "userIds": [alice]}, of_type("presence.sync"))
+    a = await connect(cluster, edge, alice)
+    await watcher.expect(changed(alice, "online"))
+    await conn.close()
+    pg.stop()
+    try:
+        await a.send({"type": "presence.update", "status": "invisible"})
+        await a.expect(lambda f: f.get("type") == "presence.self" and f.get("status") == "invisible")
+        await watcher.expect(changed(alice, "offline"))
+        told = len(watcher.log)
+        _, owners, _ = await ray_api.directory().get_map.remote()
+        ray_api.kill(ray_api.find_shard(owners[slot_of(alice)]), restart=True)
+        await asyncio.sleep(1.0)
+    finally:
+        pg.restart()
+
+    async def registered_invisible() -> bool:
+        try:
+            view = await operator_view(internal_url(edge), alice)
+        except OSError:
+            return False
+        return view["status"] == "invisible" and view["sockets"] == 1
+
+    await eventually(registered_invisible, timeout=30, interval=0.5)
+
+    async def saved() -> bool:
+        c = await asyncpg.connect(cluster.database_url)
+        try:
+            return await c.fetchval("SELECT chosen_status FROM users WHERE id = $1", alice) == "invisible"
+        finally:
+            await c.close()
+
+    await eventually(saved, timeout=30, interval=0.5)
+    await watcher.roundtrip()
+    assert [f for f in watcher.log[told:] if f.get("userId") == alice and f.get("status") != "offline"] == []
+    await a.close()
+    await watcher.close()
