@@ -341,8 +341,15 @@ async def storm(
     recorder = Recorder(graph)
     h = recorder.history
     h.stored_before = await read_last_seen(cluster.database_url, members) or {}
+    # Every storm socket comes from 127.0.0.1: let one address open them all at once.
+    per_address = str(accounts * per_account + 100)
     proc, url = start_edge_process(
-        cluster, {"PRESENCE_MAX_SOCKETS_PER_IP": str(accounts * per_account + 100)}
+        cluster,
+        {
+            "PRESENCE_MAX_SOCKETS_PER_IP": per_address,
+            "PRESENCE_MAX_HANDSHAKES_PER_IP": per_address,
+            "PRESENCE_ACCEPTS_PER_IP_BURST": per_address,
+        },
     )
     try:
         watching = [await recorder.connect(ws_url(edge), u, cluster.token(u)) for u in watchers]
