@@ -404,6 +404,13 @@ class ShardState:
             if acc.chosen != claim.chosen:
                 acc.chosen = as_chosen(claim.chosen)
                 self.outbox.add(PersistChosen(user_id, claim.chosen))
+                if claim.chosen == "invisible" and not acc.sockets:
+                    # The moment it hid (its socket was connected then): its frozen last-seen,
+                    # which the dead incarnation may not have written. Never moved back.
+                    hid = min(claim.chosen_at, now)
+                    if acc.last_seen_at is None or acc.last_seen_at < hid:
+                        acc.last_seen_at = hid
+                        self.pending_last_seen[user_id] = max(hid, self.pending_last_seen.get(user_id, 0.0))
                 self._settle(acc, now)
         if claim.visibility in VISIBILITIES and claim.visibility_at > acc.visibility_at:
             rel = self.relations.get(user_id, NO_RELATIONS)

@@ -1980,6 +1980,15 @@ class TestClaim:
             assert {"type": INTERNAL_CHOSEN, "status": "dnd", "at": T0 + 1} in frames
             assert {"type": INTERNAL_SETTINGS, "lastSeenVisibility": "friends", "at": T0 + 2} in frames
 
+    def test_the_moment_it_hid_comes_back_as_its_last_seen(self) -> None:
+        from actors.core.shard import Claim
+
+        w = pair_world(rows={"alice": AccountRow(last_seen_at=T0 - 100)})
+        w.s.claim("alice", Claim("invisible", T0 - 5), w.now)
+        w.s.connect("alice", "a1", "e1", w.now)
+        assert w.s.pending_last_seen == {"alice": T0 - 5}
+        assert w.s.last_seen_of("alice", w.at(50)) == T0 - 5
+
     def test_unsaved_accounts_are_not_evicted(self) -> None:
         w = pair_world(account_idle_evict_s=10.0)
         w.s.sweep(w.at(100), keep={"alice"})
