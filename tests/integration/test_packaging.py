@@ -10,6 +10,7 @@ so no download is needed and the test takes a few seconds.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,8 @@ def copy_source(dest: Path) -> Path:
 
 
 def test_a_wheel_installed_elsewhere_serves_everything(tmp_path: Path) -> None:
+    # Only the virtual environment decides what is imported (a PYTHONPATH would bring a checkout).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     source = copy_source(tmp_path / "src")
     venv = tmp_path / "venv"
     subprocess.run(
@@ -83,12 +86,18 @@ def test_a_wheel_installed_elsewhere_serves_everything(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=180,
+        env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     checked = subprocess.run(
-        [str(python), "-c", CHECK, str(venv)], cwd=elsewhere, capture_output=True, text=True, timeout=120
+        [str(python), "-c", CHECK, str(venv)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert "CHECKED" in checked.stdout, checked.stdout + checked.stderr
     shown = subprocess.run(
@@ -97,6 +106,7 @@ def test_a_wheel_installed_elsewhere_serves_everything(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
     assert shown.stdout.strip() == f"presence {version('presence-cluster')}", shown.stdout + shown.stderr
     assert not any(elsewhere.iterdir()), "running the installed code wrote into the current folder"
