@@ -52,9 +52,11 @@ BUDGETED = {"presence.subscribe", "presence.query", "voice.join"}
 # --------------------------------------------------------------------------- generated frames
 
 good_id = st.sampled_from([A, B, C, D, E, F]) | st.text(
-    st.characters(codec="utf-8", exclude_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=24
+    st.characters(codec="utf-8", exclude_categories=("Cc", "Cf", "Cs", "Zl", "Zp")), min_size=1, max_size=24
 )
-odd_id = st.sampled_from(["", "x" * 129, "a\x00b", "nl\n", "del\x7f", "nel\x85", "ls\u2028", "tab\t"])
+odd_id = st.sampled_from(
+    ["", "x" * 129, "a\x00b", "nl\n", "del\x7f", "nel\x85", "ls\u2028", "tab\t", "shy\xad", "zw\u200b"]
+)
 channel = st.sampled_from([CHANNEL, f"{TAG}-nowhere"]) | good_id
 
 
