@@ -282,8 +282,16 @@ class InternalApi:
         bad = _bad_id("userId", user_id)
         if bad is not None:
             return bad
-        shard = self.edge.router.shards[self.edge.router.shard_of_user(user_id)]
-        view = await shard.operator_view(user_id, SHARD_TIMEOUT_S)
+        router = self.edge.router
+        try:
+            view = await router.shards[router.shard_of_user(user_id)].operator_view(user_id, SHARD_TIMEOUT_S)
+        except Exception:
+            view = None
+        if view is None:
+            # This edge's slot map may predate a resize (it learns of moves only through MOVED
+            # answers to its own batches): ask the owner named by a fresh map before saying 404.
+            await router.refresh_map()
+            view = await router.shards[router.shard_of_user(user_id)].operator_view(user_id, SHARD_TIMEOUT_S)
         if view is None:
             return json_response(None, 404, {"error": "no such account"})
         return json_response(None, 200, view)
