@@ -24,6 +24,7 @@ import orjson
 from actors import gc_policy
 from actors.core import activity
 from actors.core.audience import Relations
+from actors.core.backoff import Backoff, retry
 from actors.core.budgets import Allowance
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.shard import AccountRow, Claim, ShardState, SlotExport
@@ -49,6 +50,10 @@ MOVED = "__moved__"
 # is away): nothing of it was applied, and the edge tries again. Operations of the same batch on
 # accounts already in memory are applied as usual, so presence keeps working during an outage.
 UNAVAILABLE = "__unavailable__"
+# Saving last-seen (to the FlushActor) and chosen statuses (to PostgreSQL) is retried until it
+# lands: a restarting FlushActor or database only delays it. Jittered, so that the shards do not
+# all come back at the same instant to a server that has just recovered.
+SAVE_RETRY = Backoff(first_s=0.5, cap_s=30.0)
 
 
 def op_keys(op: tuple[Any, ...]) -> list[str]:
@@ -579,24 +584,19 @@ class PresenceShard:
     async def _flush_loop(self) -> None:
         # A departure stays in the state until the FlushActor confirms it is committed; a
         # FlushActor that dies (or a database that is away) only delays it.
-        backoff = 0.5
+        def failed(e: BaseException, wait: float) -> None:
+            log.warning(
+                "shard %s: last-seen flush failed (%s); retrying in %.1f s",
+                self.config.shard_index,
+                type(e).__name__,
+                wait,
+            )
+            self.metrics.inc("last_seen_flush_failures_total")
+
         while True:
             await self._flush_wake.wait()
             self._flush_wake.clear()
-            try:
-                await self._flush_once()
-                backoff = 0.5
-            except Exception as e:
-                log.warning(
-                    "shard %s: last-seen flush failed (%s); retrying in %.1f s",
-                    self.config.shard_index,
-                    type(e).__name__,
-                    backoff,
-                )
-                self.metrics.inc("last_seen_flush_failures_total")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-                self._flush_wake.set()
+            await retry(self._flush_once, SAVE_RETRY, on_retry=failed)
 
     async def _checkpoint_loop(self) -> None:
         # A slice a second: the checkpoint shares the departures' batches (see checkpoint_chunk).
@@ -609,22 +609,15 @@ class PresenceShard:
                 self.metrics.inc("checkpoint_rows_total", n=len(entries))
 
     async def _persist_loop(self) -> None:
-        backoff = 0.5
+        def failed(e: BaseException, wait: float) -> None:
+            log.warning(
+                "shard %s: saving statuses failed (%s); retrying", self.config.shard_index, type(e).__name__
+            )
+
         while True:
             await self._persist_wake.wait()
             self._persist_wake.clear()
-            try:
-                await self._persist_once()
-                backoff = 0.5
-            except Exception as e:
-                log.warning(
-                    "shard %s: saving statuses failed (%s); retrying",
-                    self.config.shard_index,
-                    type(e).__name__,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-                self._persist_wake.set()
+            await retry(self._persist_once, SAVE_RETRY, on_retry=failed)
 
     async def _persist_once(self) -> None:
         status, visibility = self.persist_status, self.persist_visibility

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from pydantic import (
 )
 
 from actors.core.audience import Relations
+from actors.core.backoff import Backoff
 from actors.core.ids import DEMO_PREFIX, MAX_ID_LENGTH, check_id, is_demo_id
 
 log = logging.getLogger(__name__)
@@ -505,8 +505,9 @@ class AudienceListener:
         self._dsn = dsn
         self._handlers: dict[str, IdCallback] = {"u": on_user, "c": on_channel, "s": on_settings}
         self._on_reset = on_reset
-        self._min_backoff = min_backoff_s
-        self._max_backoff = max_backoff_s
+        # Equal jitter: at least half of each window, so that a recovering server is not hit
+        # again at once, and the shards' reconnections spread over the other half.
+        self._backoff = Backoff(min_backoff_s, max_backoff_s, floor=0.5)
         self._check_interval = check_interval_s
         self._connect_timeout = connect_timeout_s
         self._task: asyncio.Task[None] | None = None
@@ -542,14 +543,15 @@ class AudienceListener:
         self._connected.clear()
 
     async def _run(self) -> None:
-        backoff = self._min_backoff
+        attempt = 0
         while not self._stopping.is_set():
             try:
                 conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                log.debug("audience listener: connect failed (%s), retrying in %.1f s", exc, backoff)
-                await self._sleep(backoff * random.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, self._max_backoff)
+                wait = self._backoff.delay(attempt)
+                log.debug("audience listener: connect failed (%s), retrying in %.1f s", exc, wait)
+                await self._sleep(wait)
+                attempt += 1
                 continue
             try:
                 lost = asyncio.Event()
@@ -558,7 +560,7 @@ class AudienceListener:
                 self._connected.set()
                 self.resets += 1
                 self._call(self._on_reset)
-                backoff = self._min_backoff
+                attempt = 0
                 await self._watch(conn, lost)
                 if not self._stopping.is_set():
                     log.warning("audience listener: connection lost, reconnecting")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.core.backoff import Backoff, retry
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
 from actors.presence import PULL_BATCH
@@ -24,6 +25,12 @@ log = logging.getLogger("presence.router")
 
 Deliver = Callable[[tuple[str, ...], str], None]
 OnRestart = Callable[[int], Awaitable[None]]
+Pulled = tuple[str, int, list[tuple[tuple[str, ...], str]]]  # (incarnation, last seq, items)
+
+# A failed pull is retried within at most a second: a restarted shard is noticed (and registered
+# again) within about a second of coming back, which the watchers' resync counts on. Jittered, so
+# that the edges do not all call the new incarnation in the same instant.
+PULL_RETRY = Backoff(first_s=0.2, cap_s=1.0)
 
 
 class Router:
@@ -178,24 +185,23 @@ class Router:
     async def _pull_loop(self, shard: int) -> None:
         acked = 0
         seen: str | None = None  # the incarnation our `acked` counts in
-        backoff = 0.2
-        while not self._closed:
+
+        async def pull() -> Pulled | None:
+            """The next mail, or None once there is none to collect any more."""
+            if self._closed:
+                return None
             if self.map is not None and shard >= self.map.shard_count and not await self._still_alive(shard):
-                return  # retired by a shrink, its mail all collected
-            try:
-                incarnation, last, items = await self.shards[shard].pull(
-                    self.edge_id, seen, acked, self.pull_wait_s
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.info("pull from shard %d failed (%s); retrying", shard, type(e).__name__)
-                await asyncio.sleep(backoff)
-                # At most a second: a restarted shard is noticed (and registered again) within
-                # about a second of coming back, which the watchers' resync counts on.
-                backoff = min(backoff * 2, 1.0)
-                continue
-            backoff = 0.2
+                return None  # retired by a shrink, its mail all collected
+            return await self.shards[shard].pull(self.edge_id, seen, acked, self.pull_wait_s)
+
+        def failed(e: BaseException, wait: float) -> None:
+            log.info("pull from shard %d failed (%s); retrying", shard, type(e).__name__)
+
+        while True:
+            pulled = await retry(pull, PULL_RETRY, on_retry=failed)
+            if pulled is None:
+                return
+            incarnation, last, items = pulled
             self.last_contact[shard] = time.monotonic()
             seen, acked = incarnation, last
             if items:

@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from actors import gc_policy
+from actors.core.backoff import Backoff, retry
 from actors.core.shard import INTERNAL_CHOSEN, INTERNAL_SETTINGS
 from actors.counts import CountReader
 from actors.metrics import Metrics
@@ -66,6 +67,12 @@ CHANNEL_OPS = {
     "voice.leave": "voice_leave",
 }
 HELD_CAP = 1_000
+# An operation whose shard restarts (Ray brings it back in seconds) is retried within
+# `EdgeConfig.call_retry_s`, jittered so that the edges do not all call the new incarnation in the
+# same instant.
+CALL_RETRY = Backoff(first_s=0.1, cap_s=2.0)
+# A departure (or its replay to a restarted shard) is retried past that window, until it lands.
+DEPARTURE_RETRY = Backoff(first_s=1.0, cap_s=30.0)
 INTERNAL_PREFIX = '{"type":"_'  # how orjson spells an internal frame's start
 CHANGED_PREFIX = '{"type":"presence.changed"'
 
@@ -506,23 +513,29 @@ class Edge:
 
     async def _call(self, shard: int, op: tuple[Any, ...]) -> Any:
         """One operation, retried while its shard restarts (Ray brings it back in seconds)."""
-        deadline = time.monotonic() + self.config.call_retry_s
-        delay = 0.1
-        while True:
+
+        async def attempt() -> Any:
             try:
                 result = await self.router.call(shard, op)
                 if result == UNAVAILABLE:
                     raise ShardUnavailable("the shard could not load what this operation needs")
                 return result
-            except (*ActorDied, ValueError, TimeoutError, ShardUnavailable) as e:
+            except CALL_ERRORS:
                 with contextlib.suppress(Exception):
                     await self.router.refresh_map()
                 if self.router.map is not None and shard >= self.router.map.shard_count:
                     return MOVED  # retired by a shrink: its slots live elsewhere now
-                if time.monotonic() + delay > deadline:
-                    raise ShardUnavailable(f"shard {shard} unavailable: {type(e).__name__}") from e
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                raise
+
+        try:
+            return await retry(
+                attempt,
+                CALL_RETRY,
+                retry_on=CALL_ERRORS,
+                deadline=time.monotonic() + self.config.call_retry_s,
+            )
+        except CALL_ERRORS as e:
+            raise ShardUnavailable(f"shard {shard} unavailable: {type(e).__name__}") from e
 
     async def _cleanup(self, conn: Conn) -> None:
         """The socket is gone: remove it, its subscriptions and its channel state everywhere."""
@@ -557,15 +570,12 @@ class Edge:
         """Retry `call` past the retry window, with backoff, until it succeeds (departures and
         their replays: losing one would leave a ghost or an old last-seen). Each retry is safe:
         the shard records a departure at most once, and last-seen never moves back."""
-        delay = 1.0
-        while True:
-            try:
-                return await call()
-            except ShardUnavailable as e:
-                self.metrics.inc("edge_departure_retries_total")
-                log.warning("%s not recorded yet (%s); trying again in %.0f s", what, e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+
+        def failed(e: BaseException, wait: float) -> None:
+            self.metrics.inc("edge_departure_retries_total")
+            log.warning("%s not recorded yet (%s); trying again in %.1f s", what, e, wait)
+
+        return await retry(call, DEPARTURE_RETRY, retry_on=ShardUnavailable, on_retry=failed)
 
     # ------------------------------------------------------------------ frames out
 
@@ -760,6 +770,10 @@ class Edge:
 
 class ShardUnavailable(RuntimeError):
     pass
+
+
+# What a shard call fails with while its shard restarts (ValueError: not registered with Ray yet).
+CALL_ERRORS = (*ActorDied, ValueError, TimeoutError, ShardUnavailable)
 
 
 class InsecureConfig(ValueError):

@@ -1,8 +1,10 @@
 """The reconnect policy: capped exponential backoff with full jitter. Pure: the random source is a
 parameter, so a benchmark (or a test) can replay a storm exactly.
 
-The same numbers as the JavaScript client's `clients/js/src/backoff.js` (in milliseconds there);
-`tests/unit/backoff_cases.json` holds both to them.
+The draw is the service's own (`actors.core.backoff`, also behind the edges' and shards'
+retries): full jitter, or equal jitter when throttled. The same numbers as the JavaScript
+client's `clients/js/src/backoff.js` (in milliseconds there); `tests/unit/backoff_cases.json`
+holds both to them.
 
 Why full jitter: when an edge dies, every socket it held notices within a second or two. Clients
 that all wait "1 s, 2 s, 4 s" come back in synchronised waves, each one a connection storm on the
@@ -16,6 +18,8 @@ from __future__ import annotations
 import random as _random
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from actors.core.backoff import Backoff
 
 __all__ = ["DEFAULT_BACKOFF", "THROTTLING_CLOSE_CODES", "BackoffPolicy", "reconnect_delay"]
 
@@ -44,8 +48,6 @@ def reconnect_delay(
 ) -> float:
     """Seconds to wait before reconnect attempt `attempt` (0 for the first retry after a lost
     connection); `throttled` after a 4029 or 1008 close; `random` returns a float in [0, 1)."""
-    n = min(max(0, int(attempt)), 52)  # 2**52 already passes any cap
     if throttled:
-        window = min(policy.throttled_cap_s, policy.throttled_base_s * 2.0**n)
-        return window / 2 + random() * window / 2
-    return random() * min(policy.cap_s, policy.base_s * 2.0**n)
+        return Backoff(policy.throttled_base_s, policy.throttled_cap_s, floor=0.5).delay(attempt, random)
+    return Backoff(policy.base_s, policy.cap_s).delay(attempt, random)

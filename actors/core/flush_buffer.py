@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from actors.core.backoff import Backoff
+
 __all__ = ["Batch", "FlushBuffer", "clamp_timestamp"]
 
 
@@ -95,6 +97,7 @@ class FlushBuffer:
         self.max_pending = max_pending
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s, floor=0.5)
 
         # key -> its pending row. The dict is the truth; `_order` only gives arrival order.
         self._pending: dict[str, _Row] = {}
@@ -271,9 +274,7 @@ class FlushBuffer:
         """
         if not 0.0 <= jitter <= 1.0:
             raise ValueError("jitter must be in [0, 1]")
-        exponent = min(max(failures - 1, 0), 64)  # bounded: 2**64 already dwarfs any cap
-        base = min(self.backoff_initial_s * 2.0**exponent, self.backoff_max_s)
-        return base * (1.0 - 0.5 * jitter)
+        return self._backoff.delay(failures - 1, random=lambda: 1.0 - jitter)
 
     def failed(self, batch: Batch, now: float, jitter: float = 0.0) -> float:
         """The batch was not (known to be) committed: put its rows back and back off.
