@@ -81,6 +81,11 @@ class RawClient:
         assert answer.startswith(b"HTTP/1.1 101"), answer
         return cls(reader, writer)
 
+    def stop_reading(self) -> None:
+        """Read nothing more, not even into this process's stream buffer (which would otherwise
+        take up to twice its 64 KiB limit off the socket): only the kernel's buffers are left."""
+        self.writer.transport.pause_reading()
+
     async def send(self, payload: bytes | str, opcode: int = 0x1) -> None:
         self.writer.write(ws_frame(payload.encode() if isinstance(payload, str) else payload, opcode))
         await self.writer.drain()

@@ -247,12 +247,6 @@ async def test_unauthenticated_sockets_closed_4001_and_nothing_reaches_an_actor(
         await quick.stop()
 
 
-@pytest.mark.xfail(
-    reason="open: since the per-account lookup budget and per-socket views landed together, this "
-    "flood no longer fills the edge's send buffer within 10 rounds; the cut-off itself is unchanged "
-    "(edge/outbound.py). To be re-shaped or fixed next session, see the closing note of issue 14.",
-    strict=False,
-)
 async def test_slow_reader_is_cut_off_and_everybody_else_carries_on(
     cluster: Cluster, conn: asyncpg.Connection, ids: Ids
 ) -> None:
@@ -276,6 +270,7 @@ async def test_slow_reader_is_cut_off_and_everybody_else_carries_on(
             edge.ws_port, {"Authorization": f"Bearer {cluster.token(slow_user)}"}, rcvbuf=4096
         )
         await slow.send(json.dumps({"type": "presence.subscribe", "userIds": churners}))
+        slow.stop_reading()
         await eventually(lambda: len(edge.conns) == 2 and all(c.connected for c in edge.conns.values()))
         # The kernel's own buffers come on top of the edge's limit and grow to megabytes on
         # loopback; pin the server side of this one socket small so that the edge's buffer, the
@@ -284,16 +279,16 @@ async def test_slow_reader_is_cut_off_and_everybody_else_carries_on(
         slow_conn.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         clients = [await Client.connect(ws_url(edge), cluster.token(u)) for u in churners]
         await eventually(lambda: _subscribed(edge, slow_user, len(churners)))
-        rounds = 0
+        deadline = time.monotonic() + 30
         while edge.metrics.counters.get(("slow_clients_closed_total", ()), 0) == 0:
-            rounds += 1
-            assert rounds <= 10, "the slow reader was never cut off"
+            assert time.monotonic() < deadline, "the slow reader was never cut off"
             # Status changes of one account reach it coalesced (5 a second), so the bulk of its
-            # unread output is the answers to its own queries (4 big frames each).
+            # unread output is the answers to its own queries (4 big frames each, ~20 KiB a
+            # round against the 64 KiB limit and a few KiB of kernel buffers).
             for _ in range(25):
                 await slow.send(json.dumps({"type": "presence.query", "userIds": churners}))
             for c in clients:
-                for status in ("dnd", "online") * 50:
+                for status in ("dnd", "online") * 5:
                     await c.send({"type": "presence.update", "status": status})
             for c in clients:
                 await c.roundtrip()
