@@ -105,6 +105,14 @@ def shard_config(settings: Settings, database_url: str, redis_url: str | None) -
     )
 
 
+def stop_like_ctrl_c_on_sigterm() -> None:
+    """SIGTERM (a supervisor, `timeout`, `kill`) stops the process the way Ctrl-C does, at any
+    moment, start-up included: every server started so far is stopped on the way out. Without
+    this, a SIGTERM before the serving loop (which installs its own handler) killed the process
+    outright and left the embedded PostgreSQL running."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def _install_loop() -> None:
     try:
         import uvloop
@@ -173,7 +181,7 @@ def demo_mode(settings: Settings) -> tuple[bool, str | None]:
 def up(settings: Settings) -> int:
     if settings.database_url is None or settings.redis_url is None:
         try:
-            from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+            import cluster.embedded  # noqa: F401  (only: is the 'embedded' extra installed?)
         except ImportError as e:
             raise SystemExit(
                 f"presence: the embedded servers are not installed ({e.name}): "
@@ -183,6 +191,17 @@ def up(settings: Settings) -> int:
 
     if refuse_insecure(settings):
         return 2
+    stop_like_ctrl_c_on_sigterm()
+    try:
+        return _up(settings)
+    except KeyboardInterrupt:
+        print("presence: interrupted; everything started so far was stopped", file=sys.stderr, flush=True)
+        return 130
+
+
+def _up(settings: Settings) -> int:
+    if settings.database_url is None or settings.redis_url is None:
+        from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     settings.data_dir = data_dir
@@ -192,19 +211,21 @@ def up(settings: Settings) -> int:
         database_url = settings.database_url
         if database_url is None:
             pg = EmbeddedPostgres()
-            database_url = step("starting PostgreSQL (embedded)", lambda: pg.start(data_dir))
+            # The clean-up is in place before the start, which a signal may interrupt halfway.
             stack.enter_context(_cleanup("PostgreSQL", pg.stop))
+            database_url = step("starting PostgreSQL (embedded)", lambda: pg.start(data_dir))
         redis_url = settings.redis_url
         if redis_url is None:
             rd = EmbeddedRedis()
-            redis_url = step("starting Redis (embedded)", lambda: rd.start(data_dir))
             stack.enter_context(_cleanup("Redis", rd.stop))
+            redis_url = step("starting Redis (embedded)", lambda: rd.start(data_dir))
         step("applying the schema", lambda: asyncio.run(db.migrate(database_url)))
         if demo:
             from edge.demo import DEMO_GRAPH
 
             step("loading the demo accounts", lambda: asyncio.run(_load_fixture(database_url, DEMO_GRAPH)))
         secret = token_secret(settings)
+        stack.enter_context(_cleanup("Ray", ray_api.shutdown))
         step(
             "starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
             lambda: ray_api.connect(
@@ -214,7 +235,6 @@ def up(settings: Settings) -> int:
                 logging_config=ray_logging_config(settings.log_level, settings.log_json),
             ),
         )
-        stack.enter_context(_cleanup("Ray", ray_api.shutdown))
         step(
             f"starting {settings.shards} PresenceActor shards and the FlushActor",
             lambda: ray_api.start_pool(
@@ -279,6 +299,7 @@ def edge(settings: Settings) -> int:
         return 2
     info = cluster_info_or_exit(settings)
     secret = token_secret(settings, create=False)
+    stop_like_ctrl_c_on_sigterm()
     step(
         f"joining Ray at {info.ray_address}",
         lambda: ray_api.connect(info.ray_address, info.ray_namespace, settings.ray_node_ip),

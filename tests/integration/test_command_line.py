@@ -38,6 +38,58 @@ def children_of(pid: int) -> list[psutil.Process]:
         return []
 
 
+def processes_using(data_dir: Path) -> list[psutil.Process]:
+    """Live processes whose command line names `data_dir` (the embedded servers are started in
+    sessions of their own and are reparented once their starter goes: not children any more)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and str(data_dir) in " ".join(
+                proc.info["cmdline"] or ()
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_sigterm_during_start_up_stops_what_was_started(tmp_path: Path) -> None:
+    """A supervisor's (or `timeout`'s) SIGTERM while `presence up` is still starting: the
+    servers started so far are stopped, like Ctrl-C. Before, the process died on the spot and
+    left the embedded PostgreSQL running."""
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL")}
+    log = (tmp_path / "up.log").open("w+")
+    up = subprocess.Popen(
+        [*presence(), "up", "--ws-port", "0", "--internal-port", "0", "--data-dir", str(data_dir)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        # PostgreSQL is the first server it starts: signal as soon as it exists.
+        deadline = time.monotonic() + 60
+        while not (data_dir / "pg" / "postmaster.pid").exists():
+            assert up.poll() is None, (tmp_path / "up.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.02)
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    output = (tmp_path / "up.log").read_text()
+    assert code in (0, 130), output  # 0 only if it got all the way up before the signal landed
+    assert "stopping PostgreSQL" in output, output
+    deadline = time.monotonic() + 15
+    while processes_using(data_dir):
+        assert time.monotonic() < deadline, (
+            f"left behind: {[p.info['cmdline'] for p in processes_using(data_dir)]}"
+        )
+        time.sleep(0.2)
+
+
 def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     ws_port, internal_port = free_port(), free_port()
@@ -153,6 +205,7 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
     time.sleep(1)
     alive = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"
+    assert not processes_using(data_dir), "an embedded server outlived presence up"
 
 
 @pytest.mark.skipif(not CONFORMANCE.exists(), reason=f"the shared conformance suite is not at {CONFORMANCE}")
