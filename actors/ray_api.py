@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from actors.core.slots import SlotMap
 from actors.directory import SlotDirectory
 from actors.flush import FlushActor
 from actors.presence import PresenceShard, ShardConfig
@@ -99,8 +100,9 @@ class _PresenceActor:
 
     async def _start(self) -> None:
         # The slots this shard serves come from the directory, also after a restart.
-        _, owners, _ = await ray.get_actor(DIRECTORY).get_map.remote()
-        self.impl.set_owned({s for s, owner in enumerate(owners) if owner == self.impl.config.shard_index})
+        version, owners, count = await ray.get_actor(DIRECTORY).get_map.remote()
+        slot_map = SlotMap(version, tuple(owners), count)
+        self.impl.set_owned(set(slot_map.slots_of(self.impl.config.shard_index)))
         self.impl.node_id = ray.get_runtime_context().get_node_id()
         await self.impl.start()
 
@@ -381,44 +383,3 @@ async def resize(shards: int, progress: Any = print, chunk: int = 512) -> dict[s
             ray.kill(handle, no_restart=True)
         progress(f"retired shards {shards}..{count - 1}")
     return {"from": count, "to": shards, "moved_slots": moved, "seconds": time.monotonic() - started}
-
-
-# ---------------------------------------------------------------------------- edges as actors
-
-
-@ray.remote
-class _EdgeActor:
-    """An edge inside a Ray actor: placed on a chosen node like any actor. `presence edge` (a
-    plain process) is the usual way; this one is for deployments that let Ray place everything."""
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
-        self.edge: Any = None
-
-    async def start(self) -> dict[str, Any]:
-        from edge.server import Edge
-
-        self.edge = Edge(self.config)
-        await self.edge.start()
-        return {
-            "edge_id": self.edge.edge_id,
-            "ws_port": self.edge.ws_port,
-            "internal_port": self.edge.internal_port,
-            "node_id": ray.get_runtime_context().get_node_id(),
-        }
-
-    async def stop(self) -> None:
-        if self.edge is not None:
-            await self.edge.stop()
-
-
-async def start_edge_actor(
-    config: Any, resources: dict[str, float] | None = None
-) -> tuple[Any, dict[str, Any]]:
-    """Start an edge as a Ray actor (on the node that has `resources`); returns it and its ports."""
-    handle = _EdgeActor.options(num_cpus=0, resources=resources, max_concurrency=10_000).remote(config)  # type: ignore[attr-defined]
-    return handle, await handle.start.remote()
-
-
-async def node_of_shard(index: int) -> str:
-    return str((await find_shard(index).stats.remote())["node_id"])

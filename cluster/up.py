@@ -16,7 +16,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 from actors import ray_api
@@ -317,7 +316,3 @@ def edge(settings: Settings) -> int:
     finally:
         ray_api.shutdown()
     return 0
-
-
-def data_dir_of(path: str | None) -> Path | None:
-    return Path(path) if path else None

@@ -100,10 +100,6 @@ class Router:
         assert self.map is not None
         return self.map.shard_of(channel_key(channel_id))
 
-    def group_users(self, user_ids: tuple[str, ...] | list[str]) -> dict[int, list[str]]:
-        assert self.map is not None
-        return self.map.group(user_ids)
-
     async def wait_for_map_after(self, version: int, deadline: float) -> bool:
         """Wait until the directory publishes a map newer than `version` (a slot flip)."""
         while time.monotonic() < deadline:

@@ -70,11 +70,6 @@ def live_until(now: float, refresh_s: float) -> float:
     return now + lead_s(refresh_s)
 
 
-def count_active(scores: Iterable[float | None], since: float) -> int:
-    """How many of these scores (None: not a member) fall in a window starting at `since`."""
-    return sum(1 for s in scores if s is not None and math.isfinite(s) and s >= since)
-
-
 @dataclass
 class RollingRefresh:
     """Every `interval_s`, the accounts live at that moment are handed out in even slices over

@@ -22,11 +22,6 @@ class Relations:
 NO_RELATIONS = Relations()
 
 
-def is_friend(target: str, target_rel: Relations, reader: str) -> bool:
-    del target  # friendship is stored on both sides; the target's own set answers it
-    return reader in target_rel.friends
-
-
 def in_audience(target: str, target_rel: Relations, reader: str, reader_rel: Relations) -> bool:
     """May `reader` learn anything about `target`? An account is always in its own audience."""
     if reader == target:

@@ -49,10 +49,6 @@ def id_problem(value: object) -> str | None:
     return None
 
 
-def is_valid_id(value: object) -> bool:
-    return id_problem(value) is None
-
-
 def check_id(value: str) -> str:
     """`value` itself when valid, else ValueError with the reason (for pydantic validators)."""
     problem = id_problem(value)

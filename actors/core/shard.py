@@ -654,12 +654,6 @@ class ShardState:
         self._round_sent = max(self._round_sent, due)
         return [(u, now) for u in chunk if u in self.accounts and is_visibly_present(self.accounts[u].real)]
 
-    def checkpoint(self, now: float) -> list[tuple[str, float]]:
-        """Accounts visibly present right now, with `now` as their last-seen: bounds what a crash of
-        the whole cluster can lose for accounts that stay online for days."""
-        self._expire(now)
-        return sorted((u, now) for u, acc in self.accounts.items() if is_visibly_present(acc.real))
-
     # ------------------------------------------------------------------ counts (Redis refresh)
 
     def present_accounts(self) -> list[tuple[str, frozenset[str]]]:

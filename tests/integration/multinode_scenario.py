@@ -9,22 +9,50 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import ray
 from ray.cluster_utils import Cluster
 
 from actors import ray_api
 from actors.presence import ShardConfig
-from edge.server import EdgeConfig
+from edge.server import Edge, EdgeConfig
 from edge.tokens import mint_token
 
 SECRET = "multinode-secret-of-at-least-thirty-two-bytes"
 
 
+@ray.remote
+class EdgeOnNode:
+    """An edge inside a Ray actor, so that Ray places it on a chosen node of this one machine (a
+    deployment runs `presence edge` as a plain process on each host instead)."""
+
+    def __init__(self, config: EdgeConfig) -> None:
+        self.config = config
+        self.edge: Edge | None = None
+
+    async def start(self) -> dict[str, Any]:
+        self.edge = Edge(self.config)
+        await self.edge.start()
+        return {
+            "ws_port": self.edge.ws_port,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    async def stop(self) -> None:
+        if self.edge is not None:
+            await self.edge.stop()
+
+
+async def start_edge(config: EdgeConfig, resources: dict[str, float]) -> tuple[Any, dict[str, Any]]:
+    handle = EdgeOnNode.options(num_cpus=0, resources=resources, max_concurrency=10_000).remote(config)  # type: ignore[attr-defined]
+    return handle, await handle.start.remote()
+
+
 async def scenario(result: dict[str, object]) -> None:
     from tests.integration.wsclient import Client, changed, of_type
 
-    edge_a, info_a = await ray_api.start_edge_actor(
+    edge_a, info_a = await start_edge(
         EdgeConfig(
             secret=SECRET,
             redis_url=os.environ["MN_REDIS_URL"],
@@ -35,7 +63,7 @@ async def scenario(result: dict[str, object]) -> None:
         ),
         resources={"node_a": 0.01},
     )
-    edge_b, info_b = await ray_api.start_edge_actor(
+    edge_b, info_b = await start_edge(
         EdgeConfig(
             secret=SECRET,
             redis_url=os.environ["MN_REDIS_URL"],
@@ -47,7 +75,7 @@ async def scenario(result: dict[str, object]) -> None:
         resources={"node_b": 0.01},
     )
     result["edge_nodes"] = [info_a["node_id"], info_b["node_id"]]
-    result["shard_nodes"] = [await ray_api.node_of_shard(i) for i in range(2)]
+    result["shard_nodes"] = [(await ray_api.ShardClient(i).stats(timeout_s=10))["node_id"] for i in range(2)]
     alice, bob = os.environ["MN_ALICE"], os.environ["MN_BOB"]
     url_a = f"ws://127.0.0.1:{info_a['ws_port']}/ws/presence"
     url_b = f"ws://127.0.0.1:{info_b['ws_port']}/ws/presence"

@@ -3,6 +3,8 @@ writes count exactly the accounts that had a live socket at some moment of any w
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -14,7 +16,6 @@ from actors.core.activity import (
     SPREAD,
     BadWindow,
     RollingRefresh,
-    count_active,
     lead_s,
     live_until,
     parse_hours,
@@ -50,6 +51,11 @@ def test_windows_and_trimming() -> None:
     assert trim_before(T0) == T0 - MAX_HOURS * 3600
     assert window_start(T0, MAX_HOURS) == trim_before(T0)  # nothing a window needs is trimmed
     assert live_until(T0, 600) == T0 + lead_s(600) > T0 + 600 * (1 + SPREAD)
+
+
+def count_active(scores: Iterable[float | None], since: float) -> int:
+    """The model of Redis's `ZCOUNT key since +inf` over the active scores (None: no member)."""
+    return sum(1 for s in scores if s is not None and math.isfinite(s) and s >= since)
 
 
 def test_count_active_skips_non_members() -> None:

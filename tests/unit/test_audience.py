@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.core.audience import NO_RELATIONS, Relations, in_audience, is_friend
+from actors.core.audience import NO_RELATIONS, Relations, in_audience
 
 
 def r(friends: set[str] | None = None, servers: set[str] | None = None, vis: str = "everyone") -> Relations:
@@ -44,12 +44,6 @@ def test_last_seen_setting_does_not_narrow_the_audience() -> None:
     for vis in ("everyone", "friends", "nobody"):
         assert in_audience("t", r(servers={"g"}, vis=vis), "x", r(servers={"g"}, vis=vis))
         assert in_audience("t", r(friends={"x"}, vis=vis), "x", r(friends={"t"}, vis=vis))
-
-
-def test_is_friend() -> None:
-    assert is_friend("t", r(friends={"x"}), "x")
-    assert not is_friend("t", r(servers={"g"}), "x")
-    assert not is_friend("t", r(friends={"y"}), "x")
 
 
 def test_no_relations_is_empty() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.core.ids import MAX_ID_LENGTH, check_id, id_problem, is_demo_id, is_valid_id
+from actors.core.ids import MAX_ID_LENGTH, check_id, id_problem, is_demo_id
 
 FORBIDDEN = ("Cc", "Cf", "Cs")
 
@@ -25,7 +25,7 @@ def reference(value: str) -> bool:
     "good", ["u1", "a" * 128, "é" * 128, "Ada Lovelace", "user@example.com", "日本語", "emoji-🙂", "a b"]
 )
 def test_valid(good: str) -> None:
-    assert is_valid_id(good)
+    assert id_problem(good) is None
     assert check_id(good) == good
 
 
@@ -52,7 +52,7 @@ def test_valid(good: str) -> None:
     ],
 )
 def test_invalid(bad: str) -> None:
-    assert not is_valid_id(bad)
+    assert id_problem(bad) is not None
     with pytest.raises(ValueError):
         check_id(bad)
 
@@ -71,7 +71,7 @@ def test_message_names_the_code_point_not_the_id() -> None:
 
 @given(st.text(max_size=140))
 def test_agrees_with_the_stated_rule(value: str) -> None:
-    assert is_valid_id(value) == reference(value)
+    assert (id_problem(value) is None) == reference(value)
 
 
 @given(
@@ -80,7 +80,7 @@ def test_agrees_with_the_stated_rule(value: str) -> None:
     st.text(max_size=60),
 )
 def test_one_forbidden_character_anywhere_spoils_it(prefix: str, bad: str, suffix: str) -> None:
-    assert not is_valid_id(prefix + bad + suffix)
+    assert id_problem(prefix + bad + suffix) is not None
 
 
 ALLOWED = st.characters(codec="utf-8", exclude_categories=FORBIDDEN, exclude_characters="\u2028\u2029")
@@ -88,7 +88,7 @@ ALLOWED = st.characters(codec="utf-8", exclude_categories=FORBIDDEN, exclude_cha
 
 @given(st.text(ALLOWED, min_size=1, max_size=128))
 def test_everything_else_passes(value: str) -> None:
-    assert is_valid_id(value)
+    assert id_problem(value) is None
 
 
 def test_demo_namespace() -> None:
