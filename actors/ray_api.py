@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-from collections.abc import Awaitable
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 import ray
 
+from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
 from actors.directory import SlotDirectory
 from actors.flush import FlushActor
@@ -63,12 +63,6 @@ class _FlushActor:
 
     async def stats(self) -> dict[str, Any]:
         return await (await self._ready()).stats()
-
-    async def server_members(self, server_id: str) -> list[str]:
-        return await (await self._ready()).server_members(server_id)
-
-    async def postgres_ok(self) -> bool:
-        return await (await self._ready()).postgres_ok()
 
     async def stop(self) -> None:
         await (await self._ready()).stop()
@@ -221,68 +215,50 @@ def stop_pool(drain_timeout_s: float = 30.0) -> int:
     Returns the number of last-seen values that could not be written."""
     left = 0
     try:
-        _, _, count = ray.get(directory().get_map.remote(), timeout=10)
+        _, _, count = ray.get(_directory().get_map.remote(), timeout=10)
     except Exception:
         count = 0
-    shards = [h for h in (find_shard(i) for i in range(count)) if h is not None]
+    shards = [h for h in (_find(shard_name(i)) for i in range(count)) if h is not None]
     try:
         left += sum(ray.get([h.drain.remote(drain_timeout_s) for h in shards], timeout=drain_timeout_s + 5))
-        flush = find(FLUSH)
+        flush = _find(FLUSH)
         if flush is not None:
             left += ray.get(flush.drain.remote(drain_timeout_s), timeout=drain_timeout_s + 5)
     except Exception as e:
         log.error("draining last-seen failed: %s", e)
         left = -1
     for name in [DIRECTORY, FLUSH, *(shard_name(i) for i in range(count))]:
-        handle = find(name)
+        handle = _find(name)
         if handle is not None:
             ray.kill(handle, no_restart=True)
     return left
 
 
-def find(name: str) -> Any:
+def _find(name: str) -> Any:
     try:
         return ray.get_actor(name)
     except ValueError:
         return None
 
 
-def find_shard(index: int) -> Any:
-    return find(shard_name(index))
-
-
-def directory() -> Any:
+def _directory() -> Any:
     return ray.get_actor(DIRECTORY)
-
-
-def flush_actor() -> Any:
-    return ray.get_actor(FLUSH)
-
-
-def kill(handle: Any, restart: bool = True) -> None:
-    ray.kill(handle, no_restart=not restart)
-
-
-async def call(ref: Awaitable[Any], timeout_s: float | None = None) -> Any:
-    """Await one Ray call with an optional timeout."""
-    if timeout_s is None:
-        return await ref
-    return await asyncio.wait_for(ref, timeout_s)  # type: ignore[arg-type]
 
 
 ActorDied = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
-class ShardClient:
-    """One shard as seen from an edge: the handle is looked up lazily and again after a failure."""
+class _Client:
+    """A named actor seen from anywhere: the handle is looked up lazily and again after a failure.
+    The clients are the only way out of this module: no caller holds a raw Ray handle."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    def __init__(self, name: str) -> None:
+        self.name = name
         self._handle: Any = None
 
     def _h(self) -> Any:
         if self._handle is None:
-            self._handle = ray.get_actor(shard_name(self.index))
+            self._handle = ray.get_actor(self.name)
         return self._handle
 
     async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
@@ -292,6 +268,19 @@ class ShardClient:
         except (TimeoutError, *ActorDied, ValueError):
             self._handle = None
             raise
+
+    def kill(self, restart: bool = True) -> None:
+        """Kill the actor; with `restart`, Ray brings it back (a fresh incarnation: fault tests)."""
+        ray.kill(self._h(), no_restart=not restart)
+        self._handle = None
+
+
+class ShardClient(_Client):
+    """One shard, by index."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(shard_name(index))
+        self.index = index
 
     async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
         return await self._call("apply", edge_id, ops)  # type: ignore[no-any-return]
@@ -314,72 +303,76 @@ class ShardClient:
     async def postgres_ok(self, timeout_s: float) -> bool:
         return await self._call("postgres_ok", timeout_s=timeout_s)  # type: ignore[no-any-return]
 
+    # A resize (cluster/scale.py) and stopping: no timeout, these wait as long as they take.
 
-class DirectoryClient:
+    async def export_slots(self, slots: list[int]) -> SlotExport:
+        return await self._call("export_slots", slots)  # type: ignore[no-any-return]
+
+    async def import_slots(self, export: SlotExport) -> None:
+        await self._call("import_slots", export)
+
+    async def mail_pending(self) -> int:
+        return await self._call("mail_pending")  # type: ignore[no-any-return]
+
+    async def drain(self, timeout_s: float) -> int:
+        return await self._call("drain", timeout_s)  # type: ignore[no-any-return]
+
+
+class DirectoryClient(_Client):
+    """The slot directory: the slot map, the edges alive, the configuration of new shards."""
+
+    def __init__(self) -> None:
+        super().__init__(DIRECTORY)
+
     async def get_map(self) -> tuple[int, tuple[int, ...], int]:
-        return await directory().get_map.remote()  # type: ignore[no-any-return]
+        return await self._call("get_map")  # type: ignore[no-any-return]
+
+    async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int:
+        return await self._call("set_map", owners, shard_count)  # type: ignore[no-any-return]
+
+    async def get_shard_config(self) -> dict[str, Any]:
+        return await self._call("get_shard_config")  # type: ignore[no-any-return]
 
     async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
-        await directory().register_edge.remote(edge_id, info)
+        await self._call("register_edge", edge_id, info)
 
     async def list_edges(self) -> dict[str, dict[str, Any]]:
-        return await directory().list_edges.remote()  # type: ignore[no-any-return]
+        return await self._call("list_edges")  # type: ignore[no-any-return]
+
+
+class FlushClient(_Client):
+    """The FlushActor."""
+
+    def __init__(self) -> None:
+        super().__init__(FLUSH)
+
+    async def stats(self, timeout_s: float) -> dict[str, Any]:
+        return await self._call("stats", timeout_s=timeout_s)  # type: ignore[no-any-return]
 
 
 async def flush_stats(timeout_s: float) -> dict[str, Any]:
-    return await asyncio.wait_for(flush_actor().stats.remote(), timeout_s)  # type: ignore[no-any-return]
+    return await FlushClient().stats(timeout_s)
 
 
 # ---------------------------------------------------------------------------- resizing
 
 
-def _create_shard(index: int, config: dict[str, Any]) -> Any:
-    return _PresenceActor.options(name=shard_name(index), **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
-        {**config, "shard_index": index}
-    )
+class PoolClient:
+    """Creating and retiring shards: what a resize (cluster/scale.py) needs beyond the clients."""
 
+    def shard(self, index: int) -> ShardClient:
+        return ShardClient(index)
 
-async def resize(shards: int, progress: Any = print, chunk: int = 512) -> dict[str, Any]:
-    """Grow or shrink the pool to `shards`, live, by moving slots (see cluster/scale.py)."""
-    from actors.core.slots import moves, rebalance
+    async def start_shards(self, indices: Sequence[int], config: dict[str, Any]) -> None:
+        """Create these shards with `config` (the directory's), and wait until each answers."""
+        handles = [
+            _PresenceActor.options(name=shard_name(i), **_ACTOR_OPTIONS).remote(  # type: ignore[attr-defined]
+                {**config, "shard_index": i}
+            )
+            for i in indices
+        ]
+        await asyncio.gather(*(h.stats.remote() for h in handles))
 
-    started = time.monotonic()
-    d = directory()
-    _, owners, count = await d.get_map.remote()
-    config = await d.get_shard_config.remote()
-    if shards == count:
-        return {"from": count, "to": shards, "moved_slots": 0, "seconds": 0.0}
-    if shards > count:
-        new = [_create_shard(i, config) for i in range(count, shards)]
-        await asyncio.gather(*(h.stats.remote() for h in new))
-        progress(f"started shards {count}..{shards - 1}")
-        # The larger count goes out first, so edges start collecting mail from the new shards.
-        await d.set_map.remote(owners, shards)
-    target = rebalance(tuple(owners), shards)
-    current = list(owners)
-    moved = 0
-    plan = moves(tuple(owners), target)
-    total = sum(len(s) for s in plan.values())
-    for (src, dst), slots in sorted(plan.items()):
-        for i in range(0, len(slots), chunk):
-            part = slots[i : i + chunk]
-            # Freeze + export in one call on the old owner, import on the new one, then flip the
-            # map. Between export and flip the slots answer MOVED and edges wait for the flip.
-            export = await find_shard(src).export_slots.remote(part)
-            await find_shard(dst).import_slots.remote(export)
-            for s in part:
-                current[s] = dst
-            await d.set_map.remote(tuple(current), max(shards, count))
-            moved += len(part)
-            progress(f"moved {moved}/{total} slots ({src} → {dst})")
-    if shards < count:
-        await d.set_map.remote(tuple(current), shards)
-        for index in range(shards, count):
-            handle = find_shard(index)
-            deadline = time.monotonic() + 10
-            while await handle.mail_pending.remote() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)  # let edges collect what was addressed to them here
-            await handle.drain.remote(5.0)
-            ray.kill(handle, no_restart=True)
-        progress(f"retired shards {shards}..{count - 1}")
-    return {"from": count, "to": shards, "moved_slots": moved, "seconds": time.monotonic() - started}
+    def retire_shard(self, index: int) -> None:
+        """Kill a shard for good (its slots and mail are elsewhere by now)."""
+        ShardClient(index).kill(restart=False)

@@ -4,7 +4,7 @@ and the time a live resize takes under that load.
 Load generators are separate processes, each an edge without websockets: a real `Router` (the
 edge's batching and long-polling, the same code a real edge runs) registering its accounts and
 then sending `presence.update` operations as fast as the pool absorbs them, keeping many in
-flight. The main process resizes the pool live between phases with `ray_api.resize`, so every
+flight. The main process resizes the pool live between phases with `cluster.scale.resize`, so every
 phase after the first also measures a resize under load. Everything runs on this machine: on two
 cores the generators share the CPUs with the shards, so their CPU is reported too.
 
@@ -155,6 +155,7 @@ def _run(args: argparse.Namespace, sizes: list[int], tmp: Path, settings: Settin
 
 def _measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
     from actors import ray_api
+    from cluster.scale import resize
 
     warmup_s = 3.0 if not args.quick else 1.0
     total_s = warmup_s + args.phase_s * len(sizes) + 5.0 * (len(sizes) - 1) + 2.0
@@ -183,7 +184,7 @@ def _measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
     for k, size in enumerate(sizes):
         resize_s = None
         if k:
-            summary = asyncio.run(ray_api.resize(size, progress=lambda _line: None))
+            summary = asyncio.run(resize(size, progress=lambda _line: None))
             resize_s = summary["seconds"]
         started = time.time()
         progress.update(k, f"{size} shards: measuring {args.phase_s:.0f} s", time.monotonic())
@@ -229,7 +230,7 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
         append_row(
             "scale",
             "Frames/s absorbed by the pool (status updates through the edge router, batched) per pool size; "
-            "resize = live `ray_api.resize` from the previous size under that load.",
+            "resize = live `cluster.scale.resize` from the previous size under that load.",
             [
                 "date",
                 "machine",

@@ -40,8 +40,8 @@ async def test_invisible_chosen_while_postgres_is_away_survives_a_shard_kill(
         await a.expect(lambda f: f.get("type") == "presence.self" and f.get("status") == "invisible")
         await watcher.expect(changed(alice, "offline"))
         told = len(watcher.log)
-        _, owners, _ = await ray_api.directory().get_map.remote()
-        ray_api.kill(ray_api.find_shard(owners[slot_of(alice)]), restart=True)
+        _, owners, _ = await ray_api.DirectoryClient().get_map()
+        ray_api.ShardClient(owners[slot_of(alice)]).kill(restart=True)
         await asyncio.sleep(1.0)
     finally:
         pg.restart()

@@ -276,7 +276,7 @@ async def test_presence_actor_killed_under_load(
         shard = owners[slot_of(load.world.members[0])]
         await load.retire(2)  # departures still on their way to PostgreSQL when the shard dies
         load.recorder.fault(f"shard {shard} killed")
-        ray_api.kill(ray_api.find_shard(shard), restart=True)
+        ShardClient(shard).kill(restart=True)
         await load.retire(2)  # departures while the shard restarts
         return 0.0
 
@@ -290,7 +290,7 @@ async def test_flush_actor_killed_with_departures_pending(
         for _ in range(2):
             await load.retire(1)
             load.recorder.fault("FlushActor killed")
-            ray_api.kill(ray_api.flush_actor(), restart=True)
+            ray_api.FlushClient().kill(restart=True)
             await load.retire(1)
             await asyncio.sleep(1.0)
         return 0.0

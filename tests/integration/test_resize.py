@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from actors import ray_api
+from cluster.scale import resize
 from edge.server import Edge
 
 from .conftest import Cluster, Ids, load, ws_url
@@ -106,7 +107,7 @@ async def test_resize_2_6_3_under_load(
     watchers_ids = [ids(f"w{i}") for i in range(WATCHERS + 2)]
     server, channel = ids("g"), ids("voice")
     await load(conn, {"servers": [{"id": server, "members": users + watchers_ids, "channels": [channel]}]})
-    summary = await ray_api.resize(2, progress=lambda _: None)  # start from two shards
+    summary = await resize(2, progress=lambda _: None)  # start from two shards
     assert summary["to"] == 2
 
     edges = [edge, second_edge]
@@ -146,15 +147,15 @@ async def test_resize_2_6_3_under_load(
     tasks = [asyncio.create_task(drive(d)) for d in drivers] + [asyncio.create_task(late_subscribers())]
     try:
         await asyncio.sleep(1.0)
-        grow = await ray_api.resize(6, progress=lambda _: None, chunk=64)
+        grow = await resize(6, progress=lambda _: None, chunk=64)
         await asyncio.sleep(1.0)
-        shrink = await ray_api.resize(3, progress=lambda _: None, chunk=64)
+        shrink = await resize(3, progress=lambda _: None, chunk=64)
         await asyncio.sleep(1.0)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
     assert grow["moved_slots"] == 2730 and shrink["moved_slots"] == 2047
-    _, owners, count = await ray_api.directory().get_map.remote()
+    _, owners, count = await ray_api.DirectoryClient().get_map()
     assert count == 3 and set(owners) == {0, 1, 2}
 
     async def views_settled() -> bool:

@@ -27,6 +27,7 @@ import websockets
 from actors import ray_api
 from actors.core.slots import slot_of
 from actors.ray_api import DirectoryClient
+from cluster.scale import resize
 from edge.server import Edge
 
 from .conftest import SHARDS, SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
@@ -161,7 +162,7 @@ async def inject(
         _, owners, count = await DirectoryClient().get_map()
         shards = range(count) if fault == "shards" else [owners[slot_of(scene.users[0])]]
         for i in shards:
-            ray_api.kill(ray_api.find_shard(i), restart=True)
+            ray_api.ShardClient(i).kill(restart=True)
         await asyncio.gather(*during)
     elif fault in ("postgres", "redis"):
         pg, redis = cluster.require_servers()
@@ -177,12 +178,12 @@ async def inject(
         proc.wait(10)
         await asyncio.gather(*during)
     elif fault == "resize":
-        resizing = asyncio.create_task(ray_api.resize(SHARDS + 2, progress=lambda _: None, chunk=64))
+        resizing = asyncio.create_task(resize(SHARDS + 2, progress=lambda _: None, chunk=64))
         try:
             await asyncio.gather(*during)
         finally:
             await resizing
-            await ray_api.resize(SHARDS, progress=lambda _: None, chunk=64)
+            await resize(SHARDS, progress=lambda _: None, chunk=64)
     else:
         raise ValueError(fault)
 
