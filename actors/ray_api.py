@@ -25,6 +25,8 @@ from actors.presence import PresenceShard, ShardConfig
 log = logging.getLogger("presence.ray")
 
 DIRECTORY = "directory"
+# A pull's answer: (the shard's incarnation, the last sequence number sent, [(socket ids, frame)]).
+Mail = tuple[str, int, list[tuple[tuple[str, ...], str]]]
 FLUSH = "flush"
 
 
@@ -100,10 +102,10 @@ class _PresenceActor:
         self.impl.node_id = ray.get_runtime_context().get_node_id()
         await self.impl.start()
 
-    async def export_slots(self, slots: list[int]) -> Any:
+    async def export_slots(self, slots: list[int]) -> SlotExport:
         return await (await self._ready()).export_slots(slots)
 
-    async def import_slots(self, export: Any) -> None:
+    async def import_slots(self, export: SlotExport) -> None:
         await (await self._ready()).import_slots(export)
 
     async def mail_pending(self) -> int:
@@ -112,7 +114,7 @@ class _PresenceActor:
     async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
         return await (await self._ready()).apply(edge_id, ops)
 
-    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Any:
+    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Mail:
         return await (await self._ready()).pull(edge_id, incarnation, acked_seq, wait_s)
 
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
@@ -285,8 +287,8 @@ class ShardClient(_Client):
     async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
         return await self._call("apply", edge_id, ops)  # type: ignore[no-any-return]
 
-    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Any:
-        return await self._call("pull", edge_id, incarnation, acked_seq, wait_s, timeout_s=wait_s + 30)
+    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Mail:
+        return await self._call("pull", edge_id, incarnation, acked_seq, wait_s, timeout_s=wait_s + 30)  # type: ignore[no-any-return]
 
     async def is_focused(self, user_id: str, channel_id: str, timeout_s: float) -> bool:
         return await self._call("is_focused", user_id, channel_id, timeout_s=timeout_s)  # type: ignore[no-any-return]

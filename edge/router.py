@@ -19,13 +19,12 @@ from actors.core.backoff import Backoff, retry
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
 from actors.presence import PULL_BATCH
-from actors.ray_api import DirectoryClient, ShardClient
+from actors.ray_api import DirectoryClient, Mail, ShardClient
 
 log = logging.getLogger("presence.router")
 
 Deliver = Callable[[tuple[str, ...], str], None]
 OnRestart = Callable[[int], Awaitable[None]]
-Pulled = tuple[str, int, list[tuple[tuple[str, ...], str]]]  # (incarnation, last seq, items)
 
 # A failed pull is retried within at most a second: a restarted shard is noticed (and registered
 # again) within about a second of coming back, which the watchers' resync counts on. Jittered, so
@@ -182,7 +181,7 @@ class Router:
         acked = 0
         seen: str | None = None  # the incarnation our `acked` counts in
 
-        async def pull() -> Pulled | None:
+        async def pull() -> Mail | None:
             """The next mail, or None once there is none to collect any more."""
             if self._closed:
                 return None
