@@ -2,9 +2,9 @@
 table, then a summary of every target (figure, target, met or missed).
 
 `lastseen` and `scale` bring up their own servers and Ray, so they run as subprocesses
-(`presence bench NAME`). The websocket benchmarks (`edge`, `connections`, `fanout`, `query`)
-share one environment — PostgreSQL, Redis, Ray and the actor pool, started once — and each starts
-its own fresh edge processes and load generators and uses fresh account ids, so no benchmark
+(`presence bench NAME`). The websocket benchmarks (`edge`, `connections`, `fanout`, `query`,
+`reconnect`) share one environment — PostgreSQL, Redis, Ray and the actor pool, started once —
+and each starts its own fresh edge processes and load generators and uses fresh account ids, so no benchmark
 measures another's sockets. `--isolated` runs each of them as a subprocess with its own
 environment instead (cleaner, slower to start).
 
@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from cluster.config import Settings
 
 NAME = "all"
-ORDER = ("lastseen", "scale", "edge", "connections", "fanout", "query")
+ORDER = ("lastseen", "scale", "edge", "connections", "fanout", "query", "reconnect")
 SELF_CONTAINED = ("lastseen", "scale")  # they start their own servers and Ray
-IN_ENV = ("edge", "connections", "fanout", "query")
+# reconnect last: the shards keep its dead edge's sockets until that edge's lease runs out (90 s).
+IN_ENV = ("edge", "connections", "fanout", "query", "reconnect")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -28,6 +28,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "connections": ("bench.connections", "idle sockets per edge, memory per socket, beside the bare server"),
     "fanout": ("bench.fanout", "status change → subscriber latency at 10,000 accounts x 50 subscriptions"),
     "query": ("bench.query", "presence.query latency for 100 ids under load, beside Redis pipelined EXISTS"),
+    "reconnect": (
+        "bench.reconnect",
+        "reconnect storm: an edge killed under its sockets, all back on another, beside the bare server",
+    ),
     "rtt": ("bench.rtt", "round trip of one Ray call to an idle shard: the floor under every hop"),
     "all": ("bench.all", "every benchmark, one after another, and a summary of every target"),
 }

@@ -52,6 +52,8 @@ class Queries:
     ids: int
     rate: float
     timeout_s: float = 5.0
+    # A bare server answering the same queries (bench.query_server), asked beside ours.
+    bare_target: tuple[str, int] | None = None
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -221,6 +223,7 @@ def run_load(
                 "concurrency": max(1, args.concurrency // args.generators),
                 "queriers": queries.queriers if queries else 0,
                 "query_prefix": q_prefix,
+                "bare_query_target": queries.bare_target if queries else None,
             },
             on_progress=stage.progress("connect + subscribe", args.accounts),
         )
@@ -234,6 +237,7 @@ def run_load(
             "connect_s": max(r["connect_s"] for r in setup),
             "subscribe_s": max(r["subscribe_s"] for r in setup),
             "queriers": sum(r.get("queriers", 0) for r in setup),
+            "queriers_bare": sum(r.get("queriers_bare", 0) for r in setup),
         }
         stage.log(
             f"{connected:,} connected in {out['setup']['connect_s']:.1f} s, {subscribed:,} subscribed in "
@@ -300,10 +304,12 @@ def run_load(
         stage.log("computing latencies")
         out.update(_latencies(res, args.subscriptions))
         out["queries"] = _query_results(res) if queries else None
+        out["bare_queries"] = _query_results(res, "bare_") if queries and queries.bare_target else None
         out["open_at_end"] = sum(r["open"] for r in res)
         workers.call("close", {"group": "fanout"})
         if queries:
             workers.call("close", {"group": "queriers"})
+            workers.call("close", {"group": "queriers_bare"})
     for e in edges:
         env.stop(e)
     return out
@@ -327,8 +333,21 @@ class _Ticker:
         self.bar.done("window measured")
 
 
-def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
-    """Match every receipt to its change; latencies and delivery counts."""
+@dataclass
+class Deliveries:
+    """Every receipt matched to its change (`match_deliveries`)."""
+
+    changes: int
+    received: int
+    unmatched: int
+    first_sent: float  # the first change's send time (0.0 when none)
+    sent_at: array[float]  # per matched receipt: when its change was sent (monotonic)
+    latency: array[float]  # per matched receipt: receive - send, seconds
+
+
+def match_deliveries(res: list[dict[str, Any]]) -> Deliveries:
+    """Match every receipt to the latest change of that account to that status sent before it
+    (generators' `sends` and `receipts`, the same monotonic clock)."""
     sends: dict[int, tuple[list[float], list[int]]] = {}
     n_sends = 0
     for r in res:
@@ -341,9 +360,7 @@ def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
             entry = sends.setdefault(u[k], ([], []))
             entry[0].append(t[k])
             entry[1].append(statuses[k])
-    latencies = array("d")
-    by_second: dict[int, array[float]] = {}
-    first_send = min((ts[0] for ts, _ in sends.values() if ts), default=0.0)
+    sent_at, latency = array("d"), array("d")
     unmatched = 0
     received = 0
     for r in res:
@@ -353,27 +370,37 @@ def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
         t.frombytes(times)
         received += len(u)
         for k in range(len(u)):
-            entry = sends.get(u[k])
-            if entry is None:
+            sent = sends.get(u[k])
+            if sent is None:
                 unmatched += 1
                 continue
-            ts, ss = entry
+            ts, ss = sent
             i = bisect.bisect_right(ts, t[k]) - 1
             while i >= 0 and ss[i] != statuses[k]:
                 i -= 1
             if i < 0:
                 unmatched += 1
                 continue
-            latencies.append(t[k] - ts[i])
-            by_second.setdefault(int(ts[i] - first_send), array("d")).append(t[k] - ts[i])
-    expected = n_sends * subscriptions
+            sent_at.append(ts[i])
+            latency.append(t[k] - ts[i])
+    first = min((ts[0] for ts, _ in sends.values() if ts), default=0.0)
+    return Deliveries(n_sends, received, unmatched, first, sent_at, latency)
+
+
+def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
+    """Match every receipt to its change; latencies and delivery counts."""
+    d = match_deliveries(res)
+    by_second: dict[int, array[float]] = {}
+    for sent, lat in zip(d.sent_at, d.latency, strict=True):
+        by_second.setdefault(int(sent - d.first_sent), array("d")).append(lat)
+    expected = d.changes * subscriptions
     return {
-        "changes": n_sends,
+        "changes": d.changes,
         "deliveries_expected": expected,
-        "deliveries_received": received - unmatched,
-        "receipts_unmatched": unmatched,
-        "delivered_fraction": (received - unmatched) / expected if expected else math.nan,
-        "latency_ms": lg.summary_ms(latencies),
+        "deliveries_received": d.received - d.unmatched,
+        "receipts_unmatched": d.unmatched,
+        "delivered_fraction": (d.received - d.unmatched) / expected if expected else math.nan,
+        "latency_ms": lg.summary_ms(d.latency),
         # By the second of the window the change was sent in: shows whether a bad p99 is a
         # steady queue or a few stalls (and when they happen).
         "latency_ms_by_second": [
@@ -382,11 +409,12 @@ def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
     }
 
 
-def _query_results(res: list[dict[str, Any]]) -> dict[str, Any]:
-    lat = [x for r in res for x in r["query_latencies"]]
+def _query_results(res: list[dict[str, Any]], side: str = "") -> dict[str, Any]:
+    """Queries answered, failed and their latencies; `side` "bare_": those to the bare server."""
+    lat = [x for r in res for x in r[f"{side}query_latencies"]]
     failures: dict[str, int] = {}
     for r in res:
-        for k, v in r["query_failures"].items():
+        for k, v in r[f"{side}query_failures"].items():
             failures[k] = failures.get(k, 0) + v
     return {
         "answered": len(lat),

@@ -27,6 +27,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import importlib
 import math
 import multiprocessing as mp
 import os
@@ -127,6 +128,7 @@ class WsConn(asyncio.Protocol):
         self.pipe: Pipeline | None = None
         self.close_code: int | None = None
         self.user: str = ""
+        self.index = -1  # `connect`'s connection index (the source address's, a storm's seed)
         self.state: Any = None  # whatever a role keeps per connection
 
     # -- asyncio.Protocol
@@ -482,6 +484,15 @@ class BenchEnv:
         self.servers.append(echo)
         return echo
 
+    def start_server(self, label: str, argv: list[str]) -> ServerProcess:
+        """`python ARGV…`, a server that prints `listening on PORT` once it accepts (e.g.
+        bench.query_server); stopped with the environment if not before."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        server = ServerProcess(label, [sys.executable, *argv], env, self._log(label.replace(" ", "-")))
+        self.servers.append(server)
+        server.port = int(server.wait_for(r"listening on (\d+)").group(1))
+        return server
+
     def stop(self, server: ServerProcess) -> None:
         server.stop()
         if server in self.servers:
@@ -783,6 +794,7 @@ class Generator:
         async def one(k: int) -> None:
             host, port = targets[k % len(targets)]
             conn = await open_ws(host, port, path, source_address(first_index + k), timeout)
+            conn.index = first_index + k
             try:
                 if users is not None:
                     conn.user = users[k]
@@ -827,6 +839,12 @@ class Generator:
             "seconds": time.monotonic() - started,
             "errors": errors,
         }
+
+    async def phase(self, target: str, kwargs: dict[str, Any]) -> Any:
+        """Run `await module.function(self, **kwargs)` (`target` "module:function"): a phase that
+        lives with the one benchmark using it (bench.reconnect's storm) rather than here."""
+        module, _, function = target.partition(":")
+        return await getattr(importlib.import_module(module), function)(self, **kwargs)
 
     async def open_count(self, group: str) -> int:
         return sum(1 for c in self.groups.get(group, []) if c.open)
@@ -916,9 +934,12 @@ class Generator:
         queriers: int = 0,
         query_prefix: str = "",
         timeout: float = 120.0,
+        bare_query_target: tuple[str, int] | None = None,
     ) -> dict[str, Any]:
         """Connect this generator's share of the accounts (i ≡ index mod generators) and of the
-        queriers, then subscribe every account to its `subscriptions` targets."""
+        queriers, then subscribe every account to its `subscriptions` targets. With
+        `bare_query_target`, each querier also gets a socket to that server (bench.query_server),
+        group "queriers_bare", asking the same ids."""
         self.prefix = prefix
         self.query_prefix = query_prefix
         # Idle clients heartbeat (every 30 s, the contract's interval): a long set-up must not let
@@ -950,6 +971,15 @@ class Generator:
                 timeout=timeout,
             )  # fmt: skip
             result["queriers"] = r["connected"]
+            if bare_query_target is not None:
+                first = base + 95_000
+                r = await self.connect(
+                    "queriers_bare", [bare_query_target], len(mine_q), first, path="/",
+                    concurrency=concurrency, timeout=timeout,
+                )  # fmt: skip
+                for c in self.groups.get("queriers_bare", []):
+                    c.user = f"{query_prefix}{mine_q[c.index - first]}"  # the querier it stands beside
+                result["queriers_bare"] = r["connected"]
         conns = self.groups.get("fanout", [])
         for c in conns:
             c.on_text = self._on_frame
@@ -1002,6 +1032,8 @@ class Generator:
         Then wait `drain_s` for late deliveries."""
         conns = [c for c in self.groups.get("fanout", []) if c.open]
         queriers = [c for c in self.groups.get("queriers", []) if c.open]
+        # Beside each querier, its socket to the bare server (bench query), asking the same ids.
+        bare_of = {c.user: c for c in self.groups.get("queriers_bare", []) if c.open}
         changes = [0] * len(conns)
         sends_user = array("i")
         sends_status = bytearray()
@@ -1013,6 +1045,8 @@ class Generator:
         query_lat: list[float] = []
         query_fail: dict[str, int] = {}
         query_skipped = 0
+        bare_lat: list[float] = []
+        bare_fail: dict[str, int] = {}
         prefix = self.prefix
 
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
@@ -1039,7 +1073,7 @@ class Generator:
                     k += 1
                 await asyncio.sleep(max(0.0, min(end, t0 + k / rate) - time.monotonic()))
 
-        async def one_query(c: WsConn) -> None:
+        async def one_query(c: WsConn, lat: list[float], fail: dict[str, int]) -> None:
             j = int(c.user[len(self.query_prefix) :])
             ids = [f"{prefix}{t}" for t in query_targets(j, accounts, query_ids)]
             got = 0
@@ -1059,10 +1093,10 @@ class Generator:
             c.send(orjson.dumps({"type": "presence.query", "userIds": ids}))
             try:
                 await asyncio.wait_for(done, query_timeout_s)
-                query_lat.append(time.monotonic() - t_send)
+                lat.append(time.monotonic() - t_send)
             except Exception as e:
                 key = "timeout" if isinstance(e, TimeoutError) else str(e)
-                query_fail[key] = query_fail.get(key, 0) + 1
+                fail[key] = fail.get(key, 0) + 1
             finally:
                 c.on_text = None
 
@@ -1083,7 +1117,13 @@ class Generator:
                         query_skipped += 1
                         continue
                     busy.add(idx)
-                    task = asyncio.create_task(one_query(queriers[idx]))
+                    ours = one_query(queriers[idx], query_lat, query_fail)
+                    bare = bare_of.get(queriers[idx].user)
+                    if bare is None:
+                        task = asyncio.create_task(ours)
+                    else:  # the same ids to both servers, in turn first
+                        pair = (ours, one_query(bare, bare_lat, bare_fail))
+                        task = asyncio.create_task(_both(*(pair if k % 2 else pair[::-1])))
                     running.add(task)
                     task.add_done_callback(lambda t, i=idx: (busy.discard(i), running.discard(t)))
                 await asyncio.sleep(max(0.0, min(end, t0 + k / query_rate) - time.monotonic()))
@@ -1108,9 +1148,15 @@ class Generator:
             ),
             "query_latencies": query_lat,
             "query_failures": query_fail,
+            "bare_query_latencies": bare_lat,
+            "bare_query_failures": bare_fail,
             "query_skipped": query_skipped,
             "open": len(conns),
         }
+
+
+async def _both(first: Any, second: Any) -> None:
+    await asyncio.gather(first, second)
 
 
 Run = Callable[[Any, BenchEnv, "Stage"], dict[str, Any]]

@@ -140,9 +140,11 @@ def append_row(
         return
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     table_rows = [i for i in range(start + 1, end) if lines[i].lstrip().startswith("|")]
-    if not table_rows:
+    if not table_rows:  # a section written by hand before its first run: the table after its text
         insert_at = end
-        new = [_md_row(header), _md_row(["---"] * len(header)), _md_row(row), ""]
+        while insert_at > start + 1 and not lines[insert_at - 1].strip():
+            insert_at -= 1
+        new = ["", _md_row(header), _md_row(["---"] * len(header)), _md_row(row)]
     else:
         insert_at = table_rows[-1] + 1
         new = [_md_row(row)]

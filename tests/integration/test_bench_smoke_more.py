@@ -1,6 +1,7 @@
 """Smoke test of the websocket benchmarks at their --quick sizes: `presence bench all --quick --only
-edge,connections,fanout,query` runs each one end to end (real edges, pool, PostgreSQL, Redis) and
-each writes well-formed JSON. Never a speed: CI machines differ, the figures are for RESULTS.md."""
+edge,connections,fanout,query,reconnect` runs each one end to end (real edges, pool, PostgreSQL,
+Redis) and each writes well-formed JSON. Never a speed: CI machines differ, the figures are for
+RESULTS.md."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ("edge", "connections", "fanout", "query")
+BENCHES = ("edge", "connections", "fanout", "query", "reconnect")
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,25 @@ def test_bench_wrote_well_formed_json(
         assert report["changes"] > 0 and report["deliveries_expected"] > 0
         _latency(report["latency_ms"])
         assert _number(report["cpu_cores"]["generators"])
-    else:
+    elif name == "query":
         _latency(report["queries"]["latency_ms"])
-        _latency(report["beside"]["latency_ms"])
+        _latency(report["bare_queries"]["latency_ms"])  # the bare websockets + Redis server
+        _latency(report["beside"]["latency_ms"])  # the seed's Redis call alone
+        assert _number(report["bare_ratio_p99"]) and _number(report["ratio_p99"])
+    else:
+        sockets = report["args"]["sockets"]
+        for side in ("bare", "ours"):
+            storm = report[side]
+            assert storm["sockets"] == storm["back"] == sockets and storm["failed"] == 0, storm
+            assert _number(storm["seconds"]) and storm["seconds"] > 0
+            _latency(storm["per_socket_ms"])
+            assert sum(storm["attempts"].values()) == sockets
+            assert _number(storm["server_cpu_cores"])
+        shown = report["ours"]["shown_online"]
+        assert shown["pairs"] > 0 and shown["missing"] == 0, shown
+        assert _number(shown["seconds"]) and shown["seconds"] > 0
+        assert shown["offline_flaps"] == 0  # edge A's lease outlives the storm
+        assert _number(report["ratio"]) and _number(report["ratio_identified"])
+        assert report["fanout"]["changes"] > 0
+        _latency(report["fanout"]["before_ms"])
+        _latency(report["fanout"]["storm_ms"])

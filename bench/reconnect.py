@@ -1,0 +1,863 @@
+"""`presence bench reconnect`: a reconnect storm. One edge dies (SIGKILL) under `--sockets`
+identified sockets; every client reconnects to the other edge with the backoff real clients use;
+beside a bare websockets server taking the same storm from the same clients, in the same run.
+
+The clients' policy is the client library's own: `presence_client.reconnect_delay`, called as
+`PresenceClient` calls it. A socket that was lost waits `reconnect_delay(0)` (full jitter in
+[0, 1 s)), tries once (connect, identify, `ready`, within the client's `connect_timeout_s`), and
+after each failed try waits `reconnect_delay(attempt)` with the attempt number (throttled after a
+4029 or 1008 close, as the client is). Each socket draws from its own `random.Random` seeded by
+`--seed` and its index, so the bare server and ours get the very same storm.
+
+Bare (first): `bench.echo_server` twice (uvloop, compression off, the edge's settings). The
+sockets connect to the first and each has its hello echoed; the first is killed; each socket
+reconnects to the second, and counts as back once its hello is echoed again (the bare analogue of
+identify → ready).
+
+Ours: two `presence edge` processes, A and B, joined to the pool. On B, a background fan-out load
+(`--load-accounts` accounts each subscribed to `--load-subscriptions` others on a ring, status
+changes at `--load-rate` per second, every pair a friendship) and `--watchers` watcher sockets,
+each subscribed to `--per-watcher` of the first `--watched` storm accounts (friends, so the
+audience rule lets every change through). The `--sockets` storm sockets identify on A. The
+watched accounts then go idle (`presence.update idle` on their sockets on A), and the benchmark
+waits until every watcher has seen it. The load runs `--before-s`; A is killed; every storm
+socket reconnects to B and identifies.
+
+What is measured, from the kill (one monotonic clock, this machine):
+
+- identified: the time until every storm socket has its `ready` from B (per socket and the last);
+- shown online again: for each (watcher, watched account) pair, the receive time of the
+  `presence.changed online` the watcher gets for that account after the kill; the figure is the
+  last pair. Why it is a real signal: the account's socket on A was idle and A's sockets stay
+  registered in the shards until A's lease runs out (`socket_timeout_s`, 90 s after its last
+  refresh), so the account's status moves from idle to online exactly when its new socket on B
+  is registered in its shard, and the watchers see that change through the normal fan-out path.
+  A storm over within the lease is therefore never seen as "offline" by a watcher: `offline
+  flaps` counts `offline` frames the watchers got after the kill (0 expected; the benchmark does
+  not wait the 90 s for A's lease to lapse, which changes nothing for accounts already back);
+- fan-out p99 during the storm: the latency of the load's deliveries whose change was sent
+  between the kill and the end of the storm (the later of the two times above), beside the same
+  figure before the kill;
+- edge B's CPU during the storm (cores), and the bare second server's during its storm.
+
+Ratio = ours / bare, ours being the later of "identified" and "shown online again". Targets:
+ratio ≤ 2, fan-out p99 during the storm < 100 ms.
+
+The edges' per-address admission caps (connections opening at once, new connections per second)
+are raised for this benchmark: every loopback source address stands for 900 clients
+(`loadgen.PER_ADDRESS`), which in the field would be 900 addresses with a cap each.
+
+    presence bench reconnect [--sockets 19000] [--watched 1000] [--watchers 150] [--per-watcher 50]
+                             [--load-accounts 250] [--load-subscriptions 20] [--load-rate 50]
+                             [--seed 1] [--quick] [--no-record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import math
+import os
+import random
+import secrets
+import signal
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from bench import fanout
+from bench import loadgen as lg
+from bench.results import machine_info, machine_summary
+
+if TYPE_CHECKING:
+    from cluster.config import Settings
+
+NAME = "reconnect"
+TARGET_RATIO = 2.0
+TARGET_FANOUT_P99_MS = 100.0
+HEARTBEAT_S = 30.0
+# Source addresses (loadgen.source_address): the load's sockets start at 0 (fanout_setup), the
+# watchers and the storm further on, so no address carries more than PER_ADDRESS sockets on B.
+WATCHER_BASE = 150_000
+STORM_BASE = 200_000
+# One edge's open files (20,000) minus room for its own (Ray, Redis, logs, listeners).
+EDGE_SOCKETS_MAX = 19_500
+HELLO = b'{"type":"hello"}'
+
+
+def _client_connect_timeout_s() -> float:
+    """`PresenceClient`'s default `connect_timeout_s` (connect + identify + ready), read from the
+    client itself so the storm's clients give up on a try when real ones would."""
+    from presence_client import PresenceClient
+
+    default = inspect.signature(PresenceClient.__init__).parameters["connect_timeout_s"].default
+    return float(default)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="presence bench reconnect",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--sockets", type=int, default=19_000, help="sockets on the edge that dies (19,000)")
+    p.add_argument("--watched", type=int, default=1_000, help="storm accounts with watchers (1,000)")
+    p.add_argument("--watchers", type=int, default=150, help="watcher sockets on the other edge (150)")
+    p.add_argument("--per-watcher", type=int, default=50, help="watched accounts per watcher (50)")
+    p.add_argument("--load-accounts", type=int, default=250, help="fan-out load accounts on B (250)")
+    p.add_argument("--load-subscriptions", type=int, default=20, help="subscriptions per load account (20)")
+    p.add_argument("--load-rate", type=float, default=50.0, help="load status changes per second (50)")
+    p.add_argument("--generators", type=int, default=2, help="processes holding the storm's sockets (2)")
+    p.add_argument("--concurrency", type=int, default=400, help="connects in flight while setting up")
+    p.add_argument("--before-s", type=float, default=3.0, help="load measured before the kill (3 s)")
+    p.add_argument("--after-s", type=float, default=2.0, help="load kept after the storm (2 s)")
+    p.add_argument("--storm-timeout-s", type=float, default=120.0, help="give up on the storm after this")
+    p.add_argument(
+        "--seed", type=int, default=1, help="seed of every socket's jitter (same for both servers)"
+    )
+    lg.add_common_args(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sockets, args.watched, args.watchers, args.per_watcher = 300, 60, 15, 20
+        args.load_accounts, args.load_subscriptions, args.load_rate = 40, 8, 10.0
+        args.generators, args.before_s, args.after_s, args.storm_timeout_s = 1, 1.0, 1.0, 60.0
+    if not 0 < args.watched <= args.sockets:
+        p.error("--watched must be between 1 and --sockets")
+    if args.per_watcher > args.watched or args.watchers * args.per_watcher < args.watched:
+        p.error(
+            "every watched account needs a watcher: --watchers x --per-watcher ≥ --watched ≥ --per-watcher"
+        )
+    if args.load_subscriptions * 2 >= args.load_accounts:
+        p.error("--load-subscriptions must be under half of --load-accounts")
+    if args.sockets + args.watchers + args.load_accounts > EDGE_SOCKETS_MAX:
+        p.error(f"edge B would hold more than {EDGE_SOCKETS_MAX:,} sockets (20,000 open files per process)")
+    if args.sockets / args.generators > 18_000:
+        p.error("too many sockets per generator process (20,000 open files each): raise --generators")
+    return args
+
+
+def main(argv: list[str], settings: Settings) -> int:
+    return lg.main_in_env(NAME, parse(argv), settings, run, report)
+
+
+def edge_env() -> dict[str, str]:
+    """Per-address admission caps for 900 clients behind each loopback address (see above)."""
+    n = lg.PER_ADDRESS
+    return {
+        "PRESENCE_MAX_HANDSHAKES_PER_IP": str(n),
+        "PRESENCE_ACCEPTS_PER_IP_PER_S": str(n),
+        "PRESENCE_ACCEPTS_PER_IP_BURST": str(2 * n),
+    }
+
+
+# ------------------------------------------------------------------------------- inside a generator
+#
+# Phases run by `Generator.phase("bench.reconnect:NAME", kwargs)`; their state lives here, one per
+# generator process.
+
+
+@dataclass
+class _Storm:
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    lost_at: array[float] = field(default_factory=lambda: array("d"))
+    ready_at: array[float] = field(default_factory=lambda: array("d"))
+    attempts: array[int] = field(default_factory=lambda: array("i"))
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+_storm_state = _Storm()
+
+
+async def storm_arm(
+    gen: lg.Generator,
+    group: str,
+    host: str,
+    port: int,
+    path: str,
+    identify: bool,
+    seed: int,
+    connect_timeout_s: float,
+    give_up_s: float,
+) -> int:
+    """Every open socket of `group` waits for its connection to be lost, then reconnects to
+    (host, port) with the client's policy. Returns how many are armed; `storm_wait` collects."""
+    from edge.tokens import mint_token
+    from presence_client import DEFAULT_BACKOFF, THROTTLING_CLOSE_CODES, reconnect_delay
+
+    global _storm_state
+    _storm_state = st = _Storm()
+    group_list = gen.groups.get(group, [])
+    positions = {id(c): i for i, c in enumerate(group_list)}
+    conns = [c for c in group_list if c.open]
+
+    async def one(conn: lg.WsConn, hello: bytes) -> None:
+        await conn.lost
+        lost_at = time.monotonic()
+        rng = random.Random(f"{seed}:{conn.index}")  # the same storm for either server
+        attempt, throttled = 0, False
+        while True:
+            await asyncio.sleep(reconnect_delay(attempt, throttled, DEFAULT_BACKOFF, rng.random))
+            new: lg.WsConn | None = None
+            try:
+                async with asyncio.timeout(connect_timeout_s):
+                    new = await lg.open_ws(host, port, path, lg.source_address(conn.index), connect_timeout_s)
+                    if identify:
+                        new.send(hello)
+                        await new.expect(b"ready", connect_timeout_s)
+                    else:
+                        echoed = new.next_text()
+                        new.send(hello)
+                        await echoed
+            except Exception as e:
+                key = f"{type(e).__name__}: {e}"[:100]
+                st.errors[key] = st.errors.get(key, 0) + 1
+                throttled = new is not None and new.close_code in THROTTLING_CLOSE_CODES
+                if new is not None and new.transport is not None:
+                    new.transport.abort()
+                attempt += 1
+                if time.monotonic() - lost_at > give_up_s:
+                    st.failed += 1
+                    return
+                continue
+            st.ready_at.append(time.monotonic())
+            st.lost_at.append(lost_at)
+            st.attempts.append(attempt + 1)
+            new.user, new.index = conn.user, conn.index
+            group_list[positions[id(conn)]] = new  # heartbeats and `close` find the new socket
+            return
+
+    for c in conns:
+        hello = (
+            orjson.dumps({"type": "identify", "token": mint_token(c.user, gen.secret, 7200)})
+            if identify
+            else HELLO
+        )
+        st.tasks.append(asyncio.create_task(one(c, hello)))
+    return len(conns)
+
+
+async def storm_wait(gen: lg.Generator, timeout_s: float) -> dict[str, Any]:
+    """Wait for every armed socket to be back (or given up); the times and counts."""
+    st = _storm_state
+    cpu0 = time.process_time()
+    deadline = time.monotonic() + timeout_s
+    total = len(st.tasks)
+    while time.monotonic() < deadline:
+        done = sum(1 for t in st.tasks if t.done())
+        gen.progress({"done": done, "ok": len(st.ready_at), "of": total})
+        if done == total:
+            break
+        await asyncio.sleep(0.25)
+    pending = [t for t in st.tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    for t in st.tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            key = f"{type(t.exception()).__name__}"
+            st.errors[key] = st.errors.get(key, 0) + 1
+    return {
+        "armed": total,
+        "ready_at": st.ready_at.tobytes(),
+        "lost_at": st.lost_at.tobytes(),
+        "attempts": st.attempts.tobytes(),
+        "failed": st.failed + len(pending),
+        "errors": st.errors,
+        "cpu_s": time.process_time() - cpu0,
+    }
+
+
+async def send_status(gen: lg.Generator, group: str, status: str, prefix: str, below: int) -> int:
+    """`presence.update status` on every socket of `group` whose account is `prefix` + i, i < below."""
+    frame = orjson.dumps({"type": "presence.update", "status": status})
+    n = 0
+    for c in gen.groups.get(group, []):
+        if c.open and int(c.user[len(prefix) :]) < below:
+            c.send(frame)
+            n += 1
+    return n
+
+
+def watched_by(j: int, watched: int, per_watcher: int) -> list[int]:
+    """The storm accounts watcher j subscribes to: the next `per_watcher` on a ring of `watched`."""
+    return [(j * per_watcher + k) % watched for k in range(per_watcher)]
+
+
+@dataclass
+class _Watch:
+    """What the watchers have seen of the watched accounts: latest status per (watcher, account)
+    and when each last turned online."""
+
+    prefix: str = ""
+    status: dict[tuple[int, int], str] = field(default_factory=dict)
+    online_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    offline_at: array[float] = field(default_factory=lambda: array("d"))
+    changer: asyncio.Task[None] | None = None
+    stop: bool = False
+    sends_user: array[int] = field(default_factory=lambda: array("i"))
+    sends_status: bytearray = field(default_factory=bytearray)
+    sends_t: array[float] = field(default_factory=lambda: array("d"))
+    cpu0: float = 0.0
+
+
+_watch_state = _Watch()
+
+
+async def observers_setup(
+    gen: lg.Generator,
+    host: str,
+    port: int,
+    load_prefix: str,
+    load_accounts: int,
+    load_subscriptions: int,
+    storm_prefix: str,
+    watched: int,
+    watcher_prefix: str,
+    watchers: int,
+    per_watcher: int,
+    concurrency: int,
+) -> dict[str, Any]:
+    """On B: the fan-out load's accounts (connected, subscribed on their ring) and the watchers
+    (connected, subscribed to their watched accounts)."""
+    global _watch_state
+    _watch_state = w = _Watch(prefix=storm_prefix)
+    load = await gen.fanout_setup([(host, port)], load_prefix, load_accounts, load_subscriptions, concurrency)
+    res = await gen.connect(
+        "watchers", [(host, port)], watchers, WATCHER_BASE, [f"{watcher_prefix}{j}" for j in range(watchers)],
+        concurrency=concurrency,
+    )  # fmt: skip
+    await gen.heartbeats("watchers", HEARTBEAT_S)
+
+    def on_text(conn: lg.WsConn, payload: bytes) -> None:
+        if not payload.startswith(b'{"type":"presence.changed"'):
+            return
+        t = time.monotonic()
+        frame = orjson.loads(payload)
+        user: str = frame["userId"]
+        if not user.startswith(storm_prefix):
+            return
+        pair = (int(conn.user[len(watcher_prefix) :]), int(user[len(storm_prefix) :]))
+        status = frame["status"]
+        if status == "online" and w.status.get(pair) != "online":
+            w.online_at[pair] = t
+        elif status == "offline":
+            w.offline_at.append(t)
+        w.status[pair] = status
+
+    synced = 0
+    for c in gen.groups.get("watchers", []):
+        j = int(c.user[len(watcher_prefix) :])
+        ids = [f"{storm_prefix}{i}" for i in watched_by(j, watched, per_watcher)]
+        sync = c.expect(b"presence.sync", 60.0)
+        c.send(orjson.dumps({"type": "presence.subscribe", "userIds": ids}))
+        frame = await sync
+        for entry in frame["users"]:
+            w.status[(j, int(entry["userId"][len(storm_prefix) :]))] = entry["status"]
+        synced += 1
+        c.on_text = on_text
+    return {
+        "load_connected": load["connected"],
+        "load_subscribed": load["subscribed"],
+        "watchers": res["connected"],
+        "watchers_synced": synced,
+        "pairs": sum(len(set(watched_by(j, watched, per_watcher))) for j in range(watchers)),
+    }
+
+
+async def observers_wait(
+    gen: lg.Generator,
+    status: str,
+    since: float,
+    watched: int,
+    watchers: int,
+    per_watcher: int,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Wait until every watcher shows `status` for each of its accounts (for "online": turned
+    online after `since`); per account, when its last watcher saw it."""
+    w = _watch_state
+    pairs = {(j, i) for j in range(watchers) for i in watched_by(j, watched, per_watcher)}
+
+    def there(pair: tuple[int, int]) -> bool:
+        if w.status.get(pair) != status:
+            return False
+        return status != "online" or w.online_at.get(pair, -math.inf) >= since
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(there(p) for p in pairs):
+        await asyncio.sleep(0.05)
+    missing = {p for p in pairs if not there(p)}
+    last: dict[int, float] = {}  # account → when its last watcher saw it (accounts all saw)
+    if status == "online":
+        for j, i in pairs - missing:
+            last[i] = max(last.get(i, -math.inf), w.online_at[(j, i)])
+        for _, i in missing:
+            last.pop(i, None)
+    return {
+        "pairs": len(pairs),
+        "missing": len(missing),
+        "accounts_missing": len({i for _, i in missing}),
+        "account_shown_at": [last[i] for i in sorted(last)],
+        "offline_after": sum(1 for t in w.offline_at if t >= since),
+    }
+
+
+async def load_start(gen: lg.Generator, start_at: float, rate: float) -> int:
+    """Status changes of the load's accounts at `rate` per second from `start_at`, round robin,
+    alternating idle and online (as bench fanout's); receipts recorded from `start_at`."""
+    w = _watch_state
+    conns = [c for c in gen.groups.get("fanout", []) if c.open]
+    frames = {
+        0: lg.client_frame(b'{"type":"presence.update","status":"online"}'),
+        1: lg.client_frame(b'{"type":"presence.update","status":"idle"}'),
+    }
+    changes = [0] * len(conns)
+    prefix = gen.prefix
+
+    async def changer() -> None:
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        gen.recording = True
+        w.cpu0 = time.process_time()
+        t0, k = time.monotonic(), 0
+        while not w.stop:
+            due = int((time.monotonic() - t0) * rate) + 1
+            while k < due and conns:
+                idx = k % len(conns)
+                c = conns[idx]
+                changes[idx] += 1
+                status = changes[idx] % 2
+                w.sends_t.append(time.monotonic())
+                c.send_raw(frames[status])
+                w.sends_user.append(int(c.user[len(prefix) :]))
+                w.sends_status.append(status)
+                k += 1
+            await asyncio.sleep(max(0.0, t0 + k / rate - time.monotonic()))
+
+    w.changer = asyncio.create_task(changer())
+    return len(conns)
+
+
+async def load_stop(gen: lg.Generator, drain_s: float) -> dict[str, Any]:
+    w = _watch_state
+    w.stop = True
+    if w.changer is not None:
+        await w.changer
+    cpu = time.process_time() - w.cpu0
+    await asyncio.sleep(drain_s)
+    gen.recording = False
+    return {
+        "sends": (w.sends_user.tobytes(), bytes(w.sends_status), w.sends_t.tobytes()),
+        "receipts": (gen.receipts_user.tobytes(), bytes(gen.receipts_status), gen.receipts_t.tobytes()),
+        "cpu_s": cpu,
+    }
+
+
+# ------------------------------------------------------------------------------- the benchmark
+
+
+def _split(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def _phase(target: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {"target": f"bench.reconnect:{target}", "kwargs": kwargs}
+
+
+async def _load_watchers(
+    database_url: str, storm_prefix: str, watcher_prefix: str, args: argparse.Namespace
+) -> int:
+    import asyncpg
+
+    users = [f"{storm_prefix}{i}" for i in range(args.watched)]
+    users += [f"{watcher_prefix}{j}" for j in range(args.watchers)]
+    a, b = [], []
+    for j in range(args.watchers):
+        for i in set(watched_by(j, args.watched, args.per_watcher)):
+            a.append(f"{watcher_prefix}{j}")
+            b.append(f"{storm_prefix}{i}")
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute(
+                "INSERT INTO users (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", users
+            )
+            await conn.execute(
+                """INSERT INTO friendships (a, b)
+                   SELECT LEAST(x, y), GREATEST(x, y) FROM unnest($1::text[], $2::text[]) AS p(x, y)
+                   ON CONFLICT DO NOTHING""",
+                a,
+                b,
+            )
+        await conn.execute("ANALYZE friendships")
+    finally:
+        await conn.close()
+    return len(a)
+
+
+def _connect_storm(
+    workers: lg.Workers,
+    stage: lg.Stage,
+    label: str,
+    target: tuple[str, int],
+    shares: list[int],
+    users: str | None,
+    concurrency: int,
+    path: str,
+) -> dict[str, Any]:
+    firsts = [sum(shares[:g]) for g in range(len(shares))]
+    started = time.monotonic()
+    res = workers.call(
+        "connect",
+        [
+            {
+                "group": "storm",
+                "targets": [target],
+                "count": shares[g],
+                "first_index": STORM_BASE + firsts[g],
+                "users": [f"{users}{firsts[g] + k}" for k in range(shares[g])] if users else None,
+                "hello": None if users else HELLO,
+                "concurrency": max(1, concurrency // len(shares)),
+                "path": path,
+            }
+            for g in range(len(shares))
+        ],
+        on_progress=stage.progress(label, sum(shares)),
+    )
+    seconds = time.monotonic() - started
+    connected = sum(r["connected"] for r in res)
+    stage.log(f"{label}: {connected:,} connected in {seconds:.1f} s ({connected / seconds:,.0f}/s)")
+    if connected < sum(shares):
+        raise RuntimeError(
+            f"{label}: only {connected:,} of {sum(shares):,} connected: {[r['errors'] for r in res]}"
+        )
+    return {"connected": connected, "seconds": seconds, "per_s": connected / seconds}
+
+
+def _run_storm(
+    workers: lg.Workers,
+    stage: lg.Stage,
+    label: str,
+    victim: lg.ServerProcess,
+    survivor: lg.ServerProcess,
+    identify: bool,
+    args: argparse.Namespace,
+    path: str,
+) -> dict[str, Any]:
+    """Arm the sockets, kill `victim`, wait until every socket is back on `survivor`."""
+    armed = workers.call(
+        "phase",
+        _phase(
+            "storm_arm",
+            {
+                "group": "storm",
+                "host": "127.0.0.1",
+                "port": survivor.port,
+                "path": path,
+                "identify": identify,
+                "seed": args.seed,
+                "connect_timeout_s": _client_connect_timeout_s(),
+                "give_up_s": args.storm_timeout_s,
+            },
+        ),
+    )
+    cpu0 = survivor.cpu_seconds()
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    stage.log(f"{label}: killed {victim.label} (SIGKILL) under {sum(armed):,} sockets")
+    res = workers.call(
+        "phase",
+        _phase("storm_wait", {"timeout_s": args.storm_timeout_s + 30}),
+        timeout=args.storm_timeout_s + 90,
+        on_progress=stage.progress(f"{label}: back", sum(armed)),
+    )
+    ready, lost, attempts = array("d"), array("d"), array("i")
+    errors: dict[str, int] = {}
+    for r in res:
+        ready.frombytes(r["ready_at"])
+        lost.frombytes(r["lost_at"])
+        attempts.frombytes(r["attempts"])
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    back_at = max(ready, default=math.nan)
+    cpu, cpu_at = survivor.cpu_seconds() - cpu0, time.monotonic()
+    victim.proc.wait(10)
+    per_socket = [t - killed_at for t in ready]
+    histogram: dict[str, int] = {}
+    for a in attempts:
+        histogram[str(a)] = histogram.get(str(a), 0) + 1
+    out = {
+        "sockets": sum(armed),
+        "back": len(ready),
+        "failed": sum(r["failed"] for r in res),
+        "seconds": back_at - killed_at,
+        "per_socket_ms": lg.summary_ms(per_socket),
+        "lost_noticed_ms": lg.summary_ms([t - killed_at for t in lost]),
+        "attempts": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        "errors": errors,
+        "server_cpu_s": cpu,
+        "server_cpu_cores": cpu / (cpu_at - killed_at),  # from the kill until all were back
+        "generator_cpu_s": sum(r["cpu_s"] for r in res),
+        "killed_at": killed_at,
+    }
+    stage.log(
+        f"{label}: {len(ready):,}/{sum(armed):,} back in {out['seconds']:.2f} s "
+        f"(p50 {lg.fmt_ms(out['per_socket_ms']['p50'])} ms per socket), {sum(attempts) - len(attempts):,} "
+        f"retries, {out['failed']} given up; survivor CPU {out['server_cpu_cores']:.2f} cores"
+    )
+    return out
+
+
+def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
+    tag = secrets.token_hex(3)
+    storm_prefix, watcher_prefix, load_prefix = f"rc-{tag}-", f"rw-{tag}-", f"rl-{tag}-"
+    shares = _split(args.sockets, args.generators)
+    out: dict[str, Any] = {"generators": args.generators}
+    stage.log(f"loading {args.watchers} watchers x {args.per_watcher} and {args.load_accounts} load accounts")
+    out["friendships"] = asyncio.run(
+        fanout.load_graph(
+            env.database_url, load_prefix, args.load_accounts, args.load_subscriptions, None, ""
+        )
+    ) + asyncio.run(_load_watchers(env.database_url, storm_prefix, watcher_prefix, args))
+
+    with lg.Workers(args.generators, {"secret": env.secret}) as storm:
+        # -- bare: the same clients, the same seeds, two echo servers
+        stage.log(f"bare: {args.sockets:,} sockets on a websockets echo server, then it is killed")
+        first, second = env.start_echo(), env.start_echo()
+        out["bare_connect"] = _connect_storm(
+            storm, stage, "bare: connect", ("127.0.0.1", first.port), shares, None, args.concurrency, "/"
+        )
+        out["bare"] = _run_storm(storm, stage, "bare", first, second, False, args, "/")
+        out["bare"].pop("killed_at")
+        storm.call("close", {"group": "storm", "timeout": 10.0})
+        env.stop(first)
+        env.stop(second)
+
+        # -- ours
+        stage.log("ours: edges A and B")
+        edge_a, edge_b = env.start_edge(edge_env()), env.start_edge(edge_env())
+        with lg.Workers(1, {"secret": env.secret}) as observers:
+            stage.log(
+                f"on B: {args.load_accounts} load accounts x {args.load_subscriptions}, "
+                f"{args.watchers} watchers"
+            )
+            out["observers"] = observers.call(
+                "phase",
+                _phase(
+                    "observers_setup",
+                    {
+                        "host": "127.0.0.1",
+                        "port": edge_b.port,
+                        "load_prefix": load_prefix,
+                        "load_accounts": args.load_accounts,
+                        "load_subscriptions": args.load_subscriptions,
+                        "storm_prefix": storm_prefix,
+                        "watched": args.watched,
+                        "watcher_prefix": watcher_prefix,
+                        "watchers": args.watchers,
+                        "per_watcher": args.per_watcher,
+                        "concurrency": min(args.concurrency, 100),
+                    },
+                ),
+            )[0]
+            obs = out["observers"]
+            if obs["load_subscribed"] < args.load_accounts or obs["watchers_synced"] < args.watchers:
+                raise RuntimeError(f"set-up on B incomplete: {obs}")
+            storm.call("heartbeats", {"group": "storm", "interval_s": HEARTBEAT_S})
+            out["ours_connect"] = _connect_storm(
+                storm, stage, "ours: identify on A", ("127.0.0.1", edge_a.port), shares, storm_prefix,
+                args.concurrency, lg.WS_PATH,
+            )  # fmt: skip
+            idle_kw = {"group": "storm", "status": "idle", "prefix": storm_prefix, "below": args.watched}
+            storm.call("phase", _phase("send_status", idle_kw))
+            wait_kw = {"watched": args.watched, "watchers": args.watchers, "per_watcher": args.per_watcher}
+            idle = observers.call(
+                "phase",
+                _phase("observers_wait", {"status": "idle", "since": 0.0, "timeout_s": 60.0, **wait_kw}),
+            )[0]
+            if idle["missing"]:
+                raise RuntimeError(f"{idle['missing']} watcher pairs never saw their account go idle")
+            stage.log(f"{idle['pairs']:,} watcher pairs see the watched accounts idle; load starts")
+            start_at = time.monotonic() + 0.5
+            observers.call("phase", _phase("load_start", {"start_at": start_at, "rate": args.load_rate}))
+            time.sleep(max(0.0, start_at + args.before_s - time.monotonic()))
+
+            ours = _run_storm(storm, stage, "ours", edge_a, edge_b, True, args, lg.WS_PATH)
+            killed_at = ours.pop("killed_at")
+            t_identified = killed_at + ours["seconds"]
+            shown = observers.call(
+                "phase",
+                _phase(
+                    "observers_wait", {"status": "online", "since": killed_at, "timeout_s": 60.0, **wait_kw}
+                ),
+                timeout=120,
+            )[0]
+            shown_at = [t - killed_at for t in shown["account_shown_at"]]
+            t_shown = killed_at + max(shown_at, default=math.nan)
+            end = max(t_identified, t_shown)
+            ours["shown_online"] = {
+                "pairs": shown["pairs"],
+                "missing": shown["missing"],
+                "seconds": t_shown - killed_at,
+                "per_account_ms": lg.summary_ms(shown_at),
+                "offline_flaps": shown["offline_after"],
+            }
+            ours["storm_s"] = end - killed_at
+            stage.log(
+                f"ours: every watched account shown online again after {t_shown - killed_at:.2f} s "
+                f"({shown['missing']} pairs missing, {shown['offline_after']} offline frames)"
+            )
+            time.sleep(max(0.0, end + args.after_s - time.monotonic()))
+            load = observers.call("phase", _phase("load_stop", {"drain_s": 1.0}))[0]
+            out["ours"] = ours
+            out["fanout"] = _fanout_windows(load, args.load_subscriptions, killed_at, end)
+            storm.call("close", {"group": "storm", "timeout": 10.0})
+            observers.call("close", {"group": "watchers"})
+            observers.call("close", {"group": "fanout"})
+        env.stop(edge_a)
+        env.stop(edge_b)
+    return out
+
+
+def _fanout_windows(load: dict[str, Any], subscriptions: int, killed_at: float, end: float) -> dict[str, Any]:
+    d = fanout.match_deliveries([load])
+    before, storm, after = array("d"), array("d"), array("d")
+    for sent, lat in zip(d.sent_at, d.latency, strict=True):
+        (before if sent < killed_at else storm if sent <= end else after).append(lat)
+    expected = d.changes * subscriptions
+    return {
+        "changes": d.changes,
+        "deliveries_expected": expected,
+        "deliveries_received": d.received - d.unmatched,
+        "delivered_fraction": (d.received - d.unmatched) / expected if expected else math.nan,
+        "before_ms": lg.summary_ms(before),
+        "storm_ms": lg.summary_ms(storm),
+        "after_ms": lg.summary_ms(after),
+        "generator_cpu_s": load["cpu_s"],
+    }
+
+
+# ------------------------------------------------------------------------------- report
+
+
+def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_at: str) -> int:
+    info = machine_info()
+    bare, ours, fo = m["bare"], m["ours"], m["fanout"]
+    shown = ours["shown_online"]
+    ratio = ours["storm_s"] / bare["seconds"] if bare["seconds"] > 0 else math.nan
+    ratio_identified = ours["seconds"] / bare["seconds"] if bare["seconds"] > 0 else math.nan
+    storm_p99 = fo["storm_ms"]["p99"]
+    complete = ours["failed"] == 0 and shown["missing"] == 0 and bare["failed"] == 0
+    # At --quick size the storm fits in the first jitter window: no figure for the targets.
+    met_ratio = None if args.quick else ratio <= TARGET_RATIO and complete
+    met_p99 = None if args.quick else storm_p99 < TARGET_FANOUT_P99_MS and complete
+    print(
+        f"\npresence bench reconnect on {machine_summary(info)} (commit {info['commit']}): {args.sockets:,} "
+        f"sockets on the server killed (SIGKILL), reconnecting with presence_client.reconnect_delay "
+        f"(seed {args.seed}); on B {args.watchers} watchers of {args.watched:,} accounts and "
+        f"{args.load_accounts} load accounts x {args.load_subscriptions} at {args.load_rate:g} changes/s\n"
+    )
+    rows = []
+    for label, r in (("bare websockets echo (uvloop)", bare), ("ours: presence edge B (identified)", ours)):
+        rows.append(
+            [
+                label,
+                f"{r['back']:,}/{r['sockets']:,}",
+                f"{r['seconds']:.2f}",
+                lg.fmt_ms(r["per_socket_ms"]["p50"]),
+                lg.fmt_ms(r["per_socket_ms"]["p99"]),
+                f"{sum(int(k) * v for k, v in r['attempts'].items()) - r['back']:,}",
+                f"{r['server_cpu_cores']:.2f}",
+            ]
+        )
+    rows.append(
+        [
+            "ours: shown online again to every watcher",
+            f"{shown['pairs'] - shown['missing']:,}/{shown['pairs']:,} pairs",
+            f"{shown['seconds']:.2f}",
+            lg.fmt_ms(shown["per_account_ms"]["p50"]),
+            lg.fmt_ms(shown["per_account_ms"]["p99"]),
+            "-",
+            "-",
+        ]
+    )
+    lg.print_table(["server", "back", "all back s", "p50 ms", "p99 ms", "retries", "CPU cores"], rows)
+    print(
+        f"\nours / bare: {ratio:.2f}x (identified and shown online; identified alone "
+        f"{ratio_identified:.2f}x); "
+        f"offline frames seen by watchers after the kill: {shown['offline_flaps']}"
+    )
+    print(
+        f"fan-out on B ({fo['changes']:,} changes, {fo['delivered_fraction']:.2%} delivered): p99 before the "
+        f"kill {lg.fmt_ms(fo['before_ms']['p99'])} ms, during the storm {lg.fmt_ms(storm_p99)} ms "
+        f"(n {fo['storm_ms']['n']:,}), after {lg.fmt_ms(fo['after_ms']['p99'])} ms"
+    )
+    print(
+        f"targets: ours ≤ {TARGET_RATIO:g}x bare: {lg.met_text(met_ratio)}; fan-out p99 during the storm < "
+        f"{TARGET_FANOUT_P99_MS:g} ms: {lg.met_text(met_p99)}"
+    )
+    payload = {
+        "benchmark": NAME,
+        "started_at": started_at,
+        "runtime_s": round(runtime, 1),
+        "machine": info,
+        "args": {
+            k: (str(v) if v is not None and not isinstance(v, int | float | bool) else v)
+            for k, v in vars(args).items()
+        },
+        **m,
+        "ratio": ratio,
+        "ratio_identified": ratio_identified,
+        "targets": [
+            lg.target(
+                "reconnect storm: ours / bare server", ratio, "ratio", f"≤ {TARGET_RATIO:g}", met_ratio
+            ),
+            lg.target(
+                "fan-out p99 during the storm", storm_p99, "ms", f"< {TARGET_FANOUT_P99_MS:g}", met_p99
+            ),
+        ],
+    }
+    lg.finish(
+        NAME,
+        payload,
+        args,
+        "Reconnect storm: an edge holding N identified sockets is killed (SIGKILL); every client reconnects "
+        "to the other edge with presence_client's jittered backoff, same seeds, beside a bare websockets "
+        "server taking the same storm. Times from the kill until every socket is identified and every "
+        "watched account is shown online again to its watchers; fan-out p99 on B during the storm.",
+        [
+            "date",
+            "machine",
+            "commit",
+            "sockets",
+            "bare s",
+            "ours identified s",
+            "ours shown online s",
+            "ours/bare",
+            "fan-out p99 before/storm ms",
+            "edge B CPU",
+            "target ≤ 2x",
+            "target p99 < 100 ms",
+            "runtime",
+        ],
+        [
+            lg.info_date(),
+            machine_summary(info),
+            info["commit"],
+            f"{args.sockets:,}",
+            f"{bare['seconds']:.2f}",
+            f"{ours['seconds']:.2f}",
+            f"{shown['seconds']:.2f}",
+            f"{ratio:.2f}x",
+            f"{lg.fmt_ms(fo['before_ms']['p99'])}/{lg.fmt_ms(storm_p99)}",
+            f"{ours['server_cpu_cores']:.2f}",
+            lg.met_text(met_ratio),
+            lg.met_text(met_p99),
+            f"{runtime:.0f} s",
+        ],
+    )
+    print(f"runtime {runtime:.1f} s")
+    return 0
