@@ -173,7 +173,8 @@ def pool_pids() -> dict[str, list[int]]:
     return out
 
 
-def _cpu(pids: list[int]) -> float:
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds used so far by these processes (those gone count 0)."""
     total = 0.0
     for pid in pids:
         with contextlib.suppress(OSError):
@@ -251,8 +252,8 @@ def run_load(
         pids = pool_pids()
         cpu0 = {
             "edges": sum(e.cpu_seconds() for e in edges),
-            "shards": _cpu(pids["shards"]),
-            "flush": _cpu(pids["flush"]),
+            "shards": cpu_of(pids["shards"]),
+            "flush": cpu_of(pids["flush"]),
         }
         stage.log(
             f"running: {args.rate:g} changes/s for {args.seconds:g} s"
@@ -295,8 +296,8 @@ def run_load(
         window = args.seconds + args.drain_s
         cpu = {
             "edges": (sum(e.cpu_seconds() for e in edges) - cpu0["edges"]) / window,
-            "shards": (_cpu(pids["shards"]) - cpu0["shards"]) / window,
-            "flush": (_cpu(pids["flush"]) - cpu0["flush"]) / window,
+            "shards": (cpu_of(pids["shards"]) - cpu0["shards"]) / window,
+            "flush": (cpu_of(pids["flush"]) - cpu0["flush"]) / window,
             "generators": sum(r["cpu_s"] for r in res) / wall,
         }
         out["cpu_cores"] = cpu

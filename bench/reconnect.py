@@ -546,8 +546,10 @@ def _run_storm(
     identify: bool,
     args: argparse.Namespace,
     path: str,
+    shard_pids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Arm the sockets, kill `victim`, wait until every socket is back on `survivor`."""
+    """Arm the sockets, kill `victim`, wait until every socket is back on `survivor`; with
+    `shard_pids`, the shards' CPU meanwhile too."""
     armed = workers.call(
         "phase",
         _phase(
@@ -565,6 +567,7 @@ def _run_storm(
         ),
     )
     cpu0 = survivor.cpu_seconds()
+    shards0 = fanout.cpu_of(shard_pids or [])
     killed_at = time.monotonic()
     os.kill(victim.pid, signal.SIGKILL)
     stage.log(f"{label}: killed {victim.label} (SIGKILL) under {sum(armed):,} sockets")
@@ -584,6 +587,7 @@ def _run_storm(
             errors[k] = errors.get(k, 0) + v
     back_at = max(ready, default=math.nan)
     cpu, cpu_at = survivor.cpu_seconds() - cpu0, time.monotonic()
+    shards_cpu = fanout.cpu_of(shard_pids or []) - shards0
     victim.proc.wait(10)
     per_socket = [t - killed_at for t in ready]
     histogram: dict[str, int] = {}
@@ -600,6 +604,7 @@ def _run_storm(
         "errors": errors,
         "server_cpu_s": cpu,
         "server_cpu_cores": cpu / (cpu_at - killed_at),  # from the kill until all were back
+        "shards_cpu_cores": shards_cpu / (cpu_at - killed_at) if shard_pids else None,
         "generator_cpu_s": sum(r["cpu_s"] for r in res),
         "killed_at": killed_at,
     }
@@ -685,7 +690,8 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
             observers.call("phase", _phase("load_start", {"start_at": start_at, "rate": args.load_rate}))
             time.sleep(max(0.0, start_at + args.before_s - time.monotonic()))
 
-            ours = _run_storm(storm, stage, "ours", edge_a, edge_b, True, args, lg.WS_PATH)
+            shard_pids = fanout.pool_pids()["shards"]
+            ours = _run_storm(storm, stage, "ours", edge_a, edge_b, True, args, lg.WS_PATH, shard_pids)
             killed_at = ours.pop("killed_at")
             t_identified = killed_at + ours["seconds"]
             shown = observers.call(
@@ -791,6 +797,10 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
         f"offline frames seen by watchers after the kill: {shown['offline_flaps']}"
     )
     print(
+        f"CPU during the storm (cores): edge B {ours['server_cpu_cores']:.2f}, shards "
+        f"{ours['shards_cpu_cores']:.2f}; the bare server {bare['server_cpu_cores']:.2f}"
+    )
+    print(
         f"fan-out on B ({fo['changes']:,} changes, {fo['delivered_fraction']:.2%} delivered): p99 before the "
         f"kill {lg.fmt_ms(fo['before_ms']['p99'])} ms, during the storm {lg.fmt_ms(storm_p99)} ms "
         f"(n {fo['storm_ms']['n']:,}), after {lg.fmt_ms(fo['after_ms']['p99'])} ms"
@@ -838,7 +848,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
             "ours shown online s",
             "ours/bare",
             "fan-out p99 before/storm ms",
-            "edge B CPU",
+            "CPU edge B/shards",
             "target ≤ 2x",
             "target p99 < 100 ms",
             "runtime",
@@ -853,7 +863,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
             f"{shown['seconds']:.2f}",
             f"{ratio:.2f}x",
             f"{lg.fmt_ms(fo['before_ms']['p99'])}/{lg.fmt_ms(storm_p99)}",
-            f"{ours['server_cpu_cores']:.2f}",
+            f"{ours['server_cpu_cores']:.2f}/{ours['shards_cpu_cores']:.2f}",
             lg.met_text(met_ratio),
             lg.met_text(met_p99),
             f"{runtime:.0f} s",
