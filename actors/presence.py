@@ -23,12 +23,14 @@ import orjson
 
 from actors import gc_policy
 from actors.core import activity
+from actors.core import ops as ops_
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff, retry
 from actors.core.budgets import Allowance
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
-from actors.core.shard import AccountRow, Claim, ShardState, SlotExport
-from actors.core.slots import channel_key, slot_of
+from actors.core.ops import NOTHING, Op
+from actors.core.shard import AccountRow, ShardState, SlotExport
+from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
 from actors.metrics import Metrics
 from cluster import db
@@ -54,22 +56,6 @@ UNAVAILABLE = "__unavailable__"
 # lands: a restarting FlushActor or database only delays it. Jittered, so that the shards do not
 # all come back at the same instant to a server that has just recovered.
 SAVE_RETRY = Backoff(first_s=0.5, cap_s=30.0)
-
-
-def op_keys(op: tuple[Any, ...]) -> list[str]:
-    """The slot keys an operation touches (accounts by id, channels by `#id`)."""
-    kind = op[0]
-    if kind in ("connect", "disconnect", "status", "focus", "settings", "departed", "spend"):
-        return [op[1]]
-    if kind in ("watch", "query"):
-        return list(op[3])
-    if kind == "unwatch":
-        return list(op[2])
-    if kind in ("ch_sub", "ch_unsub", "typing_start", "typing_stop", "voice_join", "voice_leave"):
-        return [channel_key(op[1])]
-    if kind == "drop_socket":
-        return [channel_key(c) for c in op[2]]
-    return []
 
 
 @dataclass
@@ -146,8 +132,8 @@ class PresenceShard:
     def set_owned(self, slots: set[int]) -> None:
         self.owned = set(slots)
 
-    def _owns(self, op: tuple[Any, ...]) -> bool:
-        return self.owned is None or all(slot_of(k) in self.owned for k in op_keys(op))
+    def _owns(self, op: Op) -> bool:
+        return self.owned is None or all(slot_of(k) in self.owned for k in op.slot_keys())
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -198,7 +184,7 @@ class PresenceShard:
 
     # ------------------------------------------------------------------ the edge-facing API
 
-    async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[Any]]:
         """One batch of operations from one edge, applied in order. Returns one result per op."""
         started = time.perf_counter()
         async with self._edge_order.setdefault(edge_id, asyncio.Lock()):
@@ -383,34 +369,20 @@ class PresenceShard:
 
     # ------------------------------------------------------------------ applying
 
-    async def _preload(self, ops: list[tuple[Any, ...]], now: float) -> None:
+    async def _preload(self, ops: list[Op], now: float) -> None:
         """Load from PostgreSQL everything the state needs for this batch, in one query per kind."""
         rel_ids: list[str] = []
         acc_ids: list[str] = []
         channel_ids: list[str] = []
-        queries: list[tuple[str, list[str]]] = []
+        queries: list[tuple[str, tuple[str, ...]]] = []
         for op in ops:
-            kind = op[0]
-            if kind == "connect":
-                rel_ids.append(op[1])
-                acc_ids.append(op[1])
-            elif kind == "watch":
-                rel_ids.append(op[1])
-                rel_ids.extend(op[3])
-            elif kind == "query":
-                rel_ids.append(op[1])
-                rel_ids.extend(op[3])
-                queries.append((op[1], op[3]))
-            elif kind in ("status", "settings"):
-                acc_ids.append(op[1])
-                rel_ids.append(op[1])
-            elif kind == "departed" or (kind == "disconnect" and len(op) > 3):
-                # A disconnect normally finds its account in memory; after a restart it may not,
-                # and it is then a departure this incarnation must still record.
-                acc_ids.append(op[1])
-            elif kind in ("ch_sub", "typing_start", "voice_join"):
-                channel_ids.append(op[1])
-                rel_ids.append(op[2])
+            needs = op.needs()
+            if needs is not NOTHING:
+                rel_ids.extend(needs.relations)
+                acc_ids.extend(needs.accounts)
+                channel_ids.extend(needs.channels)
+            if isinstance(op, ops_.Query):
+                queries.append((op.reader, op.targets))
         # Most batches find everything in memory: decide that without taking a connection (each
         # acquire costs a reset round trip to PostgreSQL).
         missing_rel = self.state.missing_relations(rel_ids)
@@ -444,7 +416,7 @@ class PresenceShard:
                 for channel_id, server_id in (await db.fetch_channel_servers(conn, missing_ch)).items():
                     self.state.channels.load_channel(channel_id, server_id)
 
-    def _apply_checked(self, edge_id: str, op: tuple[Any, ...], now: float) -> Any:
+    def _apply_checked(self, edge_id: str, op: Op, now: float) -> object:
         try:
             return self._apply_one(edge_id, op, now)
         except KeyError:
@@ -452,66 +424,66 @@ class PresenceShard:
             self.metrics.inc("shard_ops_unavailable_total")
             return UNAVAILABLE
 
-    def _apply_one(self, edge_id: str, op: tuple[Any, ...], now: float) -> Any:
-        kind = op[0]
+    def _apply_one(self, edge_id: str, op: Op, now: float) -> object:
+        """Apply one operation to the state; the answer the edge gets (see `actors.core.ops`)."""
         s = self.state
-        self.metrics.inc("shard_ops_total", op=kind)
-        if kind == "connect":
-            user_id, socket_id = op[1], op[2]
-            # A socket registered again after a restart brings its idle flag and what its edge
-            # knows of the account's choices (acknowledged, perhaps never saved: see claim).
-            if len(op) > 4 and op[4] is not None:
-                s.claim(user_id, Claim(*op[4]), now)
-            status = s.connect(user_id, socket_id, edge_id, now, idle=len(op) > 3 and bool(op[3]))
-            return status, s.relations[user_id].last_seen_visibility
-        if kind == "disconnect":
-            s.disconnect(op[1], op[2], now, at=op[3] if len(op) > 3 else None)
-            return None
-        if kind == "departed":
-            s.departed(op[1], op[2], now)
-            return None
-        if kind == "status":
-            return s.set_status(op[1], op[2], op[3], now)
-        if kind == "watch":
-            return s.watch(op[1], op[2], edge_id, op[3], now)
-        if kind == "unwatch":
-            s.unwatch(op[1], edge_id, op[2])
-            return None
-        if kind == "query":
-            return [
-                (a.user_id, a.status, iso_ms(a.last_seen_at) if a.last_seen_at is not None else None)
-                for a in s.query(op[1], op[2], op[3], now)
-            ]
-        if kind == "focus":
-            s.set_focus(op[1], op[2], op[3])
-            return None
-        if kind == "settings":
-            s.set_visibility(op[1], op[2], now)
-            return None
-        if kind == "ch_sub":
-            return s.channels.subscribe(op[1], op[2], op[3], edge_id)
-        if kind == "ch_unsub":
-            s.channels.unsubscribe(op[1], op[2])
-            return None
-        if kind == "typing_start":
-            return s.channels.typing_start(op[1], op[2], now)
-        if kind == "typing_stop":
-            s.channels.typing_stop(op[1], op[2])
-            return None
-        if kind == "voice_join":
-            # A 5th element marks a client's own join, charged to its voice budget.
-            return s.channels.voice_join(op[1], op[2], op[3], edge_id, now if len(op) > 4 else None)
-        if kind == "voice_leave":
-            s.channels.voice_leave(op[1], op[2])
-            return None
-        if kind == "drop_socket":
-            s.channels.drop_socket(op[1], op[2])
-            return None
-        if kind == "spend":
-            return s.spend(op[1], op[2], op[3], now)
-        if kind == "ping":
-            return None
-        raise ValueError(f"unknown operation {kind!r}")
+        self.metrics.inc("shard_ops_total", op=op.KIND)
+        match op:
+            case ops_.Connect(user_id, socket_id, idle, claim):
+                if claim is not None:
+                    s.claim(user_id, claim, now)
+                # With its idle flag in the same step, so its watchers see no `online` in between.
+                status = s.connect(user_id, socket_id, edge_id, now, idle=idle)
+                return status, s.relations[user_id].last_seen_visibility
+            case ops_.Disconnect(user_id, socket_id, at):
+                s.disconnect(user_id, socket_id, now, at=at)
+                return None
+            case ops_.Departed(user_id, at):
+                s.departed(user_id, at, now)
+                return None
+            case ops_.SetStatus(user_id, socket_id, status):
+                return s.set_status(user_id, socket_id, status, now)
+            case ops_.Watch(user_id, socket_id, targets):
+                return s.watch(user_id, socket_id, edge_id, targets, now)
+            case ops_.Unwatch(socket_id, targets):
+                s.unwatch(socket_id, edge_id, targets)
+                return None
+            case ops_.Query(reader, reader_visibility, targets):
+                return [
+                    (a.user_id, a.status, iso_ms(a.last_seen_at) if a.last_seen_at is not None else None)
+                    for a in s.query(reader, reader_visibility, targets, now)
+                ]
+            case ops_.Focus(user_id, socket_id, channel_id):
+                s.set_focus(user_id, socket_id, channel_id)
+                return None
+            case ops_.Settings(user_id, visibility):
+                s.set_visibility(user_id, visibility, now)
+                return None
+            case ops_.ChannelSubscribe(channel_id, user_id, socket_id):
+                return s.channels.subscribe(channel_id, user_id, socket_id, edge_id)
+            case ops_.ChannelUnsubscribe(channel_id, socket_id):
+                s.channels.unsubscribe(channel_id, socket_id)
+                return None
+            case ops_.TypingStart(channel_id, user_id):
+                return s.channels.typing_start(channel_id, user_id, now)
+            case ops_.TypingStop(channel_id, user_id):
+                s.channels.typing_stop(channel_id, user_id)
+                return None
+            case ops_.VoiceJoin(channel_id, user_id, socket_id, own):
+                # A client's own join is charged to its voice budget (at `now`); one registered
+                # again after a restart is not.
+                return s.channels.voice_join(channel_id, user_id, socket_id, edge_id, now if own else None)
+            case ops_.VoiceLeave(channel_id, socket_id):
+                s.channels.voice_leave(channel_id, socket_id)
+                return None
+            case ops_.DropSocket(socket_id, channel_ids):
+                s.channels.drop_socket(socket_id, channel_ids)
+                return None
+            case ops_.Spend(user_id, budget, n):
+                return s.spend(user_id, budget, n, now)
+            case ops_.Ping():
+                return None
+        raise ValueError(f"unknown operation {op!r}")
 
     def _carry_out(self) -> None:
         """Turn the state's effects into mail, durable writes and count updates."""

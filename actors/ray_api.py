@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 
+from actors.core.ops import Op
 from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
 from actors.directory import SlotDirectory
@@ -111,7 +112,7 @@ class _PresenceActor:
     async def mail_pending(self) -> int:
         return await (await self._ready()).mail_pending()
 
-    async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[Any]]:
         return await (await self._ready()).apply(edge_id, ops)
 
     async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Mail:
@@ -284,7 +285,7 @@ class ShardClient(_Client):
         super().__init__(shard_name(index))
         self.index = index
 
-    async def apply(self, edge_id: str, ops: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[Any]]:
         return await self._call("apply", edge_id, ops)  # type: ignore[no-any-return]
 
     async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Mail:

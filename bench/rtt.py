@@ -65,6 +65,7 @@ def measure(calls: int) -> dict[str, dict[str, Any]]:
     import ray
 
     from actors import ray_api
+    from actors.core import ops
 
     # Raw handles on purpose: this measures Ray's own round trip, under the clients' layer.
     shard = ray.get_actor(ray_api.shard_name(0))
@@ -75,7 +76,7 @@ def measure(calls: int) -> dict[str, dict[str, Any]]:
             asyncio.run(_timed(lambda: shard.stats.remote(), calls, pause))
         )
         kinds[f"apply([ping]), awaited, {gap}"] = lg.summary_ms(
-            asyncio.run(_timed(lambda: shard.apply.remote("bench-rtt", [("ping",)]), calls, pause))
+            asyncio.run(_timed(lambda: shard.apply.remote("bench-rtt", [ops.PING]), calls, pause))
         )
         kinds[f"stats, ray.get, {gap}"] = lg.summary_ms(
             _timed_sync(lambda: ray.get(shard.stats.remote()), calls, pause)

@@ -47,6 +47,7 @@ def _generator(
 
 
 async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -> dict[str, Any]:
+    from actors.core import ops
     from actors.metrics import Metrics
     from actors.presence import MOVED
     from edge.router import Router
@@ -59,7 +60,7 @@ async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -
     )
     await router.start()
 
-    async def call(user: str, op: tuple[Any, ...]) -> Any:
+    async def call(user: str, op: ops.Op) -> Any:
         while True:
             assert router.map is not None
             version = router.map.version
@@ -69,7 +70,7 @@ async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -
             await router.wait_for_map_after(version, time.monotonic() + 30)
 
     users = [f"bench-{index}-{i}" for i in range(accounts)]
-    await asyncio.gather(*(call(u, ("connect", u, f"s-{u}")) for u in users))
+    await asyncio.gather(*(call(u, ops.Connect(u, f"s-{u}")) for u in users))
     done_at: list[float] = []
     stop_at = time.monotonic() + seconds
     cpu_started = time.process_time()
@@ -79,7 +80,7 @@ async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -
         while time.monotonic() < stop_at:
             user = users[(k + n * in_flight) % len(users)]
             n += 1
-            await call(user, ("status", user, f"s-{user}", "idle" if n % 2 else "online"))
+            await call(user, ops.SetStatus(user, f"s-{user}", "idle" if n % 2 else "online"))
             done_at.append(time.monotonic())
 
     started = time.monotonic()

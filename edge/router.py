@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.core import ops
 from actors.core.backoff import Backoff, retry
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
@@ -57,7 +58,7 @@ class Router:
         self.shards: dict[int, ShardClient] = {}
         self.incarnations: dict[int, str] = {}
         self.last_contact: dict[int, float] = {}
-        self._pending: dict[int, list[tuple[tuple[Any, ...], asyncio.Future[Any]]]] = {}
+        self._pending: dict[int, list[tuple[ops.Op, asyncio.Future[Any]]]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._pullers: dict[int, asyncio.Task[None]] = {}
         self._closed = False
@@ -66,7 +67,7 @@ class Router:
         await self.refresh_map()
         # One round trip to every shard: learns their incarnations, takes their leases and
         # makes /healthz true as soon as the edge can really reach its actors.
-        await asyncio.gather(*(self.call(i, ("ping",)) for i in self.shards))
+        await asyncio.gather(*(self.call(i, ops.PING) for i in self.shards))
 
     async def refresh_map(self) -> None:
         version, owners, count = await self.directory.get_map()
@@ -80,7 +81,7 @@ class Router:
             if puller is None or puller.done():
                 self._pullers[i] = asyncio.create_task(self._pull_loop(i))
                 if self.incarnations:  # a shard added by a resize: take its lease at once
-                    self.call(i, ("ping",)).add_done_callback(lambda f: f.exception())
+                    self.call(i, ops.PING).add_done_callback(lambda f: f.exception())
 
     async def close(self) -> None:
         self._closed = True
@@ -118,7 +119,7 @@ class Router:
 
     # ------------------------------------------------------------------ operations, batched
 
-    def call(self, shard: int, op: tuple[Any, ...]) -> asyncio.Future[Any]:
+    def call(self, shard: int, op: ops.Op) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         queue = self._pending.setdefault(shard, [])
@@ -137,7 +138,7 @@ class Router:
         if batch:
             asyncio.get_running_loop().create_task(self._send(shard, batch))
 
-    async def _send(self, shard: int, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+    async def _send(self, shard: int, batch: list[tuple[ops.Op, asyncio.Future[Any]]]) -> None:
         started = time.perf_counter()
         self.metrics.observe("edge_batch_ops", len(batch))
         try:

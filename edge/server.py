@@ -26,8 +26,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from actors import gc_policy
+from actors.core import ops
 from actors.core.backoff import Backoff, retry
-from actors.core.shard import INTERNAL_CHOSEN, INTERNAL_SETTINGS
+from actors.core.shard import INTERNAL_CHOSEN, INTERNAL_SETTINGS, Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
 from actors.presence import MOVED, UNAVAILABLE
@@ -40,6 +41,7 @@ from edge.router import Router
 from edge.session import (
     Admission,
     ChannelCommand,
+    ChannelKind,
     Close,
     Command,
     Connect,
@@ -58,14 +60,6 @@ from edge.tokens import demo_secret
 log = logging.getLogger("presence.edge")
 
 WS_PATH = "/ws/presence"
-CHANNEL_OPS = {
-    "subscribe": "ch_sub",
-    "unsubscribe": "ch_unsub",
-    "typing.start": "typing_start",
-    "typing.stop": "typing_stop",
-    "voice.join": "voice_join",
-    "voice.leave": "voice_leave",
-}
 HELD_CAP = 1_000
 # An operation whose shard restarts (Ray brings it back in seconds) is retried within
 # `EdgeConfig.call_retry_s`, jittered so that the edges do not all call the new incarnation in the
@@ -75,6 +69,23 @@ CALL_RETRY = Backoff(first_s=0.1, cap_s=2.0)
 DEPARTURE_RETRY = Backoff(first_s=1.0, cap_s=30.0)
 INTERNAL_PREFIX = '{"type":"_'  # how orjson spells an internal frame's start
 CHANGED_PREFIX = '{"type":"presence.changed"'
+
+
+def _channel_op(kind: ChannelKind, channel: str, user: str, sid: str) -> ops.Op:
+    """The shard operation of a socket's channel frame."""
+    match kind:
+        case "subscribe":
+            return ops.ChannelSubscribe(channel, user, sid)
+        case "unsubscribe":
+            return ops.ChannelUnsubscribe(channel, sid)
+        case "typing.start":
+            return ops.TypingStart(channel, user)
+        case "typing.stop":
+            return ops.TypingStop(channel, user)
+        case "voice.join":
+            return ops.VoiceJoin(channel, user, sid, own=True)  # a client's own join: charged
+        case "voice.leave":
+            return ops.VoiceLeave(channel, sid)
 
 
 def _about(payload: str) -> tuple[str, str] | None:
@@ -384,7 +395,7 @@ class Edge:
                 await self._close_draining(conn.ws, code, reason)
                 return False
             case Connect(user_id=user_id):
-                status, visibility = await self._for_user(user_id, ("connect", user_id, sid))
+                status, visibility = await self._for_user(user_id, ops.Connect(user_id, sid))
                 conn.connected = True
                 self._send(conn, orjson.dumps(s.connected(status, visibility).frame).decode())
                 self._release(conn)
@@ -394,7 +405,10 @@ class Edge:
                     return True
                 conn.hold += 1
                 try:
-                    answers = await self._gather_by_shard(ids, lambda targets: ("watch", user, sid, targets))
+                    assert user is not None
+                    answers = await self._gather_by_shard(
+                        ids, lambda targets: ops.Watch(user, sid, tuple(targets))
+                    )
                     statuses = dict(pair for answer in answers for pair in answer)
                     users = [{"userId": u, "status": statuses[u]} for u in ids if u in statuses]
                     s.synced([(u, statuses[u]) for u in ids if u in statuses])
@@ -402,13 +416,14 @@ class Edge:
                 finally:
                     self._release(conn)
             case Unsubscribe(user_ids=ids):
-                await self._gather_by_shard(ids, lambda targets: ("unwatch", sid, targets))
+                await self._gather_by_shard(ids, lambda targets: ops.Unwatch(sid, tuple(targets)))
             case Query(user_ids=ids, reader_visibility=visibility):
                 if not await self._spend(user, len(ids)):
                     self._send(conn, orjson.dumps(s.budget_refused(cmd).frame).decode())
                     return True
+                assert user is not None
                 answers = await self._gather_by_shard(
-                    ids, lambda targets: ("query", user, visibility, targets)
+                    ids, lambda targets: ops.Query(user, visibility, tuple(targets))
                 )
                 found = {a[0]: a for answer in answers for a in answer}
                 frames: list[bytes] = []
@@ -424,27 +439,18 @@ class Edge:
                     self._check_backlog(conn)
             case UpdateStatus(status=status):
                 assert user is not None
-                await self._for_user(user, ("status", user, sid, status))
+                await self._for_user(user, ops.SetStatus(user, sid, status))
                 if status != "idle":
                     s.note_chosen(status, time.time())  # acknowledged: claimed after a restart
             case SetFocus(channel_id=channel):
                 assert user is not None
-                await self._for_user(user, ("focus", user, sid, channel))
+                await self._for_user(user, ops.Focus(user, sid, channel))
             case UpdateSettings(visibility=visibility):
                 assert user is not None
-                await self._for_user(user, ("settings", user, visibility))
+                await self._for_user(user, ops.Settings(user, visibility))
             case ChannelCommand(kind=kind, channel_id=channel):
-                op = CHANNEL_OPS[kind]
-                args: tuple[Any, ...]
-                if kind == "voice.join":
-                    args = (op, channel, user, sid, True)  # a client's own join: charged
-                elif kind == "subscribe":
-                    args = (op, channel, user, sid)
-                elif kind in ("typing.start", "typing.stop"):
-                    args = (op, channel, user)
-                else:
-                    args = (op, channel, sid)
-                result = await self._for_channel(channel, args)
+                assert user is not None
+                result = await self._for_channel(channel, _channel_op(kind, channel, user, sid))
                 return await self._run(
                     conn, s.channel_result(cmd, result if result == "rate_limited" else result is not False)
                 )
@@ -469,16 +475,16 @@ class Edge:
         finally:
             drain.cancel()
 
-    async def _for_user(self, user: str, op: tuple[Any, ...]) -> Any:
+    async def _for_user(self, user: str, op: ops.Op) -> Any:
         return (await self._routed([user], self.router.shard_of_user, lambda _: op))[0]
 
     async def _spend(self, user: str | None, n: int) -> bool:
         """Charge `n` ids to the account's lookup budget, kept by its shard (so it holds across
         this account's sockets on every edge); False: refused, nothing charged."""
         assert user is not None
-        return bool(await self._for_user(user, ("spend", user, "lookups", n)))
+        return bool(await self._for_user(user, ops.Spend(user, "lookups", n)))
 
-    async def _for_channel(self, channel: str, op: tuple[Any, ...]) -> Any:
+    async def _for_channel(self, channel: str, op: ops.Op) -> Any:
         return (await self._routed([channel], self.router.shard_of_channel, lambda _: op))[0]
 
     async def _gather_by_shard(self, ids: tuple[str, ...] | list[str], make_op: Any) -> list[Any]:
@@ -511,7 +517,7 @@ class Edge:
                     raise ShardUnavailable("slots stayed in migration past the retry window")
         return results
 
-    async def _call(self, shard: int, op: tuple[Any, ...]) -> Any:
+    async def _call(self, shard: int, op: ops.Op) -> Any:
         """One operation, retried while its shard restarts (Ray brings it back in seconds)."""
 
         async def attempt() -> Any:
@@ -548,17 +554,21 @@ class Edge:
             # Until it lands: a socket left registered would keep its account online for as
             # long as this edge lives (its lease stays fresh). Repeating it is harmless.
             self._until_done(
-                lambda: self._for_user(user, ("disconnect", user, sid, at)), f"departure of {sid}"
+                lambda: self._for_user(user, ops.Disconnect(user, sid, at)), f"departure of {sid}"
             )
         ]
         if s.subscriptions:
             calls.append(
-                self._gather_by_shard(sorted(s.subscriptions), lambda targets: ("unwatch", sid, targets))
+                self._gather_by_shard(
+                    sorted(s.subscriptions), lambda targets: ops.Unwatch(sid, tuple(targets))
+                )
             )
         channels = s.touched_channels()
         if channels:
             calls.append(
-                self._routed(channels, self.router.shard_of_channel, lambda cs: ("drop_socket", sid, cs))
+                self._routed(
+                    channels, self.router.shard_of_channel, lambda cs: ops.DropSocket(sid, tuple(cs))
+                )
             )
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
@@ -692,17 +702,17 @@ class Edge:
             user, sid = s.user_id, s.socket_id
             if self.router.shard_of_user(user) == shard:
                 # With its idle flag in the same step, so its watchers see no `online` in between.
-                calls.append(self._call(shard, ("connect", user, sid, s.idle, s.claim())))
+                calls.append(self._call(shard, ops.Connect(user, sid, s.idle, Claim(*s.claim()))))
                 if s.focus is not None:
-                    calls.append(self._call(shard, ("focus", user, sid, s.focus)))
+                    calls.append(self._call(shard, ops.Focus(user, sid, s.focus)))
             targets = [t for t in s.subscriptions if self.router.shard_of_user(t) == shard]
             if targets:
-                calls.append(self._call(shard, ("watch", user, sid, targets)))
+                calls.append(self._call(shard, ops.Watch(user, sid, tuple(targets))))
             for channel in s.channels:
                 if self.router.shard_of_channel(channel) == shard:
-                    calls.append(self._call(shard, ("ch_sub", channel, user, sid)))
+                    calls.append(self._call(shard, ops.ChannelSubscribe(channel, user, sid)))
             if s.voice_channel is not None and self.router.shard_of_channel(s.voice_channel) == shard:
-                calls.append(self._call(shard, ("voice_join", s.voice_channel, user, sid)))
+                calls.append(self._call(shard, ops.VoiceJoin(s.voice_channel, user, sid)))
         # Departures the dead incarnation may not have written yet (its last-seen lived in memory
         # until the FlushActor committed it). The shard applies one only to an account that is
         # not present now, and last-seen never moves back, so reporting too much is harmless.
@@ -727,7 +737,7 @@ class Edge:
     def _replay(self, shard: int, user: str, at: float) -> None:
         """Report a departure again to a restarted shard, in the background and until it lands
         (PostgreSQL may be away longer than the retry window; re-registration must not wait)."""
-        op = ("departed", user, at)
+        op = ops.Departed(user, at)
         self._spawn(self._until_done(lambda: self._call(shard, op), f"replayed departure of {user}"))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -752,8 +762,10 @@ class Edge:
                 return
             conn.hold += 1
             try:
+                user = s.user_id
+                assert user is not None
                 answers = await self._gather_by_shard(
-                    targets, lambda ts: ("watch", s.user_id, s.socket_id, ts)
+                    targets, lambda ts: ops.Watch(user, s.socket_id, tuple(ts))
                 )
                 frames = s.differences([pair for answer in answers for pair in answer])
                 for frame in frames:

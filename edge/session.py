@@ -69,9 +69,12 @@ class SetFocus:
     channel_id: str | None
 
 
+ChannelKind = Literal["subscribe", "unsubscribe", "typing.start", "typing.stop", "voice.join", "voice.leave"]
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelCommand:
-    kind: Literal["subscribe", "unsubscribe", "typing.start", "typing.stop", "voice.join", "voice.leave"]
+    kind: ChannelKind
     channel_id: str
 
 

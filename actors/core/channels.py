@@ -7,6 +7,7 @@ from a server stops receiving its channels' events without re-subscribing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .audience import NO_RELATIONS, Relations
@@ -146,7 +147,7 @@ class ChannelState:
         if ch is not None and ch.voice.pop(socket_id, None) is not None:
             self._to_subscribers(ch, self._roster_frame(ch))
 
-    def drop_socket(self, socket_id: str, channel_ids: list[str]) -> None:
+    def drop_socket(self, socket_id: str, channel_ids: Iterable[str]) -> None:
         for channel_id in channel_ids:
             self.unsubscribe(channel_id, socket_id)
             self.voice_leave(channel_id, socket_id)

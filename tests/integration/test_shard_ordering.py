@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from actors.core import ops
 from actors.presence import PresenceShard, ShardConfig
 from tests.integration.conftest import Cluster, Ids, load
 
@@ -40,9 +41,9 @@ async def test_a_later_batch_never_overtakes_an_earlier_one_of_the_same_edge(
     user = ids("ordered")
     await load(conn, {"users": [{"id": user}]})
     # The connect must load the account from PostgreSQL; the disconnect needs nothing loaded.
-    connect = asyncio.create_task(shard.apply("edge-a", [("connect", user, "s1")]))
+    connect = asyncio.create_task(shard.apply("edge-a", [ops.Connect(user, "s1")]))
     await asyncio.sleep(0)  # the connect is now waiting on PostgreSQL
-    disconnect = asyncio.create_task(shard.apply("edge-a", [("disconnect", user, "s1")]))
+    disconnect = asyncio.create_task(shard.apply("edge-a", [ops.Disconnect(user, "s1")]))
     (_, [connected]), (_, [disconnected]) = await asyncio.gather(connect, disconnect)
     assert connected[0] == "online" and disconnected is None
     assert shard.state.socket_count() == 0
@@ -54,10 +55,10 @@ async def test_batches_of_different_edges_do_not_wait_for_each_other(
 ) -> None:
     loaded, fresh = ids("loaded"), ids("fresh")
     await load(conn, {"users": [{"id": loaded}, {"id": fresh}]})
-    await shard.apply("edge-b", [("connect", loaded, "s1")])
-    slow = asyncio.create_task(shard.apply("edge-a", [("connect", fresh, "s2")]))
+    await shard.apply("edge-b", [ops.Connect(loaded, "s1")])
+    slow = asyncio.create_task(shard.apply("edge-a", [ops.Connect(fresh, "s2")]))
     await asyncio.sleep(0)  # edge-a's batch is waiting on PostgreSQL
-    fast = asyncio.create_task(shard.apply("edge-b", [("status", loaded, "s1", "dnd")]))
+    fast = asyncio.create_task(shard.apply("edge-b", [ops.SetStatus(loaded, "s1", "dnd")]))
     done, _ = await asyncio.wait({slow, fast}, return_when=asyncio.FIRST_COMPLETED)
     assert fast in done  # edge-b's batch did not queue behind edge-a's
     await slow

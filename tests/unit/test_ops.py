@@ -1,0 +1,118 @@
+"""The edge → shard operations (actors/core/ops.py): routing keys, what each needs loaded, their
+wire form, and that the shard shell dispatches every kind (no Ray, no PostgreSQL: the shell's
+state is filled by hand, as its `_preload` would)."""
+
+from __future__ import annotations
+
+import pickle
+import typing
+
+import pytest
+
+from actors.core import ops
+from actors.core.audience import Relations
+from actors.core.shard import AccountRow, Claim
+from actors.core.slots import channel_key
+from actors.presence import PresenceShard, ShardConfig
+from tests.unit.conftest import T0
+
+ALL: list[ops.Op] = [
+    ops.Connect("alice", "s1"),
+    ops.Connect("alice", "s1", idle=True, claim=Claim("dnd", T0, "friends", T0)),
+    ops.Disconnect("alice", "s1"),
+    ops.Disconnect("alice", "s1", at=T0),
+    ops.Departed("alice", T0),
+    ops.SetStatus("alice", "s1", "dnd"),
+    ops.Settings("alice", "nobody"),
+    ops.Focus("alice", "s1", "c1"),
+    ops.Spend("alice", "lookups", 3),
+    ops.Watch("alice", "s1", ("bob", "carol")),
+    ops.Unwatch("s1", ("bob", "carol")),
+    ops.Query("alice", "everyone", ("bob", "carol")),
+    ops.ChannelSubscribe("c1", "alice", "s1"),
+    ops.ChannelUnsubscribe("c1", "s1"),
+    ops.TypingStart("c1", "alice"),
+    ops.TypingStop("c1", "alice"),
+    ops.VoiceJoin("c1", "alice", "s1", own=True),
+    ops.VoiceLeave("c1", "s1"),
+    ops.DropSocket("s1", ("c1", "c2")),
+    ops.PING,
+]
+
+
+def test_every_kind_is_listed_once_with_its_own_name() -> None:
+    kinds = typing.get_args(ops.Op)
+    assert {type(op) for op in ALL} == set(kinds)
+    assert len({k.KIND for k in kinds}) == len(kinds)
+
+
+@pytest.mark.parametrize("op", ALL, ids=repr)
+def test_operations_cross_a_process_boundary_unchanged(op: ops.Op) -> None:
+    assert pickle.loads(pickle.dumps(op, protocol=5)) == op
+
+
+def test_routing_keys() -> None:
+    assert ops.Connect("alice", "s1").slot_keys() == ("alice",)
+    assert ops.Watch("alice", "s1", ("bob", "carol")).slot_keys() == ("bob", "carol")
+    assert ops.Unwatch("s1", ("bob",)).slot_keys() == ("bob",)
+    assert ops.Query("alice", "everyone", ("bob",)).slot_keys() == ("bob",)
+    assert ops.VoiceJoin("c1", "alice", "s1").slot_keys() == (channel_key("c1"),)
+    assert ops.DropSocket("s1", ("c1", "c2")).slot_keys() == (channel_key("c1"), channel_key("c2"))
+    assert ops.PING.slot_keys() == ()
+
+
+def test_what_each_needs_loaded() -> None:
+    assert ops.Connect("a", "s").needs() == ops.Needs(relations=("a",), accounts=("a",))
+    assert ops.SetStatus("a", "s", "dnd").needs() == ops.Needs(relations=("a",), accounts=("a",))
+    assert ops.Settings("a", "nobody").needs() == ops.Needs(relations=("a",), accounts=("a",))
+    # A disconnect stamped with its time may be a departure a restarted shard must record.
+    assert ops.Disconnect("a", "s").needs() == ops.NOTHING
+    assert ops.Disconnect("a", "s", at=T0).needs() == ops.Needs(accounts=("a",))
+    assert ops.Departed("a", T0).needs() == ops.Needs(accounts=("a",))
+    assert ops.Watch("a", "s", ("b",)).needs() == ops.Needs(relations=("a", "b"))
+    assert ops.Query("a", "everyone", ("b",)).needs() == ops.Needs(relations=("a", "b"))
+    for op in (ops.ChannelSubscribe("c", "a", "s"), ops.TypingStart("c", "a"), ops.VoiceJoin("c", "a", "s")):
+        assert op.needs() == ops.Needs(relations=("a",), channels=("c",))
+    for op in (ops.Unwatch("s", ("b",)), ops.Focus("a", "s", None), ops.Spend("a", "lookups", 1), ops.PING):
+        assert op.needs() == ops.NOTHING
+
+
+def _loaded_shard() -> PresenceShard:
+    async def flush_write(_: list[tuple[str, float]]) -> None:
+        return None
+
+    shard = PresenceShard(ShardConfig(0, "postgresql://unused", None), flush_write, clock=lambda: T0)
+    for user in ("alice", "bob", "carol"):
+        shard.state.set_relations(user, Relations(frozenset(), frozenset({"srv"}), "everyone"), T0)
+        shard.state.load_account(user, AccountRow(), T0)
+    for channel in ("c1", "c2"):
+        shard.state.channels.load_channel(channel, "srv")
+    return shard
+
+
+async def test_the_shell_dispatches_every_kind() -> None:
+    shard = _loaded_shard()
+    _, results = await shard.apply("edge-a", ALL)
+    answers = dict(zip([op.KIND for op in ALL], results, strict=False))
+    assert results[0] == ("online", "everyone")
+    assert answers["watch"] == [("bob", "offline"), ("carol", "offline")]
+    assert answers["query"] == [("bob", "offline", None), ("carol", "offline", None)]
+    assert answers["ch_sub"] is True and answers["typing_start"] is True
+    assert answers["voice_join"] is True and answers["spend"] is True
+    assert "__unavailable__" not in results
+
+
+async def test_a_voice_join_is_charged_only_when_it_is_the_clients_own() -> None:
+    shard = _loaded_shard()
+    await shard.apply("edge-a", [ops.Connect("alice", "s1")])
+    # Joins that change the roster, over and over (a leave in between each).
+    again = [op for _ in range(50) for op in (ops.VoiceJoin("c1", "alice", "s1"), ops.VoiceLeave("c1", "s1"))]
+    _, results = await shard.apply("edge-a", again)
+    assert "rate_limited" not in results  # registrations after a restart are never charged
+    own = [
+        op
+        for _ in range(50)
+        for op in (ops.VoiceJoin("c1", "alice", "s1", own=True), ops.VoiceLeave("c1", "s1"))
+    ]
+    _, results = await shard.apply("edge-a", own)
+    assert "rate_limited" in results
