@@ -21,20 +21,19 @@ from typing import Any
 import asyncpg
 import orjson
 
-from actors import gc_policy
+from actors import gc_policy, pgstore
 from actors.core import activity
 from actors.core import ops as ops_
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff, retry
 from actors.core.budgets import Allowance
+from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE, ShardStats, iso_ms
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.ops import NOTHING, Op
-from actors.core.shard import AccountRow, ShardState, SlotExport
+from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
 from actors.metrics import Metrics
-from cluster import db
-from edge.protocol import iso_ms
 
 log = logging.getLogger("presence.shard")
 
@@ -43,15 +42,6 @@ FlushWrite = Callable[[list[tuple[str, float]]], Awaitable[None]]
 # Mail waiting for an edge that does not collect it is capped; past this the oldest is dropped
 # (and counted), since an edge that far behind is about to lose its lease anyway.
 MAILBOX_CAP = 200_000
-PULL_BATCH = 5_000
-
-# The answer to an operation on a slot this shard does not own (any more): the edge refreshes its
-# slot map and sends the operation to the new owner. Nothing of the operation was applied.
-MOVED = "__moved__"
-# The answer to an operation whose account, relations or channel could not be loaded (PostgreSQL
-# is away): nothing of it was applied, and the edge tries again. Operations of the same batch on
-# accounts already in memory are applied as usual, so presence keeps working during an outage.
-UNAVAILABLE = "__unavailable__"
 # Saving last-seen (to the FlushActor) and chosen statuses (to PostgreSQL) is retried until it
 # lands: a restarting FlushActor or database only delays it. Jittered, so that the shards do not
 # all come back at the same instant to a server that has just recovered.
@@ -124,7 +114,7 @@ class PresenceShard:
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_users: set[str] = set()
         self._reload_channels: set[str] = set()
-        self._listener: db.AudienceListener | None = None
+        self._listener: pgstore.AudienceListener | None = None
         # Slots this shard serves; None until the shell learns them from the slot directory.
         self.owned: set[int] | None = None
         self.node_id: str | None = None  # the Ray node it runs on, told by the Ray wrapper
@@ -139,7 +129,7 @@ class PresenceShard:
 
     async def start(self) -> None:
         self.pool = await asyncpg.create_pool(self.config.database_url, min_size=1, max_size=4)
-        self._listener = db.AudienceListener(
+        self._listener = pgstore.AudienceListener(
             self.config.database_url,
             on_user=self._reload_users.add,
             on_settings=self._reload_users.add,
@@ -238,7 +228,7 @@ class PresenceShard:
         None for an account that does not exist (reading never creates one)."""
         assert self.pool is not None
         async with self.pool.acquire() as conn:
-            row = (await db.read_accounts(conn, [user_id])).get(user_id)
+            row = (await pgstore.read_accounts(conn, [user_id])).get(user_id)
         if row is None and user_id not in self.state.accounts:
             return None
         now = self.clock()
@@ -277,25 +267,25 @@ class PresenceShard:
         """Every member of a server, from PostgreSQL (the active count of one server)."""
         assert self.pool is not None
         async with self.pool.acquire() as conn:
-            return await db.server_member_ids(conn, server_id)
+            return await pgstore.server_member_ids(conn, server_id)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> ShardStats:
         self.metrics.sample_process()
-        return {
-            "shard": self.config.shard_index,
-            "incarnation": self.incarnation,
-            "accounts": len(self.state.accounts),
-            "sockets": self.state.socket_count(),
-            "online": len(self.state.present_accounts()),
-            "edges": len(self.state.edges),
-            "pending_last_seen": len(self.state.pending_last_seen),
-            "watched": len(self.state.watchers),
-            "channels": len(self.state.channels.channels),
-            "slots": len(self.owned) if self.owned is not None else None,
-            "node_id": self.node_id,
-            "redis_ok": self.counts.healthy,
-            "metrics": self.metrics.snapshot(),
-        }
+        return ShardStats(
+            shard=self.config.shard_index,
+            incarnation=self.incarnation,
+            accounts=len(self.state.accounts),
+            sockets=self.state.socket_count(),
+            online=len(self.state.present_accounts()),
+            edges=len(self.state.edges),
+            pending_last_seen=len(self.state.pending_last_seen),
+            watched=len(self.state.watchers),
+            channels=len(self.state.channels.channels),
+            slots=len(self.owned) if self.owned is not None else None,
+            node_id=self.node_id,
+            redis_ok=self.counts.healthy,
+            metrics=self.metrics.snapshot(),
+        )
 
     async def export_slots(self, slots: list[int]) -> SlotExport:
         """Give up these slots: from now on their operations are answered MOVED."""
@@ -313,7 +303,7 @@ class PresenceShard:
         if users:
             assert self.pool is not None
             async with self.pool.acquire() as conn:
-                for user_id, rel in (await db.fetch_relations(conn, users)).items():
+                for user_id, rel in (await pgstore.fetch_relations(conn, users)).items():
                     self.state.set_relations(user_id, rel, now)
         for edge_id in export.edges:
             self.mail.setdefault(edge_id, Mailbox())  # mail for them may be due at once
@@ -397,7 +387,7 @@ class PresenceShard:
         assert self.pool is not None
         async with self.pool.acquire() as conn:
             if missing_rel:
-                for user_id, rel in (await db.fetch_relations(conn, missing_rel)).items():
+                for user_id, rel in (await pgstore.fetch_relations(conn, missing_rel)).items():
                     self.state.set_relations(user_id, rel, now)
             # A query's audience is known once the relations are: its visible accounts load too.
             for reader, targets in queries:
@@ -405,15 +395,11 @@ class PresenceShard:
                     u for u in self.state.audience_of_query(reader, targets) if not self.state.has_account(u)
                 )
             if missing_acc:
-                rows = await db.fetch_accounts(conn, list(dict.fromkeys(missing_acc)))
+                rows = await pgstore.fetch_accounts(conn, list(dict.fromkeys(missing_acc)))
                 for user_id, row in rows.items():
-                    self.state.load_account(
-                        user_id,
-                        AccountRow(row.chosen_status, row.last_seen_visibility, row.last_seen_at),
-                        now,
-                    )
+                    self.state.load_account(user_id, row, now)
             if missing_ch:
-                for channel_id, server_id in (await db.fetch_channel_servers(conn, missing_ch)).items():
+                for channel_id, server_id in (await pgstore.fetch_channel_servers(conn, missing_ch)).items():
                     self.state.channels.load_channel(channel_id, server_id)
 
     def _apply_checked(self, edge_id: str, op: Op, now: float) -> object:
@@ -599,9 +585,9 @@ class PresenceShard:
             assert self.pool is not None
             async with self.pool.acquire() as conn:
                 if status:
-                    await db.save_chosen_status(conn, sorted(status.items()))
+                    await pgstore.save_chosen_status(conn, sorted(status.items()))
                 if visibility:
-                    await db.save_visibility(conn, sorted(visibility.items()))
+                    await pgstore.save_visibility(conn, sorted(visibility.items()))
         except BaseException:
             # Newer values that arrived meanwhile win over the ones being retried.
             self.persist_status = {**status, **self.persist_status}
@@ -632,7 +618,7 @@ class PresenceShard:
         if seed and self.pool is not None:
             try:
                 async with self.pool.acquire() as conn:
-                    async for chunk in db.last_seen_since(conn, activity.trim_before(now)):
+                    async for chunk in pgstore.last_seen_since(conn, activity.trim_before(now)):
                         self.counts.active_history(chunk)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
                 log.warning(
@@ -657,8 +643,8 @@ class PresenceShard:
             assert self.pool is not None
             try:
                 async with self.pool.acquire() as conn:
-                    rels = await db.fetch_relations(conn, users) if users else {}
-                    chans = await db.fetch_channel_servers(conn, channels) if channels else {}
+                    rels = await pgstore.fetch_relations(conn, users) if users else {}
+                    chans = await pgstore.fetch_channel_servers(conn, channels) if channels else {}
             except Exception:
                 self._reload_users.update(users)
                 self._reload_channels.update(channels)

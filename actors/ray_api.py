@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 
+from actors.core.contract import ShardStats
 from actors.core.ops import Op
 from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
@@ -124,7 +125,7 @@ class _PresenceActor:
     async def operator_view(self, user_id: str) -> dict[str, Any] | None:
         return await (await self._ready()).operator_view(user_id)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> ShardStats:
         return await (await self._ready()).stats()
 
     async def server_members(self, server_id: str) -> list[str]:
@@ -297,7 +298,7 @@ class ShardClient(_Client):
     async def operator_view(self, user_id: str, timeout_s: float) -> dict[str, Any] | None:
         return await self._call("operator_view", user_id, timeout_s=timeout_s)  # type: ignore[no-any-return]
 
-    async def stats(self, timeout_s: float) -> dict[str, Any]:
+    async def stats(self, timeout_s: float) -> ShardStats:
         return await self._call("stats", timeout_s=timeout_s)  # type: ignore[no-any-return]
 
     async def server_members(self, server_id: str, timeout_s: float) -> list[str]:

@@ -32,8 +32,9 @@ import redis.asyncio as aioredis
 
 from actors.core.activity import live_until, window_start
 from actors.core.audience import Relations
+from actors.core.contract import AccountRow
 from actors.core.effects import Activity
-from actors.core.shard import AccountRow, ShardState
+from actors.core.shard import ShardState
 from actors.counts import COUNT_AMONG_LUA as COUNT_LUA  # the script the edge runs
 from cluster import db
 from cluster.embedded import EmbeddedPostgres, EmbeddedRedis

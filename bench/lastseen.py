@@ -58,8 +58,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
+from actors.core.contract import AccountRow
 from actors.core.flush_buffer import Batch
-from actors.core.shard import AccountRow, ShardState
+from actors.core.shard import ShardState
 from actors.core.slots import SlotMap, slot_of
 from actors.flush import UPDATE_SQL as OURS_FLUSH_SQL
 from actors.flush import FlushActor

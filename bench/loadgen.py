@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
+    from actors.core.contract import ShardStats
     from cluster.config import Settings
 
 PER_ADDRESS = 900
@@ -498,10 +499,10 @@ class BenchEnv:
         if server in self.servers:
             self.servers.remove(server)
 
-    def shard_stats(self) -> list[dict[str, Any]]:
+    def shard_stats(self) -> list[ShardStats]:
         from actors import ray_api
 
-        async def all_stats() -> list[dict[str, Any]]:
+        async def all_stats() -> list[ShardStats]:
             return list(await asyncio.gather(*(ray_api.ShardClient(i).stats(30) for i in range(self.shards))))
 
         return asyncio.run(all_stats())
@@ -509,11 +510,11 @@ class BenchEnv:
     def sockets_in_pool(self, settle_s: float = 0.0) -> int:
         """Sockets registered in the shards; with `settle_s`, once the count has stopped moving for
         that long (departures of an edge just stopped are still arriving), at most 30 s."""
-        count = sum(int(s["sockets"]) for s in self.shard_stats())
+        count = sum(s.sockets for s in self.shard_stats())
         deadline = time.monotonic() + 30
         while settle_s > 0 and time.monotonic() < deadline:
             time.sleep(settle_s)
-            again = sum(int(s["sockets"]) for s in self.shard_stats())
+            again = sum(s.sockets for s in self.shard_stats())
             if again == count:
                 break
             count = again

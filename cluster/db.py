@@ -8,14 +8,11 @@ of queries. Helpers accept an asyncpg connection or pool; nothing here knows abo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any
 
 import asyncpg
 from pydantic import (
@@ -28,21 +25,33 @@ from pydantic import (
     model_validator,
 )
 
-from actors.core.audience import Relations
-from actors.core.backoff import Backoff
 from actors.core.ids import DEMO_PREFIX, MAX_ID_LENGTH, check_id, is_demo_id
+from actors.core.status import LastSeenVisibility
+
+# The shards' reads and writes and the LISTEN side live with the shard (actors/pgstore.py); they
+# are named here too for this module's other users (tests, benches, tools).
+from actors.pgstore import (  # noqa: F401
+    NOTIFY_CHANNEL,
+    AccountRow,
+    AudienceListener,
+    Queryable,
+    _affected,
+    _columns,
+    fetch_accounts,
+    fetch_channel_servers,
+    fetch_relations,
+    last_seen_since,
+    read_accounts,
+    save_chosen_status,
+    save_visibility,
+    server_member_ids,
+)
 
 log = logging.getLogger(__name__)
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 # Any fixed 64-bit key works; it only has to be the same for every process migrating this database.
 MIGRATION_LOCK_KEY = 0x70726573656E6365  # "presence"
-NOTIFY_CHANNEL = "presence_audience"
-
-CHOSEN_STATUSES = frozenset({"online", "dnd", "invisible"})
-VISIBILITIES = frozenset({"everyone", "friends", "nobody"})
-
-Queryable: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 
 @contextlib.asynccontextmanager
@@ -60,12 +69,6 @@ async def _connection(target: Queryable | str) -> AsyncIterator[asyncpg.Connecti
             yield conn
     else:
         yield target
-
-
-def _affected(status: str) -> int:
-    """Rows affected, from a command tag such as 'INSERT 0 3' or 'DELETE 2'."""
-    tail = status.rsplit(" ", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
 
 
 # -- migration -------------------------------------------------------------------------------------
@@ -88,7 +91,7 @@ async def migrate(conn_or_url: Queryable | str) -> None:
 
 # The id rule (actors/core/ids.py); the length bounds are repeated only for the schema.
 Id = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(check_id)]
-Visibility = Literal["everyone", "friends", "nobody"]
+Visibility = LastSeenVisibility
 Pair = tuple[Id, Id]
 
 
@@ -200,12 +203,6 @@ def _validated(data: Mapping[str, Any]) -> Fixture:
         raise FixtureError("invalid presence load data: " + "; ".join(problems)) from None
 
 
-def _columns(rows: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
-    """Sorted, de-duplicated pairs as two parallel arrays for `unnest($1, $2)`."""
-    ordered = sorted(set(rows))
-    return [r[0] for r in ordered], [r[1] for r in ordered]
-
-
 async def load_fixture(
     conn: Queryable, data: Mapping[str, Any] | Fixture, allow_demo: bool = False
 ) -> dict[str, int]:
@@ -300,315 +297,3 @@ async def load_fixture(
             *channels,
         )
     return counts
-
-
-# -- the shards' reads and writes ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AccountRow:
-    """What a shard needs to bring an account online: its durable status and last-seen."""
-
-    chosen_status: str
-    last_seen_visibility: str
-    last_seen_at: float | None  # epoch seconds
-
-
-async def fetch_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, AccountRow]:
-    """The durable state of each account, creating rows with defaults for unknown ones.
-
-    One statement: the CTE inserts the missing rows and returns them; the rows that existed come
-    from the statement's snapshot (which cannot see the CTE's inserts, so nothing is counted
-    twice). A row inserted concurrently by somebody else falls between the two and is answered
-    with the defaults, which is what it was created with.
-    """
-    wanted = sorted(set(ids))
-    if not wanted:
-        return {}
-    rows = await conn.fetch(
-        """WITH created AS (
-               INSERT INTO users (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING
-               RETURNING id, chosen_status, last_seen_visibility, last_seen_at)
-           SELECT id, chosen_status, last_seen_visibility, last_seen_at FROM created
-           UNION ALL
-           SELECT id, chosen_status, last_seen_visibility, last_seen_at
-           FROM users WHERE id = ANY($1::text[])""",
-        wanted,
-    )
-    found = {
-        r["id"]: AccountRow(
-            r["chosen_status"],
-            r["last_seen_visibility"],
-            r["last_seen_at"].timestamp() if r["last_seen_at"] is not None else None,
-        )
-        for r in rows
-    }
-    default = AccountRow("online", "everyone", None)
-    return {i: found.get(i, default) for i in wanted}
-
-
-async def read_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, AccountRow]:
-    """The durable state of the accounts that exist; unlike `fetch_accounts`, creates nothing
-    (the operator's view: reading an account never creates one)."""
-    wanted = sorted(set(ids))
-    if not wanted:
-        return {}
-    rows = await conn.fetch(
-        """SELECT id, chosen_status, last_seen_visibility, last_seen_at
-           FROM users WHERE id = ANY($1::text[])""",
-        wanted,
-    )
-    return {
-        r["id"]: AccountRow(
-            r["chosen_status"],
-            r["last_seen_visibility"],
-            r["last_seen_at"].timestamp() if r["last_seen_at"] is not None else None,
-        )
-        for r in rows
-    }
-
-
-async def fetch_relations(conn: Queryable, ids: Iterable[str]) -> dict[str, Relations]:
-    """Friends, servers and last-seen visibility of each account; unknown ids get empty sets and
-    'everyone'. Each per-id subquery is an index lookup (friendships' primary key and its `b`
-    index, server_members' `user_id` index)."""
-    wanted = sorted(set(ids))
-    if not wanted:
-        return {}
-    rows = await conn.fetch(
-        """SELECT w.id,
-                  ARRAY(SELECT f.b FROM friendships f WHERE f.a = w.id
-                        UNION ALL
-                        SELECT f.a FROM friendships f WHERE f.b = w.id) AS friends,
-                  ARRAY(SELECT m.server_id FROM server_members m WHERE m.user_id = w.id) AS servers,
-                  COALESCE(u.last_seen_visibility, 'everyone') AS visibility
-           FROM unnest($1::text[]) AS w(id) LEFT JOIN users u ON u.id = w.id""",
-        wanted,
-    )
-    return {
-        r["id"]: Relations(
-            friends=frozenset(r["friends"]),
-            servers=frozenset(r["servers"]),
-            last_seen_visibility=r["visibility"],
-        )
-        for r in rows
-    }
-
-
-async def fetch_channel_servers(conn: Queryable, channel_ids: Iterable[str]) -> dict[str, str | None]:
-    """The server of each channel; None for a channel the database does not know."""
-    wanted = sorted(set(channel_ids))
-    if not wanted:
-        return {}
-    rows = await conn.fetch(
-        """SELECT w.id, c.server_id FROM unnest($1::text[]) AS w(id)
-           LEFT JOIN channels c ON c.id = w.id""",
-        wanted,
-    )
-    return {r["id"]: r["server_id"] for r in rows}
-
-
-async def server_member_ids(conn: Queryable, server_id: str) -> list[str]:
-    """Every member of a server, sorted (the primary key's order, so no sort step)."""
-    rows = await conn.fetch(
-        "SELECT user_id FROM server_members WHERE server_id = $1 ORDER BY user_id", server_id
-    )
-    return [r["user_id"] for r in rows]
-
-
-async def last_seen_since(
-    conn: asyncpg.Connection, since: float, chunk: int = 1_000
-) -> AsyncIterator[list[tuple[str, float]]]:
-    """Stored last-seen times at or after `since` (epoch seconds), in chunks: what refills the
-    active counts after Redis lost them (actors/core/activity.py)."""
-    async with conn.transaction():
-        batch: list[tuple[str, float]] = []
-        async for r in conn.cursor(
-            "SELECT id, extract(epoch FROM last_seen_at)::float8 AS t FROM users WHERE last_seen_at >= "
-            "to_timestamp($1)",
-            since,
-            prefetch=chunk,
-        ):
-            batch.append((r["id"], r["t"]))
-            if len(batch) >= chunk:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
-
-async def _save_setting(
-    conn: Queryable, column: str, allowed: frozenset[str], items: Iterable[tuple[str, str]]
-) -> int:
-    """Upsert one settings column for many accounts; the last value given for an id wins
-    (an upsert may not touch the same row twice), unchanged rows are not rewritten."""
-    latest = dict(items)
-    bad = {v for v in latest.values() if v not in allowed}
-    if bad:
-        raise ValueError(f"{column}: invalid value(s) {sorted(bad)}, expected one of {sorted(allowed)}")
-    if not latest:
-        return 0
-    ids, values = _columns(latest.items())
-    status = await conn.execute(
-        f"""INSERT INTO users (id, {column}) SELECT * FROM unnest($1::text[], $2::text[])
-            ON CONFLICT (id) DO UPDATE SET {column} = EXCLUDED.{column}
-            WHERE users.{column} <> EXCLUDED.{column}""",
-        ids,
-        values,
-    )
-    return _affected(status)
-
-
-async def save_chosen_status(conn: Queryable, items: Iterable[tuple[str, str]]) -> int:
-    """Persist chosen statuses (online, dnd, invisible); returns the number of rows changed."""
-    return await _save_setting(conn, "chosen_status", CHOSEN_STATUSES, items)
-
-
-async def save_visibility(conn: Queryable, items: Iterable[tuple[str, str]]) -> int:
-    """Persist last-seen visibilities; the settings trigger tells every shard."""
-    return await _save_setting(conn, "last_seen_visibility", VISIBILITIES, items)
-
-
-# -- LISTEN ----------------------------------------------------------------------------------------
-
-IdCallback: TypeAlias = Callable[[str], object]
-ResetCallback: TypeAlias = Callable[[], object]
-
-
-class AudienceListener:
-    """Receives the schema's `presence_audience` notifications on a dedicated connection.
-
-    A notification sent while the connection was down is lost for good, so after every
-    (re)connect, the first included, `on_reset()` is called once LISTEN is in place: the shard drops
-    its whole audience cache and reloads on demand, and anything that changes from then on is
-    notified. The connection is re-established with exponential backoff (with jitter, so many
-    shards do not stampede a recovering server), and a periodic `SELECT 1` catches a connection
-    that died without the socket noticing.
-
-    Callbacks may be plain functions or coroutine functions; their exceptions are logged, never
-    propagated into the listener.
-    """
-
-    def __init__(
-        self,
-        dsn: str,
-        *,
-        on_user: IdCallback,
-        on_channel: IdCallback,
-        on_settings: IdCallback,
-        on_reset: ResetCallback,
-        min_backoff_s: float = 0.1,
-        max_backoff_s: float = 5.0,
-        check_interval_s: float = 5.0,
-        connect_timeout_s: float = 5.0,
-    ) -> None:
-        self._dsn = dsn
-        self._handlers: dict[str, IdCallback] = {"u": on_user, "c": on_channel, "s": on_settings}
-        self._on_reset = on_reset
-        # Equal jitter: at least half of each window, so that a recovering server is not hit
-        # again at once, and the shards' reconnections spread over the other half.
-        self._backoff = Backoff(min_backoff_s, max_backoff_s, floor=0.5)
-        self._check_interval = check_interval_s
-        self._connect_timeout = connect_timeout_s
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-        self._connected = asyncio.Event()
-        self._pending: set[asyncio.Task[Any]] = set()
-        self.resets = 0  # how many times on_reset was called (connections established)
-
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
-
-    async def start(self) -> None:
-        """Start listening in the background; returns at once (PostgreSQL may still be away)."""
-        if self._task is not None and not self._task.done():
-            return
-        self._stopping.clear()
-        self._task = asyncio.create_task(self._run(), name="presence-audience-listener")
-
-    async def wait_connected(self, timeout: float) -> None:
-        await asyncio.wait_for(self._connected.wait(), timeout)
-
-    async def stop(self) -> None:
-        """Stop listening and close the connection; pending async callbacks are cancelled."""
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for pending in list(self._pending):
-            pending.cancel()
-        self._connected.clear()
-
-    async def _run(self) -> None:
-        attempt = 0
-        while not self._stopping.is_set():
-            try:
-                conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                wait = self._backoff.delay(attempt)
-                log.debug("audience listener: connect failed (%s), retrying in %.1f s", exc, wait)
-                await self._sleep(wait)
-                attempt += 1
-                continue
-            try:
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _conn, event=lost: event.set())
-                await conn.add_listener(NOTIFY_CHANNEL, self._notified)
-                self._connected.set()
-                self.resets += 1
-                self._call(self._on_reset)
-                attempt = 0
-                await self._watch(conn, lost)
-                if not self._stopping.is_set():
-                    log.warning("audience listener: connection lost, reconnecting")
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                log.warning("audience listener: connection failed (%s), reconnecting", exc)
-            finally:
-                self._connected.clear()
-                conn.terminate()
-
-    async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
-        """Return when the connection is lost or we stop; probe it every check interval."""
-        while not self._stopping.is_set() and not lost.is_set():
-            waiters = [asyncio.ensure_future(lost.wait()), asyncio.ensure_future(self._stopping.wait())]
-            try:
-                await asyncio.wait(waiters, timeout=self._check_interval, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
-            if not self._stopping.is_set() and not lost.is_set():
-                await conn.fetchval("SELECT 1", timeout=self._connect_timeout)
-
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep, but wake up at once when stopping."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-
-    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        kind, sep, ident = payload.partition(":")
-        handler = self._handlers.get(kind)
-        if not sep or handler is None:
-            log.warning("audience listener: ignoring unknown payload %r", payload)
-            return
-        self._call(handler, ident)
-
-    def _call(self, callback: Callable[..., object], *args: str) -> None:
-        try:
-            result = callback(*args)
-        except Exception:
-            log.exception("audience listener: callback %r failed", callback)
-            return
-        if inspect.isawaitable(result):
-            task = asyncio.ensure_future(_logged(result, callback))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
-
-
-async def _logged(awaitable: Awaitable[object], callback: object) -> None:
-    try:
-        await awaitable
-    except Exception:
-        log.exception("audience listener: callback %r failed", callback)

@@ -64,7 +64,7 @@ async def _pending() -> dict[str, Any]:
         _version, _owners, count = await ray_api.DirectoryClient().get_map()
         for i in range(count):
             st = await ray_api.ShardClient(i).stats(timeout_s=5)
-            shards = None if shards is None else shards + int(st["pending_last_seen"])
+            shards = None if shards is None else shards + st.pending_last_seen
     except Exception:
         shards = None
     try:

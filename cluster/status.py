@@ -23,7 +23,7 @@ async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
     shards: list[Any] = []
     for i in range(count):
         try:
-            shards.append(await ray_api.ShardClient(i).stats(timeout_s=5))
+            shards.append((await ray_api.ShardClient(i).stats(timeout_s=5)).as_dict())
         except Exception as e:
             shards.append({"shard": i, "error": type(e).__name__})
     try:

@@ -35,6 +35,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from actors.core.activity import REPORT_WINDOWS_H, BadWindow, parse_hours, window_start
+from actors.core.contract import ShardStats
 from actors.core.ids import id_problem
 from actors.metrics import render
 from actors.ray_api import DirectoryClient, flush_stats
@@ -220,9 +221,9 @@ class InternalApi:
         stats = await asyncio.gather(*(c.stats(SHARD_TIMEOUT_S) for c in clients), return_exceptions=True)
         shards: list[dict[str, Any]] = []
         for client, st in zip(clients, stats, strict=True):
-            if isinstance(st, dict):
+            if isinstance(st, ShardStats):
                 keep = ("shard", "slots", "accounts", "online", "sockets", "edges", "pending_last_seen")
-                shards.append({k: st.get(k) for k in keep})
+                shards.append({k: getattr(st, k) for k in keep})
             else:
                 shards.append({"shard": client.index, "error": "did not answer"})
         try:
@@ -307,13 +308,13 @@ class InternalApi:
             *(client.stats(SHARD_TIMEOUT_S) for client in router.shards.values()), return_exceptions=True
         )
         for st in stats:
-            if isinstance(st, dict):
-                labels = {"shard": str(st["shard"])}
+            if isinstance(st, ShardStats):
+                labels = {"shard": str(st.shard)}
                 gauges = [
-                    (k, [], float(st[k]))
+                    (k, [], float(getattr(st, k)))
                     for k in ("accounts", "sockets", "online", "edges", "pending_last_seen")
                 ]
-                snap = dict(st["metrics"])
+                snap = dict(st.metrics)
                 snap["gauges"] = [*snap.get("gauges", []), *[(f"shard_{n}", lab, v) for n, lab, v in gauges]]
                 snapshots.append((labels, snap))
         try:

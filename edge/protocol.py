@@ -253,14 +253,6 @@ CLIENT_FRAMES: tuple[type[_Frame], ...] = (
 )
 
 
-def iso_ms(ts: float) -> str:
-    """Epoch seconds → `2026-12-02T08:47:00.123Z` (the contract's time format)."""
-    import datetime as _dt
-
-    d = _dt.datetime.fromtimestamp(round(ts, 3), tz=_dt.UTC)
-    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
-
-
 def error_frame(code: ErrorCode, message: str) -> dict[str, str]:
     return {"type": "error", "code": code, "message": message}
 

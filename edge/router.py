@@ -17,9 +17,9 @@ from typing import Any
 
 from actors.core import ops
 from actors.core.backoff import Backoff, retry
+from actors.core.contract import PULL_BATCH
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
-from actors.presence import PULL_BATCH
 from actors.ray_api import DirectoryClient, Mail, ShardClient
 
 log = logging.getLogger("presence.router")

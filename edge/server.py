@@ -28,10 +28,10 @@ from websockets.http11 import Request, Response
 from actors import gc_policy
 from actors.core import ops
 from actors.core.backoff import Backoff, retry
-from actors.core.shard import INTERNAL_CHOSEN, INTERNAL_SETTINGS, Claim
+from actors.core.contract import MOVED, UNAVAILABLE, ChosenNote, SettingsNote, internal_note, is_internal
+from actors.core.shard import Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
-from actors.presence import MOVED, UNAVAILABLE
 from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.demo import DemoSite
@@ -67,7 +67,6 @@ HELD_CAP = 1_000
 CALL_RETRY = Backoff(first_s=0.1, cap_s=2.0)
 # A departure (or its replay to a restarted shard) is retried past that window, until it lands.
 DEPARTURE_RETRY = Backoff(first_s=1.0, cap_s=30.0)
-INTERNAL_PREFIX = '{"type":"_'  # how orjson spells an internal frame's start
 CHANGED_PREFIX = '{"type":"presence.changed"'
 
 
@@ -605,7 +604,7 @@ class Edge:
 
     def _deliver(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets."""
-        if payload.startswith(INTERNAL_PREFIX):
+        if is_internal(payload):
             self._internal(socket_ids, payload)
             return
         ready: list[ServerConnection] = []
@@ -631,16 +630,16 @@ class Edge:
 
     def _internal(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """Frames from the shards meant for the edge itself, never for clients."""
-        frame = orjson.loads(payload)
-        kind = frame.get("type")
+        note = internal_note(payload)
         for sid in socket_ids:
             conn = self.conns.get(sid)
             if conn is None:
                 continue
-            if kind == INTERNAL_SETTINGS:
-                conn.session.note_visibility(frame["lastSeenVisibility"], float(frame.get("at", 0.0)))
-            elif kind == INTERNAL_CHOSEN:
-                conn.session.note_chosen(frame["status"], float(frame["at"]))
+            match note:
+                case SettingsNote(visibility, at):
+                    conn.session.note_visibility(visibility, at)
+                case ChosenNote(status, at):
+                    conn.session.note_chosen(status, at)
 
     def _check_backlog(self, conn: Conn) -> None:
         transport = conn.ws.transport

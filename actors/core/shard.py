@@ -35,6 +35,7 @@ from .budgets import (
     Spending,
 )
 from .channels import Channel, ChannelState
+from .contract import AccountRow, chosen_frame, settings_frame
 from .effects import Activity, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
 from .slots import channel_key, slot_of
 from .status import (
@@ -48,11 +49,6 @@ from .status import (
     visible_status,
 )
 from .visibility import last_seen_for_reader
-
-INTERNAL_SETTINGS = "_settings"
-# Internal frame to every socket of an account when its chosen status changes: the edges keep the
-# latest choice per socket and claim it when they register the socket again after a restart.
-INTERNAL_CHOSEN = "_chosen"
 
 
 @dataclass(slots=True)
@@ -101,15 +97,6 @@ class Claim:
     chosen_at: float = 0.0
     visibility: str | None = None
     visibility_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class AccountRow:
-    """What the database holds about an account."""
-
-    chosen_status: str = "online"
-    last_seen_visibility: str = "everyone"
-    last_seen_at: float | None = None
 
 
 class ShardState:
@@ -370,7 +357,7 @@ class ShardState:
                 acc.chosen = as_chosen(status)
                 acc.chosen_at = now
                 self.outbox.add(PersistChosen(user_id, status))
-                self._tell_self(acc, {"type": INTERNAL_CHOSEN, "status": status, "at": now})
+                self._tell_self(acc, chosen_frame(status, now))
         else:
             raise ValueError(f"not a status a client may choose: {status!r}")
         acc.touched_at = now
@@ -389,7 +376,7 @@ class ShardState:
                 acc.visibility_at = now
                 # Internal frame: the edges keep each socket's own setting (the reader's side of
                 # the reciprocal `nobody` rule) and never forward frames whose type starts with _.
-                self._tell_self(acc, {"type": INTERNAL_SETTINGS, "lastSeenVisibility": visibility, "at": now})
+                self._tell_self(acc, settings_frame(visibility, now))
 
     def claim(self, user_id: str, claim: Claim, now: float) -> None:
         """What an edge knew of the account's choices when it registers a socket again after a

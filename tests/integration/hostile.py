@@ -26,7 +26,7 @@ async def shard_ops(op: str) -> float:
     total = 0.0
     for i in range(count):
         stats = await ShardClient(i).stats(timeout_s=5)
-        for name, labels, value in stats["metrics"]["counters"]:
+        for name, labels, value in stats.metrics["counters"]:
             if name == "shard_ops_total" and dict(labels).get("op") == op:
                 total += value
     return total

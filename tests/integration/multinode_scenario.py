@@ -75,7 +75,7 @@ async def scenario(result: dict[str, object]) -> None:
         resources={"node_b": 0.01},
     )
     result["edge_nodes"] = [info_a["node_id"], info_b["node_id"]]
-    result["shard_nodes"] = [(await ray_api.ShardClient(i).stats(timeout_s=10))["node_id"] for i in range(2)]
+    result["shard_nodes"] = [(await ray_api.ShardClient(i).stats(timeout_s=10)).node_id for i in range(2)]
     alice, bob = os.environ["MN_ALICE"], os.environ["MN_BOB"]
     url_a = f"ws://127.0.0.1:{info_a['ws_port']}/ws/presence"
     url_b = f"ws://127.0.0.1:{info_b['ws_port']}/ws/presence"

@@ -167,7 +167,7 @@ class Load:
 async def no_pending_last_seen() -> bool:
     _, _, count = await DirectoryClient().get_map()
     for i in range(count):
-        if (await ShardClient(i).stats(timeout_s=5))["pending_last_seen"]:
+        if (await ShardClient(i).stats(timeout_s=5)).pending_last_seen:
             return False
     flush = await ray_api.flush_stats(5)
     return not flush["pending_rows"] and not flush["in_flight_rows"]

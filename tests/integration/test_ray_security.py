@@ -24,7 +24,7 @@ import sys
 import ray
 ray.init(address=sys.argv[1], namespace=sys.argv[2], include_dashboard=False, log_to_driver=False)
 shard = ray.get_actor("shard-0")
-print("CALLED", ray.get(shard.stats.remote(), timeout=20)["shard"])
+print("CALLED", ray.get(shard.stats.remote(), timeout=20).shard)
 """
 
 

@@ -23,8 +23,9 @@ from actors.core.activity import (
     window_start,
 )
 from actors.core.audience import Relations
+from actors.core.contract import AccountRow
 from actors.core.effects import Activity
-from actors.core.shard import AccountRow, ShardState
+from actors.core.shard import ShardState
 
 T0 = 1_800_000_000.0
 

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from actors.core.audience import Relations
 from actors.core.budgets import Allowance, Publications, Spending
+from actors.core.contract import AccountRow
 from actors.core.effects import Deliver, Effect
-from actors.core.shard import AccountRow, ShardState
+from actors.core.shard import ShardState
 from actors.core.slots import slot_of
 from actors.core.status import visible_status
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.core.audience import Relations
-from actors.core.shard import AccountRow, ShardState
+from actors.core.contract import AccountRow
+from actors.core.shard import ShardState
 
 
 def online(n: int, interval: float = 100.0) -> ShardState:

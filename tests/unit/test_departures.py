@@ -5,7 +5,8 @@ departure that a restarted shard lost is applied only where it cannot mislead.""
 from __future__ import annotations
 
 from actors.core.audience import Relations
-from actors.core.shard import AccountRow, ShardState
+from actors.core.contract import AccountRow
+from actors.core.shard import ShardState
 
 from .conftest import T0
 

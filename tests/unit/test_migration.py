@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.core.audience import Relations
+from actors.core.contract import AccountRow
 from actors.core.effects import Activity, Deliver
-from actors.core.shard import AccountRow, ShardState
+from actors.core.shard import ShardState
 from actors.core.slots import SLOT_COUNT, SlotMap, moves, rebalance, slot_of
 
 

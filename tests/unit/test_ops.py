@@ -11,7 +11,8 @@ import pytest
 
 from actors.core import ops
 from actors.core.audience import Relations
-from actors.core.shard import AccountRow, Claim
+from actors.core.contract import AccountRow
+from actors.core.shard import Claim
 from actors.core.slots import channel_key
 from actors.presence import PresenceShard, ShardConfig
 from tests.unit.conftest import T0

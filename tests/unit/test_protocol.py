@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.core.contract import iso_ms
 from edge import protocol as p
 
 VALID: list[tuple[dict[str, Any], type]] = [
@@ -247,12 +248,12 @@ ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
     ],
 )
 def test_iso_ms(ts: float, text: str) -> None:
-    assert p.iso_ms(ts) == text
+    assert iso_ms(ts) == text
 
 
 @given(st.floats(0, 4_102_444_800))
 def test_iso_ms_shape_and_round_trip(ts: float) -> None:
-    text = p.iso_ms(ts)
+    text = iso_ms(ts)
     assert ISO.match(text), text
     back = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     assert abs(back - ts) <= 0.0005 + 1e-6

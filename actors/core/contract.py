@@ -1,0 +1,141 @@
+"""What the edges and the shards share beyond the operations (`actors.core.ops`), in one place.
+
+Pure and small, like `websockets`' `frames.py` shared by its protocol and connection: an edge
+imports this without asyncpg or Ray, the shard without the edge. It holds the shard's special
+answers, the size of a mail batch, the internal frames a shard sends an edge (never a client),
+the contract's time format, a shard's statistics, and the durable row of an account.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+# ---------------------------------------------------------------------------- special answers
+
+# The answer to an operation on a slot this shard does not own (any more): the edge refreshes its
+# slot map and sends the operation to the new owner. Nothing of the operation was applied.
+MOVED = "__moved__"
+# The answer to an operation whose account, relations or channel could not be loaded (the store
+# is away): nothing of it was applied, and the edge tries again. Operations of the same batch on
+# accounts already in memory are applied as usual, so presence keeps working during an outage.
+UNAVAILABLE = "__unavailable__"
+
+# The most mail items one pull returns; a pull that returns fewer found the mailbox emptied.
+PULL_BATCH = 5_000
+
+
+# ---------------------------------------------------------------------------- internal frames
+
+# Internal frames go to every socket of an account through the same mail as client frames, but
+# the edge keeps them for itself and never forwards them: their type starts with `_`.
+#
+# `_settings`: the account's last-seen visibility changed (the edge keeps each socket's own
+# setting: the reader's side of the reciprocal `nobody` rule, and what it claims after a restart).
+INTERNAL_SETTINGS = "_settings"
+# `_chosen`: the account's chosen status changed; the edges keep the latest choice per socket and
+# claim it when they register the socket again after a restart.
+INTERNAL_CHOSEN = "_chosen"
+
+# How orjson spells the start of an internal frame's payload (the type comes first, see below):
+# the one test the edge runs on every payload, so it must stay a prefix check.
+_INTERNAL_PREFIX = '{"type":"_'
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsNote:
+    """An `_settings` frame: the account's last-seen visibility became `visibility` at `at`."""
+
+    visibility: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChosenNote:
+    """A `_chosen` frame: the account's chosen status became `status` at `at`."""
+
+    status: str
+    at: float
+
+
+InternalNote = SettingsNote | ChosenNote
+
+
+def settings_frame(visibility: str, at: float) -> dict[str, object]:
+    """The `_settings` frame the shard sends (the type first: see `internal_note`)."""
+    return {"type": INTERNAL_SETTINGS, "lastSeenVisibility": visibility, "at": at}
+
+
+def chosen_frame(status: str, at: float) -> dict[str, object]:
+    """The `_chosen` frame the shard sends (the type first: see `internal_note`)."""
+    return {"type": INTERNAL_CHOSEN, "status": status, "at": at}
+
+
+def is_internal(payload: str) -> bool:
+    """Whether a serialised mail payload is an internal frame (never forwarded to a client)."""
+    return payload.startswith(_INTERNAL_PREFIX)
+
+
+def internal_note(payload: str) -> InternalNote | None:
+    """The internal frame a mail payload carries; None for a frame meant for clients, and for an
+    internal frame of a kind this edge does not know (a newer shard's: dropped, never forwarded)."""
+    if not is_internal(payload):
+        return None
+    frame = orjson.loads(payload)
+    kind = frame.get("type")
+    if kind == INTERNAL_SETTINGS:
+        return SettingsNote(frame["lastSeenVisibility"], float(frame.get("at", 0.0)))
+    if kind == INTERNAL_CHOSEN:
+        return ChosenNote(frame["status"], float(frame["at"]))
+    return None
+
+
+# ---------------------------------------------------------------------------- time
+
+
+def iso_ms(ts: float) -> str:
+    """Epoch seconds → `2026-12-02T08:47:00.123Z` (the contract's time format)."""
+    d = _dt.datetime.fromtimestamp(round(ts, 3), tz=_dt.UTC)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+# ---------------------------------------------------------------------------- a shard's figures
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStats:
+    """What `PresenceShard.stats()` answers: the operator page, `presence status`, the benches."""
+
+    shard: int
+    incarnation: str
+    accounts: int  # in memory
+    sockets: int
+    online: int  # accounts shown online, idle or dnd
+    edges: int  # edges holding a lease
+    pending_last_seen: int  # departures not yet confirmed written
+    watched: int  # accounts somebody watches
+    channels: int
+    slots: int | None  # slots served; None before the shard learnt them
+    node_id: str | None  # the Ray node it runs on
+    redis_ok: bool
+    metrics: dict[str, Any]  # `actors.metrics.Metrics.snapshot()`
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (`presence status --json`: docs/status.schema.json)."""
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------- the store's rows
+
+
+@dataclass(frozen=True, slots=True)
+class AccountRow:
+    """What the store holds about an account: its chosen status, last-seen visibility and the
+    last-seen time it has (epoch seconds; None: never seen)."""
+
+    chosen_status: str = "online"
+    last_seen_visibility: str = "everyone"
+    last_seen_at: float | None = None
