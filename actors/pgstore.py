@@ -22,6 +22,7 @@ from actors.core.audience import Relations
 from actors.core.backoff import Backoff
 from actors.core.contract import AccountRow
 from actors.core.status import CHOSEN_STATUSES, VISIBILITIES
+from actors.store import AudienceEvents
 
 log = logging.getLogger("presence.pgstore")
 
@@ -33,6 +34,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "AccountRow",
     "AudienceListener",
+    "PostgresStore",
     "Queryable",
     "fetch_accounts",
     "fetch_channel_servers",
@@ -358,3 +360,93 @@ async def _logged(awaitable: Awaitable[object], callback: object) -> None:
         await awaitable
     except Exception:
         log.exception("audience listener: callback %r failed", callback)
+
+
+# -- the store a shard is given --------------------------------------------------------------------
+
+
+class _ConnectionLoads:
+    """`actors.store.Loads` on one pooled connection."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    async def relations(self, user_ids: list[str]) -> dict[str, Relations]:
+        return await fetch_relations(self.conn, user_ids)
+
+    async def accounts(self, user_ids: list[str]) -> dict[str, AccountRow]:
+        return await fetch_accounts(self.conn, user_ids)
+
+    async def channel_servers(self, channel_ids: list[str]) -> dict[str, str | None]:
+        return await fetch_channel_servers(self.conn, channel_ids)
+
+
+class PostgresStore:
+    """`actors.store.ShardStore` on PostgreSQL: a small pool, and the audience listener."""
+
+    errors: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+    def __init__(self, database_url: str, min_size: int = 1, max_size: int = 4) -> None:
+        self.database_url = database_url
+        self.min_size = min_size
+        self.max_size = max_size
+        self.pool: asyncpg.Pool | None = None
+        self.listener: AudienceListener | None = None
+
+    async def start(self, events: AudienceEvents) -> None:
+        self.pool = await asyncpg.create_pool(
+            self.database_url, min_size=self.min_size, max_size=self.max_size
+        )
+        self.listener = AudienceListener(
+            self.database_url,
+            on_user=events.on_user,
+            on_settings=events.on_settings,
+            on_channel=events.on_channel,
+            on_reset=events.on_reset,
+        )
+        await self.listener.start()
+
+    async def stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.stop()
+        if self.pool is not None:
+            await self.pool.close()
+
+    def _pool(self) -> asyncpg.Pool:
+        assert self.pool is not None, "PostgresStore used before start()"
+        return self.pool
+
+    @contextlib.asynccontextmanager
+    async def loading(self) -> AsyncIterator[_ConnectionLoads]:
+        # One connection for the batch's reads: each acquire costs a reset round trip.
+        async with self._pool().acquire() as conn:
+            yield _ConnectionLoads(conn)
+
+    async def read_accounts(self, user_ids: list[str]) -> dict[str, AccountRow]:
+        async with self._pool().acquire() as conn:
+            return await read_accounts(conn, user_ids)
+
+    async def server_members(self, server_id: str) -> list[str]:
+        async with self._pool().acquire() as conn:
+            return await server_member_ids(conn, server_id)
+
+    async def last_seen_since(self, since: float) -> AsyncIterator[list[tuple[str, float]]]:
+        async with self._pool().acquire() as conn:
+            async for chunk in last_seen_since(conn, since):
+                yield chunk
+
+    async def persist(self, chosen: list[tuple[str, str]], visibility: list[tuple[str, str]]) -> None:
+        async with self._pool().acquire() as conn:
+            if chosen:
+                await save_chosen_status(conn, chosen)
+            if visibility:
+                await save_visibility(conn, visibility)
+
+    async def healthy(self, timeout_s: float) -> bool:
+        if self.pool is None:
+            return False
+        try:
+            async with asyncio.timeout(timeout_s), self.pool.acquire() as conn:
+                return bool(await conn.fetchval("SELECT 1") == 1)
+        except (TimeoutError, *self.errors):
+            return False

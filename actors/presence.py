@@ -18,10 +18,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 import orjson
 
-from actors import gc_policy, pgstore
+from actors import gc_policy
 from actors.core import activity
 from actors.core import ops as ops_
 from actors.core.audience import Relations
@@ -34,6 +33,7 @@ from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
 from actors.metrics import Metrics
+from actors.store import AudienceEvents, ShardStore
 
 log = logging.getLogger("presence.shard")
 
@@ -79,11 +79,16 @@ class ShardConfig:
 
 class PresenceShard:
     def __init__(
-        self, config: ShardConfig, flush_write: FlushWrite, clock: Callable[[], float] = time.time
+        self,
+        config: ShardConfig,
+        flush_write: FlushWrite,
+        store: ShardStore,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.clock = clock
         self.flush_write = flush_write
+        self.store = store
         self.incarnation = secrets.token_hex(8)
         self.state = ShardState(
             socket_timeout_s=config.socket_timeout_s,
@@ -102,7 +107,6 @@ class PresenceShard:
         self._edge_order: dict[str, asyncio.Lock] = {}
         self.metrics = Metrics()
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
-        self.pool: asyncpg.Pool | None = None
         self.persist_status: dict[str, str] = {}
         self.persist_visibility: dict[str, str] = {}
         # The batch being written now: not saved yet either (a reload must not see the older
@@ -114,7 +118,6 @@ class PresenceShard:
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_users: set[str] = set()
         self._reload_channels: set[str] = set()
-        self._listener: pgstore.AudienceListener | None = None
         # Slots this shard serves; None until the shell learns them from the slot directory.
         self.owned: set[int] | None = None
         self.node_id: str | None = None  # the Ray node it runs on, told by the Ray wrapper
@@ -128,15 +131,14 @@ class PresenceShard:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.pool = await asyncpg.create_pool(self.config.database_url, min_size=1, max_size=4)
-        self._listener = pgstore.AudienceListener(
-            self.config.database_url,
-            on_user=self._reload_users.add,
-            on_settings=self._reload_users.add,
-            on_channel=self._reload_channels.add,
-            on_reset=self._reload_everything,
+        await self.store.start(
+            AudienceEvents(
+                on_user=self._reload_users.add,
+                on_settings=self._reload_users.add,
+                on_channel=self._reload_channels.add,
+                on_reset=self._reload_everything,
+            )
         )
-        await self._listener.start()
         for loop in (
             self._sweep_loop,
             self._flush_loop,
@@ -154,11 +156,8 @@ class PresenceShard:
         await self.drain(timeout_s=10.0)
         for t in self._tasks:
             t.cancel()
-        if self._listener is not None:
-            await self._listener.stop()
         await self.counts.close()
-        if self.pool is not None:
-            await self.pool.close()
+        await self.store.stop()
 
     async def _forever(self, loop: Callable[[], Awaitable[None]]) -> None:
         # A background duty that fails is logged and restarted, never silently gone.
@@ -183,7 +182,7 @@ class PresenceShard:
             self.mail.setdefault(edge_id, Mailbox())
             try:
                 await self._preload(ops, now)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            except self.store.errors as e:
                 self.metrics.inc("shard_preload_failures_total")
                 log.warning(
                     "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
@@ -226,9 +225,7 @@ class PresenceShard:
     async def operator_view(self, user_id: str) -> dict[str, Any] | None:
         """The operator's view: real status and the real stored time, whatever the setting;
         None for an account that does not exist (reading never creates one)."""
-        assert self.pool is not None
-        async with self.pool.acquire() as conn:
-            row = (await pgstore.read_accounts(conn, [user_id])).get(user_id)
+        row = (await self.store.read_accounts([user_id])).get(user_id)
         if row is None and user_id not in self.state.accounts:
             return None
         now = self.clock()
@@ -254,20 +251,12 @@ class PresenceShard:
         }
 
     async def postgres_ok(self, timeout_s: float = 1.0) -> bool:
-        """Whether this shard's pool reaches PostgreSQL now (the operator page's health line)."""
-        if self.pool is None:
-            return False
-        try:
-            async with asyncio.timeout(timeout_s), self.pool.acquire() as conn:
-                return bool(await conn.fetchval("SELECT 1") == 1)
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            return False
+        """Whether this shard reaches its store now (the operator page's health line)."""
+        return await self.store.healthy(timeout_s)
 
     async def server_members(self, server_id: str) -> list[str]:
-        """Every member of a server, from PostgreSQL (the active count of one server)."""
-        assert self.pool is not None
-        async with self.pool.acquire() as conn:
-            return await pgstore.server_member_ids(conn, server_id)
+        """Every member of a server, from the store (the active count of one server)."""
+        return await self.store.server_members(server_id)
 
     async def stats(self) -> ShardStats:
         self.metrics.sample_process()
@@ -301,9 +290,8 @@ class PresenceShard:
         now = self.clock()
         users = self.state.missing_relations(self.state.users_of_export(export))
         if users:
-            assert self.pool is not None
-            async with self.pool.acquire() as conn:
-                for user_id, rel in (await pgstore.fetch_relations(conn, users)).items():
+            async with self.store.loading() as loads:
+                for user_id, rel in (await loads.relations(users)).items():
                     self.state.set_relations(user_id, rel, now)
         for edge_id in export.edges:
             self.mail.setdefault(edge_id, Mailbox())  # mail for them may be due at once
@@ -384,10 +372,9 @@ class PresenceShard:
         missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
         if not (missing_rel or missing_acc or missing_ch):
             return
-        assert self.pool is not None
-        async with self.pool.acquire() as conn:
+        async with self.store.loading() as loads:
             if missing_rel:
-                for user_id, rel in (await pgstore.fetch_relations(conn, missing_rel)).items():
+                for user_id, rel in (await loads.relations(missing_rel)).items():
                     self.state.set_relations(user_id, rel, now)
             # A query's audience is known once the relations are: its visible accounts load too.
             for reader, targets in queries:
@@ -395,11 +382,11 @@ class PresenceShard:
                     u for u in self.state.audience_of_query(reader, targets) if not self.state.has_account(u)
                 )
             if missing_acc:
-                rows = await pgstore.fetch_accounts(conn, list(dict.fromkeys(missing_acc)))
+                rows = await loads.accounts(list(dict.fromkeys(missing_acc)))
                 for user_id, row in rows.items():
                     self.state.load_account(user_id, row, now)
             if missing_ch:
-                for channel_id, server_id in (await pgstore.fetch_channel_servers(conn, missing_ch)).items():
+                for channel_id, server_id in (await loads.channel_servers(missing_ch)).items():
                     self.state.channels.load_channel(channel_id, server_id)
 
     def _apply_checked(self, edge_id: str, op: Op, now: float) -> object:
@@ -582,12 +569,7 @@ class PresenceShard:
         self.persist_status, self.persist_visibility = {}, {}
         self._saving_status, self._saving_visibility = status, visibility
         try:
-            assert self.pool is not None
-            async with self.pool.acquire() as conn:
-                if status:
-                    await pgstore.save_chosen_status(conn, sorted(status.items()))
-                if visibility:
-                    await pgstore.save_visibility(conn, sorted(visibility.items()))
+            await self.store.persist(sorted(status.items()), sorted(visibility.items()))
         except BaseException:
             # Newer values that arrived meanwhile win over the ones being retried.
             self.persist_status = {**status, **self.persist_status}
@@ -615,12 +597,11 @@ class PresenceShard:
         rewrite, seed = await self.counts.check_active(self.config.shard_index, activity.trim_before(now))
         if rewrite:
             self._refresh_active(self.state.live_accounts())
-        if seed and self.pool is not None:
+        if seed:
             try:
-                async with self.pool.acquire() as conn:
-                    async for chunk in pgstore.last_seen_since(conn, activity.trim_before(now)):
-                        self.counts.active_history(chunk)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                async for chunk in self.store.last_seen_since(activity.trim_before(now)):
+                    self.counts.active_history(chunk)
+            except self.store.errors as e:
                 log.warning(
                     "shard %s: refilling active counts failed (%s)", self.config.shard_index, type(e).__name__
                 )
@@ -640,11 +621,10 @@ class PresenceShard:
             self._reload_channels.clear()
             if not users and not channels:
                 continue
-            assert self.pool is not None
             try:
-                async with self.pool.acquire() as conn:
-                    rels = await pgstore.fetch_relations(conn, users) if users else {}
-                    chans = await pgstore.fetch_channel_servers(conn, channels) if channels else {}
+                async with self.store.loading() as loads:
+                    rels = await loads.relations(users) if users else {}
+                    chans = await loads.channel_servers(channels) if channels else {}
             except Exception:
                 self._reload_users.update(users)
                 self._reload_channels.update(channels)

@@ -22,6 +22,7 @@ from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
 from actors.directory import SlotDirectory
 from actors.flush import FlushActor
+from actors.pgstore import PostgresStore
 from actors.presence import PresenceShard, ShardConfig
 
 log = logging.getLogger("presence.ray")
@@ -75,7 +76,10 @@ class _FlushActor:
 @ray.remote
 class _PresenceActor:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.impl = PresenceShard(ShardConfig(**config), flush_write=self._flush_write)
+        shard_config = ShardConfig(**config)
+        self.impl = PresenceShard(
+            shard_config, flush_write=self._flush_write, store=PostgresStore(shard_config.database_url)
+        )
         self._started: asyncio.Task[None] | None = None
         self._flush: Any = None
 

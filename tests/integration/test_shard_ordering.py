@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from actors.core import ops
+from actors.pgstore import PostgresStore
 from actors.presence import PresenceShard, ShardConfig
 from tests.integration.conftest import Cluster, Ids, load
 
@@ -29,7 +30,11 @@ async def shard(cluster: Cluster) -> AsyncIterator[PresenceShard]:
     async def flush_write(rows: list[tuple[str, float]]) -> None:
         written.extend(rows)  # where the FlushActor would take them; not under test here
 
-    s = PresenceShard(ShardConfig(0, cluster.database_url, cluster.redis_url), flush_write=flush_write)
+    s = PresenceShard(
+        ShardConfig(0, cluster.database_url, cluster.redis_url),
+        flush_write=flush_write,
+        store=PostgresStore(cluster.database_url),
+    )
     await s.start()
     yield s
     await s.stop()

@@ -16,6 +16,7 @@ from actors.core.shard import Claim
 from actors.core.slots import channel_key
 from actors.presence import PresenceShard, ShardConfig
 from tests.unit.conftest import T0
+from tests.unit.fake_store import FakeStore
 
 ALL: list[ops.Op] = [
     ops.Connect("alice", "s1"),
@@ -82,7 +83,9 @@ def _loaded_shard() -> PresenceShard:
     async def flush_write(_: list[tuple[str, float]]) -> None:
         return None
 
-    shard = PresenceShard(ShardConfig(0, "postgresql://unused", None), flush_write, clock=lambda: T0)
+    shard = PresenceShard(
+        ShardConfig(0, "postgresql://unused", None), flush_write, store=FakeStore(), clock=lambda: T0
+    )
     for user in ("alice", "bob", "carol"):
         shard.state.set_relations(user, Relations(frozenset(), frozenset({"srv"}), "everyone"), T0)
         shard.state.load_account(user, AccountRow(), T0)

@@ -1,0 +1,236 @@
+"""The shard shell (`actors.presence.PresenceShard`) around its pure state: ordering and failure
+handling, deterministically, with a store whose every call waits at a gate the test opens
+(tests/unit/fake_store.py). No Ray, no PostgreSQL, no Redis; the clock is the test's.
+
+The rules:
+- one edge's batches apply in the order they arrive, even when an earlier one waits on a load and
+  a later one needs nothing loaded (a disconnect never overtakes its connect);
+- batches of different edges do not wait for each other;
+- a load that fails answers UNAVAILABLE only to the operations that needed it; the rest of the
+  batch applies (presence keeps working on what is in memory);
+- a failed save is retried, and a value chosen meanwhile wins over the one being retried;
+- `drain` gives up at its deadline and says how much it left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from actors.core import ops
+from actors.core.audience import Relations
+from actors.core.contract import UNAVAILABLE, AccountRow
+from actors.presence import PresenceShard, ShardConfig
+from tests.unit.conftest import Clock
+from tests.unit.fake_store import FakeStore
+
+FRIENDS = {
+    "alice": Relations(frozenset({"bob"}), frozenset(), "everyone"),
+    "bob": Relations(frozenset({"alice"}), frozenset(), "everyone"),
+}
+
+
+class Flushes:
+    """Where the FlushActor would take last-seen values; can be made to fail."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, float]] = []
+        self.failing = False
+
+    async def __call__(self, entries: list[tuple[str, float]]) -> None:
+        if self.failing:
+            raise ConnectionError("flush actor away")
+        self.written.extend(entries)
+
+
+@pytest.fixture
+def store() -> FakeStore:
+    return FakeStore(relations=FRIENDS)
+
+
+@pytest.fixture
+def flushes() -> Flushes:
+    return Flushes()
+
+
+@pytest.fixture
+def shard(store: FakeStore, flushes: Flushes, clock: Clock) -> PresenceShard:
+    # Not started: no background duty runs unless a test starts it (see `running`).
+    return PresenceShard(ShardConfig(0, "postgresql://unused", None), flushes, store=store, clock=clock)
+
+
+@pytest.fixture
+async def running(shard: PresenceShard) -> AsyncIterator[PresenceShard]:
+    await shard.start()
+    yield shard
+    for task in shard._tasks:
+        task.cancel()
+    await asyncio.gather(*shard._tasks, return_exceptions=True)
+
+
+async def still_pending(task: asyncio.Task[object], within_s: float = 0.05) -> bool:
+    """True if `task` has not finished within `within_s` (it waits on something held)."""
+    done, _ = await asyncio.wait({task}, timeout=within_s)
+    return not done
+
+
+# ---------------------------------------------------------------------------- ordering
+
+
+async def test_a_disconnect_never_overtakes_its_connect_that_waits_on_a_load(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    store.held = True
+    connect = asyncio.create_task(shard.apply("edge-a", [ops.Connect("alice", "s1")]))
+    load = await store.next_held()  # the connect waits on the store
+    # Needs nothing loaded: without the per-edge order it would apply at once, before the
+    # connect, and leave the socket registered for ever.
+    disconnect = asyncio.create_task(shard.apply("edge-a", [ops.Disconnect("alice", "s1")]))
+    assert await still_pending(disconnect)
+    store.held = False
+    load.open()
+    (_, [connected]), (_, [disconnected]) = await asyncio.gather(connect, disconnect)
+    assert connected == ("online", "everyone") and disconnected is None
+    assert shard.state.socket_count() == 0
+    assert shard.state.real_status_of("alice") == "offline"
+
+
+async def test_batches_of_different_edges_do_not_wait_for_each_other(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    await shard.apply("edge-b", [ops.Connect("bob", "s2")])  # bob is in memory now
+    store.held = True
+    slow = asyncio.create_task(shard.apply("edge-a", [ops.Connect("alice", "s1")]))
+    held = await store.next_held()
+    _, [status] = await shard.apply("edge-b", [ops.SetStatus("bob", "s2", "dnd")])
+    assert status == "dnd" and not slow.done()
+    store.held = False
+    held.open()
+    _, [connected] = await slow
+    assert connected == ("online", "everyone")
+
+
+async def test_a_batch_needing_nothing_loaded_never_touches_the_store(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    await shard.apply("edge-a", [ops.Connect("alice", "s1")])
+    before = len(store.calls)
+    await shard.apply(
+        "edge-a", [ops.SetStatus("alice", "s1", "idle"), ops.Focus("alice", "s1", None), ops.PING]
+    )
+    assert len(store.calls) == before
+
+
+# ---------------------------------------------------------------------------- failures
+
+
+async def test_a_load_failure_answers_unavailable_only_to_the_operations_that_needed_it(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    await shard.apply("edge-a", [ops.Connect("alice", "s1")])
+    store.down = True
+    _, results = await shard.apply(
+        "edge-a",
+        [
+            ops.SetStatus("alice", "s1", "dnd"),  # in memory: applies
+            ops.Connect("carol", "s3"),  # must be loaded: refused, nothing of it applied
+            ops.Watch("alice", "s1", ("bob",)),  # bob's relations are not in memory
+            ops.PING,
+        ],
+    )
+    assert results == ["dnd", UNAVAILABLE, UNAVAILABLE, None]
+    assert shard.state.real_status_of("alice") == "dnd"
+    assert not shard.state.has_account("carol")
+    counters = {name for name, _, _ in shard.metrics.snapshot()["counters"]}
+    assert "shard_preload_failures_total" in counters  # counted and logged, not raised
+    # Once the store is back, the same operation goes through.
+    store.down = False
+    _, [connected] = await shard.apply("edge-a", [ops.Connect("carol", "s3")])
+    assert connected == ("online", "everyone")
+
+
+async def test_a_failed_save_is_retried_and_a_value_chosen_meanwhile_wins(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    await shard.apply("edge-a", [ops.Connect("alice", "s1"), ops.SetStatus("alice", "s1", "dnd")])
+    assert shard.persist_status == {"alice": "dnd"}
+    store.held = True
+    saving = asyncio.create_task(shard._persist_once())
+    write = await store.next_held("persist")
+    assert write.args[0] == (("alice", "dnd"),)
+    assert shard.unsaved() == {"alice"}  # being written is not saved yet
+    # Chosen while the first write is in flight, then that write fails.
+    await shard.apply("edge-a", [ops.SetStatus("alice", "s1", "invisible")])
+    write.open(fail=True)
+    with pytest.raises(store.errors):
+        await saving
+    assert shard.persist_status == {"alice": "invisible"}  # the newer value, not the retried one
+    store.held = False
+    await shard._persist_once()
+    assert store.saved_chosen == {"alice": "invisible"} and shard.unsaved() == set()
+
+
+async def test_the_save_loop_retries_until_the_store_is_back(
+    running: PresenceShard, store: FakeStore
+) -> None:
+    await running.apply("edge-a", [ops.Connect("alice", "s1")])
+    store.down = True
+    await running.apply("edge-a", [ops.Settings("alice", "nobody")])
+    async with asyncio.timeout(5):
+        while store.kinds().count("persist") < 1:  # the first attempt failed
+            await asyncio.sleep(0.01)
+    store.down = False
+    async with asyncio.timeout(10):  # the retry comes after its backoff (0.5 s at first)
+        while store.saved_visibility != {"alice": "nobody"}:
+            await asyncio.sleep(0.01)
+    assert store.kinds().count("persist") >= 2 and running.unsaved() == set()
+
+
+async def test_drain_gives_up_at_its_deadline_and_says_what_it_left(
+    shard: PresenceShard, store: FakeStore, flushes: Flushes, clock: Clock
+) -> None:
+    await shard.apply("edge-a", [ops.Connect("alice", "s1"), ops.SetStatus("alice", "s1", "dnd")])
+    clock.advance(5)
+    await shard.apply("edge-a", [ops.Disconnect("alice", "s1")])  # a last-seen to flush
+    assert shard.state.pending_last_seen
+    store.down, flushes.failing = True, True
+    async with asyncio.timeout(5):
+        left = await shard.drain(timeout_s=0.3)
+    assert left == 2  # alice's last-seen and her chosen status
+    store.down, flushes.failing = False, False
+    assert await shard.drain(timeout_s=5) == 0
+    assert store.saved_chosen == {"alice": "dnd"} and [u for u, _ in flushes.written] == ["alice"]
+
+
+async def test_an_account_unsaved_is_reloaded_with_its_pending_setting(
+    running: PresenceShard, store: FakeStore
+) -> None:
+    """An audience reload that reads the store while a setting is not yet saved keeps the
+    setting (the store still has the older value)."""
+    await running.apply("edge-a", [ops.Connect("alice", "s1")])
+    store.held = True
+    await running.apply("edge-a", [ops.Settings("alice", "nobody")])
+    write = await store.next_held("persist")  # the save is in flight
+    assert store.events is not None
+    before = running.state.relations["alice"]
+    store.events.on_user("alice")  # somebody changed alice's friends meanwhile
+    reload = await store.next_held("relations")
+    reload.open()
+    async with asyncio.timeout(5):
+        while running.state.relations["alice"] is before:  # replaced by the reload
+            await asyncio.sleep(0.01)
+    assert running.state.relations["alice"].last_seen_visibility == "nobody"
+    store.held = False
+    write.open()
+
+
+async def test_the_operator_view_reads_the_store_without_creating_anything(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    store.rows["bob"] = AccountRow("dnd", "friends", 1_700_000_000.0)
+    view = await shard.operator_view("bob")
+    assert view is not None and view["chosenStatus"] == "dnd" and view["sockets"] == 0
+    assert await shard.operator_view("nobody-here") is None
+    assert "nobody-here" not in store.rows
