@@ -209,7 +209,7 @@ class CountReader:
         # Loaded again by redis-py when Redis answers NOSCRIPT (after a wipe or a restart).
         self._count_among: Any = None
         if self.redis is not None:
-            self._count_among = self.redis.register_script(COUNT_AMONG_LUA)  # type: ignore[no-untyped-call]
+            self._count_among = self.redis.register_script(COUNT_AMONG_LUA)  # type: ignore[no-untyped-call,unused-ignore]
 
     async def _count(self, key: str) -> int | None:
         if self.redis is None:

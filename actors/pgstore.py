@@ -445,8 +445,9 @@ class PostgresStore:
     async def healthy(self, timeout_s: float) -> bool:
         if self.pool is None:
             return False
+        away: tuple[type[BaseException], ...] = (TimeoutError, *self.errors)
         try:
             async with asyncio.timeout(timeout_s), self.pool.acquire() as conn:
                 return bool(await conn.fetchval("SELECT 1") == 1)
-        except (TimeoutError, *self.errors):
+        except away:
             return False
