@@ -1,9 +1,10 @@
-"""The database layer: schema migration, `presence load`, the shards' batched reads and writes,
-and the LISTEN side of the audience-change notifications.
+"""The database layer of the tools: schema migration and `presence load`. The shards' batched
+reads and writes and the LISTEN side of the audience-change notifications live with the shard
+(`actors/pgstore.py`) and are named here too for this module's users.
 
 Every helper is one statement (arrays passed through `unnest`), never one round trip per row, so
-a shard warming up thousands of accounts or a fixture with thousands of members costs a handful
-of queries. Helpers accept an asyncpg connection or pool; nothing here knows about Ray.
+a fixture with thousands of members costs a handful of queries. Helpers accept an asyncpg
+connection or pool; nothing here knows about Ray.
 """
 
 from __future__ import annotations
