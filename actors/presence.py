@@ -356,9 +356,10 @@ class PresenceShard:
         for op in ops:
             needs = op.needs()
             if needs is not NOTHING:
-                rel_ids.extend(needs.relations)
-                acc_ids.extend(needs.accounts)
-                channel_ids.extend(needs.channels)
+                relations, accounts, channels = needs
+                rel_ids.extend(relations)
+                acc_ids.extend(accounts)
+                channel_ids.extend(channels)
             if isinstance(op, ops_.Query):
                 queries.append((op.reader, op.targets))
         # Most batches find everything in memory: decide that without taking a connection (each
@@ -400,7 +401,7 @@ class PresenceShard:
     def _apply_one(self, edge_id: str, op: Op, now: float) -> object:
         """Apply one operation to the state; the answer the edge gets (see `actors.core.ops`)."""
         s = self.state
-        self.metrics.inc("shard_ops_total", op=op.KIND)
+        self.metrics.inc("shard_ops_total", op=ops_.KIND[type(op)])
         match op:
             case ops_.Connect(user_id, socket_id, idle, claim):
                 if claim is not None:

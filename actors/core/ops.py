@@ -7,83 +7,40 @@ checked against the slots the shard serves, and what the shell must load from th
 the pure state may apply it (`needs`: see the "Data the shell must load" rule in
 `actors.core.shard`). Pure: no I/O, nothing but the standard library and the core.
 
-`KIND` names the operation in the metrics (`shard_ops_total{op=...}`); the names are the ones the
+`KIND[type(op)]` names the operation in the metrics (`shard_ops_total{op=...}`); the names are the ones the
 project's dashboards and tests already read.
+
+They are NamedTuples, not frozen dataclasses: an edge sends hundreds per Ray call, and building,
+pickling and unpickling a NamedTuple costs about half as much as a slotted frozen dataclass
+(measured for issue 12: 1.3 µs against 2.4 µs per operation; plain tuples 0.5 µs). Equality is
+a tuple's (an operation is never compared with one of another kind).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from operator import attrgetter
-from typing import ClassVar
+from typing import NamedTuple
 
 from .shard import Claim
 from .slots import channel_key
 
-
-@dataclass(frozen=True, slots=True)
-class Needs:
-    """What the shell loads before applying an operation: relations of accounts (friends,
-    servers, visibility), account rows (chosen status, last-seen), channels (their server)."""
-
-    relations: tuple[str, ...] = ()
-    accounts: tuple[str, ...] = ()
-    channels: tuple[str, ...] = ()
+# What the shell loads before applying an operation: (relations of these accounts (friends,
+# servers, visibility), rows of these accounts (chosen status, last-seen), these channels (their
+# server)). A plain tuple: `needs()` is asked of every operation of every batch.
+Needs = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 
-NOTHING = Needs()
-
-
-class _Op:
-    """What every operation answers; the defaults fit an operation on nothing loaded."""
-
-    __slots__ = ()
-    KIND: ClassVar[str]
-    __match_args__: ClassVar[tuple[str, ...]]
-
-    def slot_keys(self) -> tuple[str, ...]:
-        return ()
-
-    def needs(self) -> Needs:
-        return NOTHING
-
-    def __reduce__(self) -> tuple[type[_Op], tuple[object, ...]]:
-        # Pickled as the class and its fields, rebuilt by calling the class: an edge sends
-        # hundreds per Ray call, and the default form of a slotted frozen dataclass (state
-        # restored field by field through `__setstate__`) costs about four times as much.
-        return type(self), _fields_of(self)
-
-
-_FIELDS: dict[type[_Op], Callable[[_Op], tuple[object, ...]]] = {}
-
-
-def _fields_of(op: _Op) -> tuple[object, ...]:
-    cls = type(op)
-    get = _FIELDS.get(cls)
-    if get is None:
-        names = cls.__match_args__
-        if not names:
-            get = _FIELDS[cls] = lambda _: ()
-        elif len(names) == 1:
-            one = attrgetter(names[0])
-            get = _FIELDS[cls] = lambda o: (one(o),)
-        else:
-            get = _FIELDS[cls] = attrgetter(*names)
-    return get(op)
+NOTHING: Needs = ((), (), ())
 
 
 # ---------------------------------------------------------------------------- accounts
 
 
-@dataclass(frozen=True, slots=True)
-class Connect(_Op):
+class Connect(NamedTuple):
     """A socket of `user_id` opened on the calling edge. Answer: (real status, visibility).
 
     A socket registered again after a shard restart brings its idle flag and what its edge knows
     of the account's choices (`claim`: acknowledged, perhaps never saved)."""
 
-    KIND: ClassVar[str] = "connect"
     user_id: str
     socket_id: str
     idle: bool = False
@@ -93,14 +50,12 @@ class Connect(_Op):
         return (self.user_id,)
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.user_id,), accounts=(self.user_id,))
+        return ((self.user_id,), (self.user_id,), ())
 
 
-@dataclass(frozen=True, slots=True)
-class Disconnect(_Op):
+class Disconnect(NamedTuple):
     """A socket went; `at` is when (None: now). Answer: None."""
 
-    KIND: ClassVar[str] = "disconnect"
     user_id: str
     socket_id: str
     at: float | None = None
@@ -111,15 +66,13 @@ class Disconnect(_Op):
     def needs(self) -> Needs:
         # A disconnect normally finds its account in memory; after a restart it may not, and a
         # stamped one is then a departure this incarnation must still record.
-        return Needs(accounts=(self.user_id,)) if self.at is not None else NOTHING
+        return ((), (self.user_id,), ()) if self.at is not None else NOTHING
 
 
-@dataclass(frozen=True, slots=True)
-class Departed(_Op):
+class Departed(NamedTuple):
     """A departure at `at` that a restarted shard may not have recorded (an edge's journal).
     Answer: None."""
 
-    KIND: ClassVar[str] = "departed"
     user_id: str
     at: float
 
@@ -127,14 +80,12 @@ class Departed(_Op):
         return (self.user_id,)
 
     def needs(self) -> Needs:
-        return Needs(accounts=(self.user_id,))
+        return ((), (self.user_id,), ())
 
 
-@dataclass(frozen=True, slots=True)
-class SetStatus(_Op):
+class SetStatus(NamedTuple):
     """A socket chose a status (or reported idle). Answer: the account's real status."""
 
-    KIND: ClassVar[str] = "status"
     user_id: str
     socket_id: str
     status: str
@@ -143,14 +94,12 @@ class SetStatus(_Op):
         return (self.user_id,)
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.user_id,), accounts=(self.user_id,))
+        return ((self.user_id,), (self.user_id,), ())
 
 
-@dataclass(frozen=True, slots=True)
-class Settings(_Op):
+class Settings(NamedTuple):
     """The account's last-seen visibility. Answer: None."""
 
-    KIND: ClassVar[str] = "settings"
     user_id: str
     visibility: str
 
@@ -158,14 +107,12 @@ class Settings(_Op):
         return (self.user_id,)
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.user_id,), accounts=(self.user_id,))
+        return ((self.user_id,), (self.user_id,), ())
 
 
-@dataclass(frozen=True, slots=True)
-class Focus(_Op):
+class Focus(NamedTuple):
     """The channel a socket looks at (None: none). Answer: None."""
 
-    KIND: ClassVar[str] = "focus"
     user_id: str
     socket_id: str
     channel_id: str | None
@@ -173,13 +120,14 @@ class Focus(_Op):
     def slot_keys(self) -> tuple[str, ...]:
         return (self.user_id,)
 
+    def needs(self) -> Needs:
+        return NOTHING
 
-@dataclass(frozen=True, slots=True)
-class Spend(_Op):
+
+class Spend(NamedTuple):
     """Charge `n` to one of the account's budgets (`budget`: "lookups"). Answer: bool, False
     when refused (nothing charged)."""
 
-    KIND: ClassVar[str] = "spend"
     user_id: str
     budget: str
     n: int
@@ -187,13 +135,14 @@ class Spend(_Op):
     def slot_keys(self) -> tuple[str, ...]:
         return (self.user_id,)
 
+    def needs(self) -> Needs:
+        return NOTHING
 
-@dataclass(frozen=True, slots=True)
-class Watch(_Op):
+
+class Watch(NamedTuple):
     """A socket of `user_id` watches `targets` (the ones this shard owns). Answer: a list of
     (target, status) for the targets it may see."""
 
-    KIND: ClassVar[str] = "watch"
     user_id: str
     socket_id: str
     targets: tuple[str, ...]
@@ -202,30 +151,29 @@ class Watch(_Op):
         return self.targets
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.user_id, *self.targets))
+        return ((self.user_id, *self.targets), (), ())
 
 
-@dataclass(frozen=True, slots=True)
-class Unwatch(_Op):
+class Unwatch(NamedTuple):
     """A socket stops watching `targets`. Answer: None."""
 
-    KIND: ClassVar[str] = "unwatch"
     socket_id: str
     targets: tuple[str, ...]
 
     def slot_keys(self) -> tuple[str, ...]:
         return self.targets
 
+    def needs(self) -> Needs:
+        return NOTHING
 
-@dataclass(frozen=True, slots=True)
-class Query(_Op):
+
+class Query(NamedTuple):
     """One-off lookup of `targets` by `reader` (whose own visibility is `reader_visibility`).
     Answer: a list of (target, status, lastSeenAt as the contract's ISO string or None).
 
     Beyond `needs`, the shell loads the rows of the targets the reader may see, which it knows
     once the relations are loaded (`ShardState.audience_of_query`)."""
 
-    KIND: ClassVar[str] = "query"
     reader: str
     reader_visibility: str
     targets: tuple[str, ...]
@@ -234,17 +182,15 @@ class Query(_Op):
         return self.targets
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.reader, *self.targets))
+        return ((self.reader, *self.targets), (), ())
 
 
 # ---------------------------------------------------------------------------- channels
 
 
-@dataclass(frozen=True, slots=True)
-class ChannelSubscribe(_Op):
+class ChannelSubscribe(NamedTuple):
     """Answer: True, or False for a channel the store does not know."""
 
-    KIND: ClassVar[str] = "ch_sub"
     channel_id: str
     user_id: str
     socket_id: str
@@ -253,26 +199,25 @@ class ChannelSubscribe(_Op):
         return (channel_key(self.channel_id),)
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.user_id,), channels=(self.channel_id,))
+        return ((self.user_id,), (), (self.channel_id,))
 
 
-@dataclass(frozen=True, slots=True)
-class ChannelUnsubscribe(_Op):
+class ChannelUnsubscribe(NamedTuple):
     """Answer: None."""
 
-    KIND: ClassVar[str] = "ch_unsub"
     channel_id: str
     socket_id: str
 
     def slot_keys(self) -> tuple[str, ...]:
         return (channel_key(self.channel_id),)
 
+    def needs(self) -> Needs:
+        return NOTHING
 
-@dataclass(frozen=True, slots=True)
-class TypingStart(_Op):
+
+class TypingStart(NamedTuple):
     """Answer: True, False (not allowed there) or "rate_limited"."""
 
-    KIND: ClassVar[str] = "typing_start"
     channel_id: str
     user_id: str
 
@@ -280,29 +225,28 @@ class TypingStart(_Op):
         return (channel_key(self.channel_id),)
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.user_id,), channels=(self.channel_id,))
+        return ((self.user_id,), (), (self.channel_id,))
 
 
-@dataclass(frozen=True, slots=True)
-class TypingStop(_Op):
+class TypingStop(NamedTuple):
     """Answer: None."""
 
-    KIND: ClassVar[str] = "typing_stop"
     channel_id: str
     user_id: str
 
     def slot_keys(self) -> tuple[str, ...]:
         return (channel_key(self.channel_id),)
 
+    def needs(self) -> Needs:
+        return NOTHING
 
-@dataclass(frozen=True, slots=True)
-class VoiceJoin(_Op):
+
+class VoiceJoin(NamedTuple):
     """Answer: True, False (not allowed there) or "rate_limited".
 
     `own`: a client's own join, charged to the account's voice budget; a join registered again
     after a shard restart is not (it was charged when it happened)."""
 
-    KIND: ClassVar[str] = "voice_join"
     channel_id: str
     user_id: str
     socket_id: str
@@ -312,42 +256,47 @@ class VoiceJoin(_Op):
         return (channel_key(self.channel_id),)
 
     def needs(self) -> Needs:
-        return Needs(relations=(self.user_id,), channels=(self.channel_id,))
+        return ((self.user_id,), (), (self.channel_id,))
 
 
-@dataclass(frozen=True, slots=True)
-class VoiceLeave(_Op):
+class VoiceLeave(NamedTuple):
     """Answer: None."""
 
-    KIND: ClassVar[str] = "voice_leave"
     channel_id: str
     socket_id: str
 
     def slot_keys(self) -> tuple[str, ...]:
         return (channel_key(self.channel_id),)
 
+    def needs(self) -> Needs:
+        return NOTHING
 
-@dataclass(frozen=True, slots=True)
-class DropSocket(_Op):
+
+class DropSocket(NamedTuple):
     """A socket went: leave every channel state it had in `channel_ids`. Answer: None."""
 
-    KIND: ClassVar[str] = "drop_socket"
     socket_id: str
     channel_ids: tuple[str, ...]
 
     def slot_keys(self) -> tuple[str, ...]:
         return tuple(channel_key(c) for c in self.channel_ids)
 
+    def needs(self) -> Needs:
+        return NOTHING
+
 
 # ---------------------------------------------------------------------------- the edge's lease
 
 
-@dataclass(frozen=True, slots=True)
-class Ping(_Op):
+class Ping(NamedTuple):
     """Nothing but the call itself, which renews the edge's lease and tells it the shard's
     incarnation. Answer: None."""
 
-    KIND: ClassVar[str] = "ping"
+    def slot_keys(self) -> tuple[str, ...]:
+        return ()
+
+    def needs(self) -> Needs:
+        return NOTHING
 
 
 PING = Ping()
@@ -372,3 +321,36 @@ Op = (
     | DropSocket
     | Ping
 )
+
+
+# The name of each kind in the metrics (`shard_ops_total{op=...}`).
+KIND: dict[type[Op], str] = {
+    Connect: "connect",
+    Disconnect: "disconnect",
+    Departed: "departed",
+    SetStatus: "status",
+    Settings: "settings",
+    Focus: "focus",
+    Spend: "spend",
+    Watch: "watch",
+    Unwatch: "unwatch",
+    Query: "query",
+    ChannelSubscribe: "ch_sub",
+    ChannelUnsubscribe: "ch_unsub",
+    TypingStart: "typing_start",
+    TypingStop: "typing_stop",
+    VoiceJoin: "voice_join",
+    VoiceLeave: "voice_leave",
+    DropSocket: "drop_socket",
+    Ping: "ping",
+}
+
+
+def _reduce(op: tuple[object, ...]) -> tuple[type, tuple[object, ...]]:
+    # Pickled as the class and its fields, rebuilt by calling the class: the default form of a
+    # NamedTuple goes through `__getnewargs__`, a slower road to the same thing.
+    return type(op), tuple(op)
+
+
+for _kind in KIND:
+    setattr(_kind, "__reduce__", _reduce)  # noqa: B010 (mypy refuses assigning to a method)
