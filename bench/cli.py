@@ -27,7 +27,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "edge": ("bench.edge", "heartbeats/s one edge absorbs, beside a bare websockets echo server"),
     "connections": ("bench.connections", "idle sockets per edge, memory per socket, beside the bare server"),
     "fanout": ("bench.fanout", "status change → subscriber latency at 10,000 accounts x 50 subscriptions"),
-    "query": ("bench.query", "presence.query latency for 100 ids under load, beside Redis pipelined EXISTS"),
+    "query": (
+        "bench.query",
+        "presence.query latency for 100 ids under load, beside a bare websockets + Redis EXISTS server",
+    ),
     "reconnect": (
         "bench.reconnect",
         "reconnect storm: an edge killed under its sockets, all back on another, beside the bare server",

@@ -797,6 +797,12 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
         f"offline frames seen by watchers after the kill: {shown['offline_flaps']}"
     )
     print(
+        f"set-up connects (before any storm, {args.concurrency} in flight): bare "
+        f"{m['bare_connect']['per_s']:,.0f}/s, ours (identify on A) {m['ours_connect']['per_s']:,.0f}/s; "
+        f"in the storm: bare {bare['back'] / bare['seconds']:,.0f}/s, ours "
+        f"{ours['back'] / ours['seconds']:,.0f}/s"
+    )
+    print(
         f"CPU during the storm (cores): edge B {ours['server_cpu_cores']:.2f}, shards "
         f"{ours['shards_cpu_cores']:.2f}; the bare server {bare['server_cpu_cores']:.2f}"
     )
