@@ -164,6 +164,8 @@ class WsConn(asyncio.Protocol):
             if b"sec-websocket-accept: " + accept.lower() not in head.lower():
                 self._fail("bad Sec-WebSocket-Accept")
                 return
+            if self.opened.done():  # the opener gave up (timed out) and is aborting us
+                return
             self.opened.set_result(None)
             if not data:
                 return
@@ -269,7 +271,12 @@ async def open_ws(
         ),
         timeout,
     )
-    await asyncio.wait_for(conn.opened, timeout)
+    try:
+        await asyncio.wait_for(conn.opened, timeout)
+    except BaseException:  # timed out or cancelled: no half-open socket left behind
+        if conn.transport is not None:
+            conn.transport.abort()
+        raise
     return conn
 
 

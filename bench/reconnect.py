@@ -119,8 +119,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--seed", type=int, default=1, help="seed of every socket's jitter (same for both servers)"
     )
+    p.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=None,
+        help="time a try gets (default: PresenceClient's connect_timeout_s; lower only to study retries)",
+    )
     lg.add_common_args(p)
     args = p.parse_args(argv)
+    if args.connect_timeout_s is None:
+        args.connect_timeout_s = _client_connect_timeout_s()
     if args.quick:
         args.sockets, args.watched, args.watchers, args.per_watcher = 300, 60, 15, 20
         args.load_accounts, args.load_subscriptions, args.load_rate = 40, 8, 10.0
@@ -561,7 +569,7 @@ def _run_storm(
                 "path": path,
                 "identify": identify,
                 "seed": args.seed,
-                "connect_timeout_s": _client_connect_timeout_s(),
+                "connect_timeout_s": args.connect_timeout_s,
                 "give_up_s": args.storm_timeout_s,
             },
         ),
