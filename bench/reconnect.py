@@ -12,7 +12,8 @@ after each failed try waits `reconnect_delay(attempt)` with the attempt number (
 Bare (first): `bench.echo_server` twice (uvloop, compression off, the edge's settings). The
 sockets connect to the first and each has its hello echoed; the first is killed; each socket
 reconnects to the second, and counts as back once its hello is echoed again (the bare analogue of
-identify → ready).
+identify → ready). The bare servers run without the background load below: they have no presence
+to fan out.
 
 Ours: two `presence edge` processes, A and B, joined to the pool. On B, a background fan-out load
 (`--load-accounts` accounts each subscribed to `--load-subscriptions` others on a ring, status
@@ -46,6 +47,8 @@ ratio ≤ 2, fan-out p99 during the storm < 100 ms.
 The edges' per-address admission caps (connections opening at once, new connections per second)
 are raised for this benchmark: every loopback source address stands for 900 clients
 (`loadgen.PER_ADDRESS`), which in the field would be 900 addresses with a cap each.
+
+`--connect-timeout-s` lowers the time a try gets (only to study retries at small sizes).
 
     presence bench reconnect [--sockets 19000] [--watched 1000] [--watchers 150] [--per-watcher 50]
                              [--load-accounts 250] [--load-subscriptions 20] [--load-rate 50]
