@@ -39,7 +39,7 @@ What is measured, from the kill (one monotonic clock, this machine):
 - fan-out p99 during the storm: the latency of the load's deliveries whose change was sent
   between the kill and the end of the storm (the later of the two times above), beside the same
   figure before the kill;
-- edge B's CPU during the storm (cores), and the bare second server's during its storm.
+- edge B's and the shards' CPU during the storm (cores), and the bare second server's during its.
 
 Ratio = ours / bare, ours being the later of "identified" and "shown online again". Targets:
 ratio ≤ 2, fan-out p99 during the storm < 100 ms.
