@@ -139,3 +139,7 @@ class AccountRow:
     chosen_status: str = "online"
     last_seen_visibility: str = "everyone"
     last_seen_at: float | None = None
+    # When the stored choices were made (None: stored before these times were, older than any
+    # claim). The store keeps the newest choice, and an invisible account's last-seen frozen.
+    chosen_at: float | None = None
+    visibility_at: float | None = None

@@ -19,14 +19,21 @@ class Deliver:
 
 @dataclass(frozen=True, slots=True)
 class PersistChosen:
+    """Save a chosen status made at `at`. The store keeps the newest choice (by `at`), so a late
+    or replayed write never overrides a later one."""
+
     user_id: str
     status: str
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
 class PersistVisibility:
+    """Save a last-seen visibility chosen at `at`; the store keeps the newest, like PersistChosen."""
+
     user_id: str
     visibility: str
+    at: float
 
 
 @dataclass(frozen=True, slots=True)

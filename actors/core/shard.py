@@ -57,6 +57,8 @@ class Socket:
     edge_id: str
     idle: bool = False
     focus: str | None = None
+    # When this shard registered it (its clock): no departure of the socket is earlier.
+    connected_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -160,8 +162,19 @@ class ShardState:
         """Install an account read from the database; a no-op if it is already in memory."""
         if user_id in self.accounts:
             return
+        last_seen = row.last_seen_at
+        pending = self.pending_last_seen.get(user_id)  # a departure recorded unread, not written yet
+        if pending is not None:
+            if row.chosen_status == "invisible" and row.chosen_at is not None:
+                pending = min(pending, row.chosen_at)  # what the store's write will make of it
+            last_seen = pending if last_seen is None else max(last_seen, pending)
         self.accounts[user_id] = Account(
-            user_id, chosen=as_chosen(row.chosen_status), last_seen_at=row.last_seen_at, touched_at=now
+            user_id,
+            chosen=as_chosen(row.chosen_status),
+            last_seen_at=last_seen,
+            touched_at=now,
+            chosen_at=row.chosen_at or 0.0,
+            visibility_at=row.visibility_at or 0.0,
         )
 
     def missing_relations(self, user_ids: Iterable[str]) -> list[str]:
@@ -284,7 +297,7 @@ class ShardState:
         acc = self.accounts[user_id]
         acc.touched_at = now
         if socket_id not in acc.sockets:
-            acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle)
+            acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle, connected_at=now)
             self.edge_sockets.setdefault(edge_id, set()).add((user_id, socket_id))
             self.outbox.add(SocketCount(user_id, socket_id, True))
             if len(acc.sockets) == 1:
@@ -299,29 +312,54 @@ class ShardState:
         waiting for this shard to restart, and the departure keeps the time it happened."""
         self._expire(now)
         acc = self.accounts.get(user_id)
-        if acc is not None and socket_id not in acc.sockets and at is not None:
-            # A socket this incarnation never knew (it closed while the shard restarted, before
-            # its edge could register it again): still a departure of the account.
-            self.departed(user_id, at, now)
+        sock = acc.sockets.get(socket_id) if acc is not None else None
+        if sock is None:
+            if at is not None:
+                # A socket this incarnation never knew (it closed while the shard restarted,
+                # before its edge could register it again): still a departure of the account.
+                self.departed(user_id, at, now)
             return
-        self._remove_socket(user_id, socket_id, now if at is None else min(at, now))
+        # The edge's clock stamped `at`: clamped into the socket's life as this shard saw it.
+        self._remove_socket(user_id, socket_id, now if at is None else min(max(at, sock.connected_at), now))
 
-    def departed(self, user_id: str, at: float, now: float) -> None:
+    def departed(self, user_id: str, at: float, now: float, claim: Claim | None = None) -> None:
         """An edge reports again a departure that an earlier incarnation of this shard may have
-        lost (it died before the value was written): a socket of the account went away at `at`.
+        lost (it died before the value was written): a socket of the account went away at `at`,
+        and `claim` is what that socket knew of the account's choices (perhaps never saved).
 
         Applied only to an account that is not visibly present now and whose chosen status is
         visible (an invisible account's last-seen is frozen); last-seen never moves back, nor
         past `now`. The flush writes it with GREATEST, so a value that did survive is untouched.
+        An account not in memory has no socket here, so it is not present: the departure is
+        recorded without reading its row (see `_departed_unread`).
         """
         self._expire(now)
-        acc = self.accounts[user_id]
+        acc = self.accounts.get(user_id)
+        if acc is None:
+            self._departed_unread(user_id, min(at, now), claim)
+            return
+        if claim is not None:
+            self.claim(user_id, claim, now)
         if acc.sockets or is_visibly_present(acc.real) or acc.chosen == "invisible":
             return
         at = min(at, now)
         if acc.last_seen_at is not None and acc.last_seen_at >= at:
             return
         acc.last_seen_at = at
+        self.pending_last_seen[user_id] = max(at, self.pending_last_seen.get(user_id, 0.0))
+
+    def _departed_unread(self, user_id: str, at: float, claim: Claim | None) -> None:
+        """A departure of an account whose row is not loaded (PostgreSQL may be away): written
+        blind. The store keeps the newest choice and never lets an invisible account's last-seen
+        pass the moment it hid (SQL: actors.flush.UPDATE_SQL), so the row need not be read first;
+        what the socket knew of the choices goes along, newest-wins too."""
+        if claim is not None:
+            if claim.chosen in CHOSEN_STATUSES and claim.chosen_at > 0:
+                self.outbox.add(PersistChosen(user_id, claim.chosen, claim.chosen_at))
+                if claim.chosen == "invisible":
+                    at = min(at, claim.chosen_at)  # hidden since then: frozen at that moment
+            if claim.visibility in VISIBILITIES and claim.visibility_at > 0:
+                self.outbox.add(PersistVisibility(user_id, claim.visibility, claim.visibility_at))
         self.pending_last_seen[user_id] = max(at, self.pending_last_seen.get(user_id, 0.0))
 
     def _remove_socket(self, user_id: str, socket_id: str, now: float) -> None:
@@ -356,7 +394,7 @@ class ShardState:
             if acc.chosen != status:
                 acc.chosen = as_chosen(status)
                 acc.chosen_at = now
-                self.outbox.add(PersistChosen(user_id, status))
+                self.outbox.add(PersistChosen(user_id, status, now))
                 self._tell_self(acc, chosen_frame(status, now))
         else:
             raise ValueError(f"not a status a client may choose: {status!r}")
@@ -370,7 +408,7 @@ class ShardState:
         rel = self.relations.get(user_id, NO_RELATIONS)
         if rel.last_seen_visibility != visibility:
             self.relations[user_id] = Relations(rel.friends, rel.servers, visibility)
-            self.outbox.add(PersistVisibility(user_id, visibility))
+            self.outbox.add(PersistVisibility(user_id, visibility, now))
             acc = self.accounts.get(user_id)
             if acc is not None:
                 acc.visibility_at = now
@@ -390,7 +428,7 @@ class ShardState:
             acc.chosen_at = claim.chosen_at
             if acc.chosen != claim.chosen:
                 acc.chosen = as_chosen(claim.chosen)
-                self.outbox.add(PersistChosen(user_id, claim.chosen))
+                self.outbox.add(PersistChosen(user_id, claim.chosen, claim.chosen_at))
                 if claim.chosen == "invisible" and not acc.sockets:
                     # The moment it hid (its socket was connected then): its frozen last-seen,
                     # which the dead incarnation may not have written. Never moved back.
@@ -404,7 +442,7 @@ class ShardState:
             acc.visibility_at = claim.visibility_at
             if rel.last_seen_visibility != claim.visibility:
                 self.relations[user_id] = Relations(rel.friends, rel.servers, claim.visibility)
-                self.outbox.add(PersistVisibility(user_id, claim.visibility))
+                self.outbox.add(PersistVisibility(user_id, claim.visibility, claim.visibility_at))
 
     def set_focus(self, user_id: str, socket_id: str, channel_id: str | None) -> None:
         acc = self.accounts.get(user_id)
@@ -684,8 +722,9 @@ class ShardState:
             for sock in acc.sockets.values():
                 self.edge_sockets.get(sock.edge_id, set()).discard((user_id, sock.socket_id))
                 out.edges.setdefault(sock.edge_id, self.edges.get(sock.edge_id, 0.0))
-            if user_id in self.pending_last_seen:
-                out.pending_last_seen[user_id] = self.pending_last_seen.pop(user_id)
+        # Every unwritten last-seen of these slots, of accounts in memory or not (blind departures).
+        for user_id in [u for u in self.pending_last_seen if slot_of(u) in slots]:
+            out.pending_last_seen[user_id] = self.pending_last_seen.pop(user_id)
         for target in [t for t in self.watchers if slot_of(t) in slots]:
             watchers = self.watchers.pop(target)
             out.watchers[target] = watchers

@@ -312,7 +312,7 @@ class TestSetStatus:
         w.drain()
         assert w.s.set_status("alice", "a1", "dnd", w.now) == "dnd"
         effects = w.drain()
-        assert of_type(effects, PersistChosen) == [PersistChosen("alice", "dnd")]
+        assert of_type(effects, PersistChosen) == [PersistChosen("alice", "dnd", w.now)]
         assert self_to(effects, "a1") == ["dnd"] and self_to(effects, "a2") == ["dnd"]
         # Same again: nothing to persist, nothing to say.
         w.s.set_status("alice", "a2", "dnd", w.now)
@@ -321,7 +321,7 @@ class TestSetStatus:
     def test_chosen_while_offline_applies_on_connect(self) -> None:
         w = pair_world()
         assert w.s.set_status("alice", "-", "invisible", w.now) == "offline"
-        assert w.drain() == [PersistChosen("alice", "invisible")]
+        assert w.drain() == [PersistChosen("alice", "invisible", w.now)]
         assert w.s.connect("alice", "a1", "e1", w.now) == "invisible"
 
     @pytest.mark.parametrize("bad", ["offline", "away", "", "ONLINE"])
@@ -783,7 +783,7 @@ class TestSettingsAndFocus:
         w = pair_world()
         w.s.set_visibility("alice", "friends", w.now)
         w.s.set_visibility("alice", "friends", w.now)
-        assert w.drain() == [PersistVisibility("alice", "friends")]  # no socket to tell
+        assert w.drain() == [PersistVisibility("alice", "friends", w.now)]  # no socket to tell
         r = w.s.relations["alice"]
         assert (r.friends, r.servers, r.last_seen_visibility) == (
             frozenset({"dave"}),
@@ -1944,8 +1944,8 @@ class TestClaim:
         assert w.s.connect("alice", "a1", "e1", w.now) == "invisible"
         effects = w.drain()
         assert changed_to(effects, "b1") == []  # never `online` to anybody
-        assert PersistChosen("alice", "invisible") in effects
-        assert PersistVisibility("alice", "nobody") in effects
+        assert PersistChosen("alice", "invisible", T0 - 5) in effects  # with the time it was chosen
+        assert PersistVisibility("alice", "nobody", T0 - 5) in effects
         assert w.s.relations["alice"].last_seen_visibility == "nobody"
 
     def test_the_newest_choice_wins_and_unknown_times_never_do(self) -> None:
