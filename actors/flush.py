@@ -34,9 +34,13 @@ log = logging.getLogger(__name__)
 # GREATEST: batches are idempotent and order-independent (a replay or a racing writer can never
 # move a stored time backwards); it also ignores NULL, so a never-written column takes the value.
 # LEAST(.., now()): a future timestamp is clamped to the database's clock as a second line of
-# defence behind the clamp in the buffer (the two clocks may disagree).
+# defence behind the clamp in the buffer (the two clocks may disagree). LEAST(.., chosen_at) of an
+# invisible account: its last-seen is frozen at the moment it hid, whatever a writer that could not
+# read the row sends (a departure recorded after a restart, with PostgreSQL away: see
+# ShardState.departed); LEAST ignores the NULL of every other account.
 UPDATE_SQL = (
-    "UPDATE users AS u SET last_seen_at = GREATEST(u.last_seen_at, LEAST(v.ts, now())) "
+    "UPDATE users AS u SET last_seen_at = GREATEST(u.last_seen_at, LEAST(v.ts, now(), "
+    "CASE WHEN u.chosen_status = 'invisible' THEN u.chosen_at END)) "
     "FROM unnest($1::text[], $2::timestamptz[]) AS v(id, ts) WHERE u.id = v.id"
 )
 

@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
 import asyncpg
@@ -62,6 +63,23 @@ def _affected(status: str) -> int:
 # -- the shards' reads and writes ------------------------------------------------------------------
 
 
+_ROW_COLUMNS = "id, chosen_status, last_seen_visibility, last_seen_at, chosen_at, visibility_at"
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _account_row(r: Any) -> AccountRow:  # an asyncpg Record
+    return AccountRow(
+        r["chosen_status"],
+        r["last_seen_visibility"],
+        _epoch(r["last_seen_at"]),
+        _epoch(r["chosen_at"]),
+        _epoch(r["visibility_at"]),
+    )
+
+
 async def fetch_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, AccountRow]:
     """The durable state of each account, creating rows with defaults for unknown ones.
 
@@ -74,23 +92,15 @@ async def fetch_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, Accou
     if not wanted:
         return {}
     rows = await conn.fetch(
-        """WITH created AS (
+        f"""WITH created AS (
                INSERT INTO users (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING
-               RETURNING id, chosen_status, last_seen_visibility, last_seen_at)
-           SELECT id, chosen_status, last_seen_visibility, last_seen_at FROM created
+               RETURNING {_ROW_COLUMNS})
+           SELECT {_ROW_COLUMNS} FROM created
            UNION ALL
-           SELECT id, chosen_status, last_seen_visibility, last_seen_at
-           FROM users WHERE id = ANY($1::text[])""",
+           SELECT {_ROW_COLUMNS} FROM users WHERE id = ANY($1::text[])""",
         wanted,
     )
-    found = {
-        r["id"]: AccountRow(
-            r["chosen_status"],
-            r["last_seen_visibility"],
-            r["last_seen_at"].timestamp() if r["last_seen_at"] is not None else None,
-        )
-        for r in rows
-    }
+    found = {r["id"]: _account_row(r) for r in rows}
     default = AccountRow("online", "everyone", None)
     return {i: found.get(i, default) for i in wanted}
 
@@ -101,19 +111,8 @@ async def read_accounts(conn: Queryable, ids: Iterable[str]) -> dict[str, Accoun
     wanted = sorted(set(ids))
     if not wanted:
         return {}
-    rows = await conn.fetch(
-        """SELECT id, chosen_status, last_seen_visibility, last_seen_at
-           FROM users WHERE id = ANY($1::text[])""",
-        wanted,
-    )
-    return {
-        r["id"]: AccountRow(
-            r["chosen_status"],
-            r["last_seen_visibility"],
-            r["last_seen_at"].timestamp() if r["last_seen_at"] is not None else None,
-        )
-        for r in rows
-    }
+    rows = await conn.fetch(f"SELECT {_ROW_COLUMNS} FROM users WHERE id = ANY($1::text[])", wanted)
+    return {r["id"]: _account_row(r) for r in rows}
 
 
 async def fetch_relations(conn: Queryable, ids: Iterable[str]) -> dict[str, Relations]:
@@ -186,34 +185,44 @@ async def last_seen_since(
 
 
 async def _save_setting(
-    conn: Queryable, column: str, allowed: frozenset[str], items: Iterable[tuple[str, str]]
+    conn: Queryable, column: str, allowed: frozenset[str], items: Iterable[tuple[str, str, float]]
 ) -> int:
-    """Upsert one settings column for many accounts; the last value given for an id wins
-    (an upsert may not touch the same row twice), unchanged rows are not rewritten."""
-    latest = dict(items)
-    bad = {v for v in latest.values() if v not in allowed}
+    """Upsert one settings column for many accounts with the time each value was chosen. The
+    newest choice wins, within the batch and against the row's time column (schema.sql): a late
+    or replayed write never reverts a newer one. Returns the number of rows written."""
+    latest: dict[str, tuple[str, float]] = {}
+    for user_id, value, at in items:
+        if user_id not in latest or latest[user_id][1] <= at:
+            latest[user_id] = (value, at)
+    bad = {v for v, _ in latest.values() if v not in allowed}
     if bad:
         raise ValueError(f"{column}: invalid value(s) {sorted(bad)}, expected one of {sorted(allowed)}")
     if not latest:
         return 0
-    ids, values = _columns(latest.items())
+    ids = sorted(latest)
+    stamp = _TIME_COLUMN[column]
     status = await conn.execute(
-        f"""INSERT INTO users (id, {column}) SELECT * FROM unnest($1::text[], $2::text[])
-            ON CONFLICT (id) DO UPDATE SET {column} = EXCLUDED.{column}
-            WHERE users.{column} <> EXCLUDED.{column}""",
+        f"""INSERT INTO users (id, {column}, {stamp})
+            SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[])
+            ON CONFLICT (id) DO UPDATE SET {column} = EXCLUDED.{column}, {stamp} = EXCLUDED.{stamp}
+            WHERE users.{stamp} IS NULL OR users.{stamp} < EXCLUDED.{stamp}""",
         ids,
-        values,
+        [latest[i][0] for i in ids],
+        [datetime.fromtimestamp(latest[i][1], UTC) for i in ids],
     )
     return _affected(status)
 
 
-async def save_chosen_status(conn: Queryable, items: Iterable[tuple[str, str]]) -> int:
-    """Persist chosen statuses (online, dnd, invisible); returns the number of rows changed."""
+_TIME_COLUMN = {"chosen_status": "chosen_at", "last_seen_visibility": "visibility_at"}
+
+
+async def save_chosen_status(conn: Queryable, items: Iterable[tuple[str, str, float]]) -> int:
+    """Persist chosen statuses (online, dnd, invisible) with their times; returns rows written."""
     return await _save_setting(conn, "chosen_status", CHOSEN_STATUSES, items)
 
 
-async def save_visibility(conn: Queryable, items: Iterable[tuple[str, str]]) -> int:
-    """Persist last-seen visibilities; the settings trigger tells every shard."""
+async def save_visibility(conn: Queryable, items: Iterable[tuple[str, str, float]]) -> int:
+    """Persist last-seen visibilities with their times; the settings trigger tells every shard."""
     return await _save_setting(conn, "last_seen_visibility", VISIBILITIES, items)
 
 
@@ -435,7 +444,9 @@ class PostgresStore:
             async for chunk in last_seen_since(conn, since):
                 yield chunk
 
-    async def persist(self, chosen: list[tuple[str, str]], visibility: list[tuple[str, str]]) -> None:
+    async def persist(
+        self, chosen: list[tuple[str, str, float]], visibility: list[tuple[str, str, float]]
+    ) -> None:
         async with self._pool().acquire() as conn:
             if chosen:
                 await save_chosen_status(conn, chosen)

@@ -107,12 +107,13 @@ class PresenceShard:
         self._edge_order: dict[str, asyncio.Lock] = {}
         self.metrics = Metrics()
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
-        self.persist_status: dict[str, str] = {}
-        self.persist_visibility: dict[str, str] = {}
+        # account → (value, when it was chosen): the newest choice waiting to be saved.
+        self.persist_status: dict[str, tuple[str, float]] = {}
+        self.persist_visibility: dict[str, tuple[str, float]] = {}
         # The batch being written now: not saved yet either (a reload must not see the older
         # stored value, nor may the account be evicted meanwhile).
-        self._saving_status: dict[str, str] = {}
-        self._saving_visibility: dict[str, str] = {}
+        self._saving_status: dict[str, tuple[str, float]] = {}
+        self._saving_visibility: dict[str, tuple[str, float]] = {}
         self._persist_wake = asyncio.Event()
         self._flush_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -412,8 +413,8 @@ class PresenceShard:
             case ops_.Disconnect(user_id, socket_id, at):
                 s.disconnect(user_id, socket_id, now, at=at)
                 return None
-            case ops_.Departed(user_id, at):
-                s.departed(user_id, at, now)
+            case ops_.Departed(user_id, at, claim):
+                s.departed(user_id, at, now, claim)
                 return None
             case ops_.SetStatus(user_id, socket_id, status):
                 return s.set_status(user_id, socket_id, status, now)
@@ -480,10 +481,10 @@ class PresenceShard:
                 self.metrics.inc("events_total", type=str(e.frame.get("type")))
                 self.metrics.inc("deliveries_total", n=len(e.socket_ids))
             elif isinstance(e, PersistChosen):
-                self.persist_status[e.user_id] = e.status
+                _keep_newest(self.persist_status, e.user_id, (e.status, e.at))
                 self._persist_wake.set()
             elif isinstance(e, PersistVisibility):
-                self.persist_visibility[e.user_id] = e.visibility
+                _keep_newest(self.persist_visibility, e.user_id, (e.visibility, e.at))
                 self._persist_wake.set()
             elif isinstance(e, OnlineCount):
                 self.counts.account(e.user_id, e.servers, e.present, now)
@@ -570,11 +571,16 @@ class PresenceShard:
         self.persist_status, self.persist_visibility = {}, {}
         self._saving_status, self._saving_visibility = status, visibility
         try:
-            await self.store.persist(sorted(status.items()), sorted(visibility.items()))
+            await self.store.persist(
+                sorted((u, v, at) for u, (v, at) in status.items()),
+                sorted((u, v, at) for u, (v, at) in visibility.items()),
+            )
         except BaseException:
-            # Newer values that arrived meanwhile win over the ones being retried.
-            self.persist_status = {**status, **self.persist_status}
-            self.persist_visibility = {**visibility, **self.persist_visibility}
+            # Values chosen meanwhile win over the ones being retried (also at an equal time).
+            for user_id, choice in status.items():
+                _keep_newest(self.persist_status, user_id, choice, ties_win=False)
+            for user_id, choice in visibility.items():
+                _keep_newest(self.persist_visibility, user_id, choice, ties_win=False)
             raise
         finally:
             self._saving_status, self._saving_visibility = {}, {}
@@ -635,8 +641,18 @@ class PresenceShard:
                 pending = self.persist_visibility.get(user_id, self._saving_visibility.get(user_id))
                 if pending is not None:
                     # Not yet saved: the database still has the older value.
-                    rel = Relations(rel.friends, rel.servers, pending)
+                    rel = Relations(rel.friends, rel.servers, pending[0])
                 self.state.set_relations(user_id, rel, now)
             for channel_id, server_id in chans.items():
                 self.state.channels.load_channel(channel_id, server_id)
             self._carry_out()
+
+
+def _keep_newest(
+    pending: dict[str, tuple[str, float]], user_id: str, choice: tuple[str, float], ties_win: bool = True
+) -> None:
+    """Queue a choice (value, when) to be saved unless a newer one of the account is queued (at
+    an equal time the one queued later is the newer, unless `ties_win` is False)."""
+    queued = pending.get(user_id)
+    if queued is None or queued[1] < choice[1] or (ties_win and queued[1] == choice[1]):
+        pending[user_id] = choice

@@ -72,8 +72,11 @@ class ShardStore(Protocol):
         """Stored last-seen times at or after `since`, in chunks (refilling the active counts)."""
         ...
 
-    async def persist(self, chosen: list[tuple[str, str]], visibility: list[tuple[str, str]]) -> None:
-        """Save chosen statuses and last-seen visibilities (account, value), in one go."""
+    async def persist(
+        self, chosen: list[tuple[str, str, float]], visibility: list[tuple[str, str, float]]
+    ) -> None:
+        """Save chosen statuses and last-seen visibilities (account, value, when it was chosen),
+        in one go; the store keeps the newest choice of each account."""
         ...
 
     async def healthy(self, timeout_s: float) -> bool:

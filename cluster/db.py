@@ -247,9 +247,11 @@ async def load_fixture(
             return _affected(await c.execute(sql, *arrays)) if arrays[0] else 0
 
         counts["users"] += await run(
-            """INSERT INTO users (id, last_seen_visibility)
-               SELECT * FROM unnest($1::text[], $2::text[])
-               ON CONFLICT (id) DO UPDATE SET last_seen_visibility = EXCLUDED.last_seen_visibility
+            # Stamped like a choice (schema.sql), so that no older unsaved choice reverts it.
+            """INSERT INTO users (id, last_seen_visibility, visibility_at)
+               SELECT id, v, now() FROM unnest($1::text[], $2::text[]) AS t(id, v)
+               ON CONFLICT (id) DO UPDATE SET last_seen_visibility = EXCLUDED.last_seen_visibility,
+                                              visibility_at = EXCLUDED.visibility_at
                WHERE users.last_seen_visibility <> EXCLUDED.last_seen_visibility""",
             *_columns(with_visibility.items()),
         )

@@ -12,6 +12,13 @@ CREATE TABLE IF NOT EXISTS users (
     last_seen_at         timestamptz
 );
 
+-- When the chosen status and the visibility were chosen (the shard's clock; NULL: stored before
+-- these columns existed, older than any choice). A write with an older time changes nothing, so
+-- late or replayed writes never revert a newer choice, and the FlushActor freezes an invisible
+-- account's last-seen at chosen_at (the moment it hid) without reading the row first.
+ALTER TABLE users ADD COLUMN IF NOT EXISTS chosen_at timestamptz;
+ALTER TABLE users ADD COLUMN IF NOT EXISTS visibility_at timestamptz;
+
 -- Accepted friendships, stored once per pair with a < b.
 CREATE TABLE IF NOT EXISTS friendships (
     a text NOT NULL,

@@ -64,23 +64,25 @@ class Disconnect(NamedTuple):
         return (self.user_id,)
 
     def needs(self) -> Needs:
-        # A disconnect normally finds its account in memory; after a restart it may not, and a
-        # stamped one is then a departure this incarnation must still record.
-        return ((), (self.user_id,), ()) if self.at is not None else NOTHING
+        # A disconnect finds its account in memory, or (after a restart) it is a departure the
+        # state records without the row (ShardState.departed): nothing to load, so no outage of
+        # the store can hold a departure back.
+        return NOTHING
 
 
 class Departed(NamedTuple):
-    """A departure at `at` that a restarted shard may not have recorded (an edge's journal).
-    Answer: None."""
+    """A departure at `at` that a restarted shard may not have recorded (an edge's journal),
+    with what the departed socket knew of the account's choices (`claim`). Answer: None."""
 
     user_id: str
     at: float
+    claim: Claim | None = None
 
     def slot_keys(self) -> tuple[str, ...]:
         return (self.user_id,)
 
     def needs(self) -> Needs:
-        return ((), (self.user_id,), ())
+        return NOTHING  # recorded without the row: see Disconnect
 
 
 class SetStatus(NamedTuple):

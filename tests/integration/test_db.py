@@ -16,6 +16,9 @@ from actors.core.audience import Relations
 from cluster import db as database
 from cluster.embedded import EmbeddedPostgres
 
+# A choice time (epoch seconds, whole so it survives timestamptz exactly).
+T = 1_790_000_000.0
+
 pytestmark = pytest.mark.integration
 
 SENTINEL = "u:__sentinel__"
@@ -272,19 +275,34 @@ async def test_channels_and_members(db: asyncpg.Connection) -> None:
 
 async def test_save_settings(db: asyncpg.Connection, notes: Notifications) -> None:
     await database.fetch_accounts(db, ["u1"])
-    assert await database.save_chosen_status(db, [("u1", "dnd"), ("u2", "online"), ("u1", "invisible")]) == 2
-    assert await database.save_visibility(db, [("u1", "friends"), ("u3", "everyone")]) == 2
-    assert await database.save_visibility(db, [("u1", "friends")]) == 0  # unchanged: not rewritten
+    # The newest choice of each account wins, within the batch (whatever its order) ...
+    saved = [("u1", "invisible", T + 2), ("u2", "online", T), ("u1", "dnd", T + 1)]
+    assert await database.save_chosen_status(db, saved) == 2
+    assert await database.save_visibility(db, [("u1", "friends", T), ("u3", "everyone", T)]) == 2
+    assert await database.save_visibility(db, [("u1", "friends", T)]) == 0  # the same choice: not rewritten
+    # ... and against the row: a late or replayed older write changes nothing.
+    assert await database.save_chosen_status(db, [("u1", "online", T + 1)]) == 0
+    assert await database.save_visibility(db, [("u1", "nobody", T - 5)]) == 0
     assert await table(db, "SELECT id, chosen_status, last_seen_visibility FROM users") == {
         ("u1", "invisible", "friends"),
         ("u2", "online", "everyone"),
         ("u3", "online", "everyone"),
     }
+    rows = await database.read_accounts(db, ["u1"])
+    assert (rows["u1"].chosen_at, rows["u1"].visibility_at) == (T + 2, T)
     assert await notes.drain() == {"s:u1"}
+    assert await database.save_visibility(db, [("u1", "nobody", T + 3)]) == 1  # a newer one does
     with pytest.raises(ValueError, match="chosen_status"):
-        await database.save_chosen_status(db, [("u1", "idle")])
+        await database.save_chosen_status(db, [("u1", "idle", T)])
     with pytest.raises(ValueError, match="last_seen_visibility"):
-        await database.save_visibility(db, [("u1", "all")])
+        await database.save_visibility(db, [("u1", "all", T)])
+
+
+async def test_choice_times_of_rows_stored_before_them_are_unknown(db: asyncpg.Connection) -> None:
+    """Rows from before the time columns (NULL) take any choice, and read back without a time."""
+    await db.execute("INSERT INTO users (id, chosen_status) VALUES ('old', 'dnd')")
+    assert (await database.read_accounts(db, ["old"]))["old"].chosen_at is None
+    assert await database.save_chosen_status(db, [("old", "online", T)]) == 1
 
 
 async def test_triggers_cover_direct_writes(db: asyncpg.Connection, notes: Notifications) -> None:
@@ -345,7 +363,7 @@ async def test_listener_receives_audience_changes(db: asyncpg.Connection, migrat
         rec.events.clear()
 
         await database.load_fixture(db, {"servers": [{"id": "g1", "members": ["u1", "u2"]}]})
-        await database.save_visibility(db, [("u2", "nobody")])
+        await database.save_visibility(db, [("u2", "nobody", T)])
         await database.load_fixture(db, {"removedFriendships": [["u1", "u3"]]})
         await db.execute("SELECT pg_notify('presence_audience', 'garbage')")  # ignored
         await database.load_fixture(db, {"servers": [{"id": "g1", "channels": ["c1"]}]})

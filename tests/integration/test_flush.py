@@ -224,6 +224,28 @@ async def test_future_timestamps_are_clamped(
     assert value is not None and db_before <= value <= db_after + 1.0
 
 
+async def test_an_invisible_accounts_last_seen_stays_frozen_at_the_moment_it_hid(
+    db: asyncpg.Connection, actors: Callable[..., FlushActor]
+) -> None:
+    """A writer that could not read the row (a departure recorded after a restart with PostgreSQL
+    away) sends a later time: the statement itself keeps an invisible account's last-seen at the
+    moment it hid (chosen_at), and moves everybody else's as usual."""
+    await make_users(db, ["hidden", "visible", "legacy"])
+    hid = time.time() - 600
+    await db.execute(
+        "UPDATE users SET chosen_status = 'invisible', chosen_at = to_timestamp($1), "
+        "last_seen_at = to_timestamp($1 - 60) WHERE id = 'hidden'",
+        hid,
+    )
+    # Stored before the time columns: invisible with no known moment, not frozen.
+    await db.execute("UPDATE users SET chosen_status = 'invisible' WHERE id = 'legacy'")
+    actor = actors(interval_s=0.02)
+    left = time.time() - 5
+    await actor.write([("hidden", left), ("visible", left), ("legacy", left)])
+    values = await stored(db, ["hidden", "visible", "legacy"])
+    assert close(values["hidden"], hid) and close(values["visible"], left) and close(values["legacy"], left)
+
+
 # ---------------------------------------------------------------------------- statements
 
 

@@ -47,6 +47,7 @@ class FakeStore:
         self.channel_map = dict(channels or {})
         self.saved_chosen: dict[str, str] = {}
         self.saved_visibility: dict[str, str] = {}
+        self.saved_at: dict[tuple[int, str], float] = {}
         self.held = False  # calls wait at their gate until the test opens it
         self.down = False  # calls fail at once
         self.calls: list[Call] = []  # every call, in order
@@ -128,10 +129,16 @@ class FakeStore:
         rows = [(u, r.last_seen_at) for u, r in self.rows.items() if r.last_seen_at is not None]
         yield [(u, t) for u, t in rows if t >= since]
 
-    async def persist(self, chosen: list[tuple[str, str]], visibility: list[tuple[str, str]]) -> None:
+    async def persist(
+        self, chosen: list[tuple[str, str, float]], visibility: list[tuple[str, str, float]]
+    ) -> None:
         await self._enter("persist", tuple(chosen), tuple(visibility))
-        self.saved_chosen.update(chosen)
-        self.saved_visibility.update(visibility)
+        # Newest wins, as in PostgreSQL (actors/pgstore.py _save_setting).
+        for store, items in ((self.saved_chosen, chosen), (self.saved_visibility, visibility)):
+            for user_id, value, at in items:
+                if self.saved_at.get((id(store), user_id), float("-inf")) < at:
+                    store[user_id] = value
+                    self.saved_at[(id(store), user_id)] = at
 
     async def healthy(self, timeout_s: float) -> bool:
         return not self.down

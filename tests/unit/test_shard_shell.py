@@ -155,18 +155,19 @@ async def test_a_failed_save_is_retried_and_a_value_chosen_meanwhile_wins(
     shard: PresenceShard, store: FakeStore
 ) -> None:
     await shard.apply("edge-a", [ops.Connect("alice", "s1"), ops.SetStatus("alice", "s1", "dnd")])
-    assert shard.persist_status == {"alice": "dnd"}
+    assert shard.persist_status == {"alice": ("dnd", shard.clock())}
     store.held = True
     saving = asyncio.create_task(shard._persist_once())
     write = await store.next_held("persist")
-    assert write.args[0] == (("alice", "dnd"),)
+    assert write.args[0] == (("alice", "dnd", shard.clock()),)
     assert shard.unsaved() == {"alice"}  # being written is not saved yet
     # Chosen while the first write is in flight, then that write fails.
     await shard.apply("edge-a", [ops.SetStatus("alice", "s1", "invisible")])
     write.open(fail=True)
     with pytest.raises(store.errors):
         await saving
-    assert shard.persist_status == {"alice": "invisible"}  # the newer value, not the retried one
+    # The newer value, not the retried one (chosen at the same clock reading: the later wins).
+    assert shard.persist_status == {"alice": ("invisible", shard.clock())}
     store.held = False
     await shard._persist_once()
     assert store.saved_chosen == {"alice": "invisible"} and shard.unsaved() == set()
