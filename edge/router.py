@@ -1,26 +1,33 @@
-"""The edge's road to the shards: batched operations up, batched events down.
+"""The edge's road to the shards: operations up, routed, retried and batched; events down.
 
-Operations are queued per shard and leave as one Ray call when the batch is `window_ms` old or
-`max_ops` long, whichever comes first: one call per frame would cap the edge at a few thousand
-frames a second. Events come back through one long-poll per shard (`pull`), at-least-once with
-sequence numbers. A shard that answers with a new incarnation has restarted and lost its memory;
-the router tells the server, which registers its live sockets there again.
+Every operation of the edge goes through here, in three layers. `to_users` / `to_channels` /
+`to_user` / `to_channel` route by the slot map and send again what a shard answers MOVED (its
+slots are migrating) once the map has flipped; `to_shard` retries one operation while its shard
+restarts; both within one budget (`call_retry_s`), after which `ShardUnavailable` is raised (the
+edge closes the socket with 1011). `until_landed` retries past that budget what must not be lost
+(departures). Underneath, `call` queues operations per shard; they leave as one Ray call when the
+batch is `window_ms` old or `max_ops` long, whichever comes first: one call per frame would cap
+the edge at a few thousand frames a second. Events come back through one long-poll per shard
+(`pull`), at-least-once with sequence numbers. A shard that answers with a new incarnation has
+restarted and lost its memory; the router tells the server, which registers its live sockets
+there again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from actors.core import ops
 from actors.core.backoff import Backoff, retry
-from actors.core.contract import PULL_BATCH
+from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
-from actors.ray_api import DirectoryClient, Mail, ShardClient
+from actors.ray_api import ActorDied, DirectoryClient, Mail, ShardClient
 
 log = logging.getLogger("presence.router")
 
@@ -31,6 +38,24 @@ OnRestart = Callable[[int], Awaitable[None]]
 # again) within about a second of coming back, which the watchers' resync counts on. Jittered, so
 # that the edges do not all call the new incarnation in the same instant.
 PULL_RETRY = Backoff(first_s=0.2, cap_s=1.0)
+# An operation whose shard restarts (Ray brings it back in seconds) is retried within
+# `call_retry_s`, jittered so that the edges do not all call the new incarnation in the same
+# instant.
+CALL_RETRY = Backoff(first_s=0.1, cap_s=2.0)
+# A departure (or its replay to a restarted shard) is retried past that window, until it lands.
+DEPARTURE_RETRY = Backoff(first_s=1.0, cap_s=30.0)
+
+T = TypeVar("T")
+MakeOp = Callable[[list[str]], ops.Op]
+
+
+class ShardUnavailable(RuntimeError):
+    """An operation found no shard to apply it within the retry window (or its shard could not
+    load what it needs): nothing of it was applied."""
+
+
+# What a shard call fails with while its shard restarts (ValueError: not registered with Ray yet).
+CALL_ERRORS = (*ActorDied, ValueError, TimeoutError, ShardUnavailable)
 
 
 class Router:
@@ -44,6 +69,7 @@ class Router:
         max_ops: int = 500,
         pull_wait_s: float = 5.0,
         pull_gather_ms: float = 0.0,
+        call_retry_s: float = 10.0,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
@@ -53,6 +79,7 @@ class Router:
         self.max_ops = max_ops
         self.pull_wait_s = pull_wait_s
         self.pull_gather_s = pull_gather_ms / 1000
+        self.call_retry_s = call_retry_s
         self.directory = DirectoryClient()
         self.map: SlotMap | None = None
         self.shards: dict[int, ShardClient] = {}
@@ -116,6 +143,88 @@ class Router:
             return False
         now = time.monotonic()
         return all(now - self.last_contact.get(i, 0.0) < max_silence_s for i in range(self.map.shard_count))
+
+    # ------------------------------------------------------------------ operations, routed and retried
+
+    async def to_user(self, user_id: str, op: ops.Op) -> Any:
+        """`op` (about `user_id`) applied by the account's shard; its answer."""
+        return (await self.routed([user_id], self.shard_of_user, lambda _: op))[0]
+
+    async def to_channel(self, channel_id: str, op: ops.Op) -> Any:
+        return (await self.routed([channel_id], self.shard_of_channel, lambda _: op))[0]
+
+    async def to_users(self, user_ids: Sequence[str], make_op: MakeOp) -> list[Any]:
+        """`make_op(the accounts of one shard)` sent to each owning shard; their answers."""
+        return await self.routed(list(user_ids), self.shard_of_user, make_op)
+
+    async def to_channels(self, channel_ids: Sequence[str], make_op: MakeOp) -> list[Any]:
+        return await self.routed(list(channel_ids), self.shard_of_channel, make_op)
+
+    async def routed(self, keys: list[str], shard_of: Callable[[str], int], make_op: MakeOp) -> list[Any]:
+        """Send `make_op(keys of one shard)` to each owning shard; keys whose shard answers
+        MOVED (their slots are migrating) are sent again once the slot map has changed. One
+        budget for all of it: migrations and restarts together get `call_retry_s`."""
+        deadline = time.monotonic() + self.call_retry_s
+        results: list[Any] = []
+        pending = keys
+        while pending:
+            assert self.map is not None
+            version = self.map.version
+            groups: dict[int, list[str]] = {}
+            for key in pending:
+                groups.setdefault(shard_of(key), []).append(key)
+            answers = await asyncio.gather(
+                *(self.to_shard(shard, make_op(group), deadline) for shard, group in groups.items())
+            )
+            pending = []
+            for group, answer in zip(groups.values(), answers, strict=True):
+                if answer == MOVED:
+                    pending.extend(group)
+                else:
+                    results.append(answer)
+            if pending:
+                self.metrics.inc("edge_moved_total")
+                if not await self.wait_for_map_after(version, deadline):
+                    raise ShardUnavailable("slots stayed in migration past the retry window")
+        return results
+
+    async def to_shard(self, shard: int, op: ops.Op, deadline: float | None = None) -> Any:
+        """One operation on one shard, retried while the shard restarts, until `deadline`
+        (default: `call_retry_s` from now). MOVED if a shrink retired the shard meanwhile."""
+
+        async def attempt() -> Any:
+            try:
+                result = await self.call(shard, op)
+                if result == UNAVAILABLE:
+                    raise ShardUnavailable("the shard could not load what this operation needs")
+                return result
+            except CALL_ERRORS:
+                with contextlib.suppress(Exception):
+                    await self.refresh_map()
+                if self.map is not None and shard >= self.map.shard_count:
+                    return MOVED  # retired by a shrink: its slots live elsewhere now
+                raise
+
+        try:
+            return await retry(
+                attempt,
+                CALL_RETRY,
+                retry_on=CALL_ERRORS,
+                deadline=deadline if deadline is not None else time.monotonic() + self.call_retry_s,
+            )
+        except CALL_ERRORS as e:
+            raise ShardUnavailable(f"shard {shard} unavailable: {type(e).__name__}") from e
+
+    async def until_landed(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """Retry `call` past the retry window, with backoff, until it succeeds (departures and
+        their replays: losing one would leave a ghost or an old last-seen). Each retry is safe:
+        the shard records a departure at most once, and last-seen never moves back."""
+
+        def failed(e: BaseException, wait: float) -> None:
+            self.metrics.inc("edge_departure_retries_total")
+            log.warning("%s not recorded yet (%s); trying again in %.1f s", what, e, wait)
+
+        return await retry(call, DEPARTURE_RETRY, retry_on=ShardUnavailable, on_retry=failed)
 
     # ------------------------------------------------------------------ operations, batched
 

@@ -16,8 +16,9 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import orjson
@@ -27,17 +28,16 @@ from websockets.http11 import Request, Response
 
 from actors import gc_policy
 from actors.core import ops
-from actors.core.backoff import Backoff, retry
-from actors.core.contract import MOVED, UNAVAILABLE, ChosenNote, SettingsNote, internal_note, is_internal
+from actors.core.contract import ChosenNote, SettingsNote, internal_note, is_internal
 from actors.core.shard import Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
-from actors.ray_api import ActorDied
 from edge import protocol as p
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.outbound import fan_out, send_batch
-from edge.router import Router
+from edge.reregistration import Registered, reregistration
+from edge.router import Router, ShardUnavailable
 from edge.session import (
     Admission,
     ChannelCommand,
@@ -61,12 +61,6 @@ log = logging.getLogger("presence.edge")
 
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
-# An operation whose shard restarts (Ray brings it back in seconds) is retried within
-# `EdgeConfig.call_retry_s`, jittered so that the edges do not all call the new incarnation in the
-# same instant.
-CALL_RETRY = Backoff(first_s=0.1, cap_s=2.0)
-# A departure (or its replay to a restarted shard) is retried past that window, until it lands.
-DEPARTURE_RETRY = Backoff(first_s=1.0, cap_s=30.0)
 CHANGED_PREFIX = '{"type":"presence.changed"'
 
 
@@ -130,26 +124,66 @@ class CountedConnection(ServerConnection):
         super().connection_lost(exc)
 
 
+class Phase(Enum):
+    """Where a connection is in its life, as the shards see it.
+
+    IDENTIFYING → LIVE once its `connect` was answered (it is registered on its account's shard);
+    LIVE → LEAVING when the connection goes (its handler may notice later: it waits on a shard
+    meanwhile). A connection that goes while IDENTIFYING is GONE: nothing upstream to undo, unless
+    its `connect` lands after all (GONE → LEAVING)."""
+
+    IDENTIFYING = "identifying"
+    LIVE = "live"
+    LEAVING = "leaving"
+    GONE = "gone"
+
+
 @dataclass(eq=False)
 class Conn:
     ws: ServerConnection
     session: Session
-    connected: bool = False
-    # Frames for this socket wait here while a reply that must come first (ready, a sync) is
-    # being prepared, so that no change overtakes the state it changes.
+    phase: Phase = Phase.IDENTIFYING
+    # When the connection went (LEAVING, GONE): its departure is stamped with this time.
+    went_at: float | None = None
+    # Not part of the phase: a counter with a job of its own. Frames for this socket wait in
+    # `held` while a reply that must come first (ready, a sync, a resync) is being prepared, so
+    # that no change overtakes the state it changes; replies nest, hence a count (1 until ready).
     hold: int = 1
     held: list[str] = field(default_factory=list)
-    # When the connection went: the handler may notice later (it waits on a shard meanwhile),
-    # and the departure is stamped with this time.
-    closed_at: float | None = None
+
+    @property
+    def registered(self) -> bool:
+        """Registered on its account's shard: the shards must hear of its departure."""
+        return self.phase in (Phase.LIVE, Phase.LEAVING)
+
+    def connected(self) -> None:
+        """Its `connect` was answered."""
+        self.phase = Phase.LEAVING if self.phase is Phase.GONE else Phase.LIVE
 
     def went(self, at: float) -> None:
         """The connection went at `at`; the first cause noticed keeps its time."""
-        if self.closed_at is None:
-            self.closed_at = at
+        if self.went_at is None:
+            self.went_at = at
+            self.phase = Phase.LEAVING if self.phase is Phase.LIVE else Phase.GONE
 
-    def gone_at(self) -> float:
-        return self.closed_at if self.closed_at is not None else time.time()
+    def departed_at(self) -> float:
+        return self.went_at if self.went_at is not None else time.time()
+
+    def registration(self) -> Registered:
+        """What a restarted shard must be told about it (edge/reregistration.py)."""
+        s = self.session
+        assert s.user_id is not None
+        return Registered(
+            s.user_id,
+            s.socket_id,
+            idle=s.idle,
+            claim=Claim(*s.claim()),
+            focus=s.focus,
+            subscriptions=tuple(s.subscriptions),
+            channels=tuple(s.channels),
+            voice_channel=s.voice_channel,
+            gone_at=self.went_at if self.phase is Phase.LEAVING else None,
+        )
 
 
 @dataclass
@@ -204,6 +238,7 @@ class Edge:
             max_ops=config.batch_max_ops,
             pull_wait_s=config.pull_wait_s,
             pull_gather_ms=config.pull_gather_ms,
+            call_retry_s=config.call_retry_s,
         )
         self.conns: dict[str, Conn] = {}
         self.admission = Admission(config.limits)
@@ -352,10 +387,10 @@ class Edge:
                 self._handlers.discard(task)
 
     def _journal_departure(self, conn: Conn) -> None:
-        if not conn.connected or conn.session.user_id is None:
+        if not conn.registered or conn.session.user_id is None:
             return
         now = time.time()
-        self.departures.append((conn.gone_at(), conn.session.user_id))
+        self.departures.append((conn.departed_at(), conn.session.user_id))
         horizon = now - self.config.departure_journal_s
         while self.departures and self.departures[0][0] < horizon:
             self.departures.popleft()
@@ -394,8 +429,8 @@ class Edge:
                 await self._close_draining(conn.ws, code, reason)
                 return False
             case Connect(user_id=user_id):
-                status, visibility = await self._for_user(user_id, ops.Connect(user_id, sid))
-                conn.connected = True
+                status, visibility = await self.router.to_user(user_id, ops.Connect(user_id, sid))
+                conn.connected()
                 self._send(conn, orjson.dumps(s.connected(status, visibility).frame).decode())
                 self._release(conn)
             case Subscribe(user_ids=ids, new=new):
@@ -405,7 +440,7 @@ class Edge:
                 conn.hold += 1
                 try:
                     assert user is not None
-                    answers = await self._gather_by_shard(
+                    answers = await self.router.to_users(
                         ids, lambda targets: ops.Watch(user, sid, tuple(targets))
                     )
                     statuses = dict(pair for answer in answers for pair in answer)
@@ -415,13 +450,13 @@ class Edge:
                 finally:
                     self._release(conn)
             case Unsubscribe(user_ids=ids):
-                await self._gather_by_shard(ids, lambda targets: ops.Unwatch(sid, tuple(targets)))
+                await self.router.to_users(ids, lambda targets: ops.Unwatch(sid, tuple(targets)))
             case Query(user_ids=ids, reader_visibility=visibility):
                 if not await self._spend(user, len(ids)):
                     self._send(conn, orjson.dumps(s.budget_refused(cmd).frame).decode())
                     return True
                 assert user is not None
-                answers = await self._gather_by_shard(
+                answers = await self.router.to_users(
                     ids, lambda targets: ops.Query(user, visibility, tuple(targets))
                 )
                 found = {a[0]: a for answer in answers for a in answer}
@@ -429,27 +464,27 @@ class Edge:
                 for u in ids:
                     if u in found:
                         _, status, seen = found[u]
-                        frame: dict[str, Any] = {"type": "presence.changed", "userId": u, "status": status}
+                        changed: dict[str, Any] = {"type": "presence.changed", "userId": u, "status": status}
                         if seen is not None:
-                            frame["lastSeenAt"] = seen
-                        frames.append(orjson.dumps(frame))
+                            changed["lastSeenAt"] = seen
+                        frames.append(orjson.dumps(changed))
                 if send_batch(conn.ws, frames):  # the answers in one write
                     self.metrics.inc("frames_out_total", n=len(frames))
                     self._check_backlog(conn)
             case UpdateStatus(status=status):
                 assert user is not None
-                await self._for_user(user, ops.SetStatus(user, sid, status))
+                await self.router.to_user(user, ops.SetStatus(user, sid, status))
                 if status != "idle":
                     s.note_chosen(status, time.time())  # acknowledged: claimed after a restart
             case SetFocus(channel_id=channel):
                 assert user is not None
-                await self._for_user(user, ops.Focus(user, sid, channel))
+                await self.router.to_user(user, ops.Focus(user, sid, channel))
             case UpdateSettings(visibility=visibility):
                 assert user is not None
-                await self._for_user(user, ops.Settings(user, visibility))
+                await self.router.to_user(user, ops.Settings(user, visibility))
             case ChannelCommand(kind=kind, channel_id=channel):
                 assert user is not None
-                result = await self._for_channel(channel, _channel_op(kind, channel, user, sid))
+                result = await self.router.to_channel(channel, _channel_op(kind, channel, user, sid))
                 return await self._run(
                     conn, s.channel_result(cmd, result if result == "rate_limited" else result is not False)
                 )
@@ -474,117 +509,40 @@ class Edge:
         finally:
             drain.cancel()
 
-    async def _for_user(self, user: str, op: ops.Op) -> Any:
-        return (await self._routed([user], self.router.shard_of_user, lambda _: op))[0]
-
     async def _spend(self, user: str | None, n: int) -> bool:
         """Charge `n` ids to the account's lookup budget, kept by its shard (so it holds across
         this account's sockets on every edge); False: refused, nothing charged."""
         assert user is not None
-        return bool(await self._for_user(user, ops.Spend(user, "lookups", n)))
-
-    async def _for_channel(self, channel: str, op: ops.Op) -> Any:
-        return (await self._routed([channel], self.router.shard_of_channel, lambda _: op))[0]
-
-    async def _gather_by_shard(self, ids: tuple[str, ...] | list[str], make_op: Any) -> list[Any]:
-        return await self._routed(list(ids), self.router.shard_of_user, make_op)
-
-    async def _routed(self, keys: list[str], shard_of: Any, make_op: Any) -> list[Any]:
-        """Send `make_op(keys of one shard)` to each owning shard; keys whose shard answers
-        MOVED (their slots are migrating) are sent again once the slot map has changed."""
-        results: list[Any] = []
-        pending = keys
-        deadline = time.monotonic() + self.config.call_retry_s
-        while pending:
-            assert self.router.map is not None
-            version = self.router.map.version
-            groups: dict[int, list[str]] = {}
-            for key in pending:
-                groups.setdefault(shard_of(key), []).append(key)
-            answers = await asyncio.gather(
-                *(self._call(shard, make_op(group)) for shard, group in groups.items())
-            )
-            pending = []
-            for group, answer in zip(groups.values(), answers, strict=True):
-                if answer == MOVED:
-                    pending.extend(group)
-                else:
-                    results.append(answer)
-            if pending:
-                self.metrics.inc("edge_moved_total")
-                if not await self.router.wait_for_map_after(version, deadline):
-                    raise ShardUnavailable("slots stayed in migration past the retry window")
-        return results
-
-    async def _call(self, shard: int, op: ops.Op) -> Any:
-        """One operation, retried while its shard restarts (Ray brings it back in seconds)."""
-
-        async def attempt() -> Any:
-            try:
-                result = await self.router.call(shard, op)
-                if result == UNAVAILABLE:
-                    raise ShardUnavailable("the shard could not load what this operation needs")
-                return result
-            except CALL_ERRORS:
-                with contextlib.suppress(Exception):
-                    await self.router.refresh_map()
-                if self.router.map is not None and shard >= self.router.map.shard_count:
-                    return MOVED  # retired by a shrink: its slots live elsewhere now
-                raise
-
-        try:
-            return await retry(
-                attempt,
-                CALL_RETRY,
-                retry_on=CALL_ERRORS,
-                deadline=time.monotonic() + self.config.call_retry_s,
-            )
-        except CALL_ERRORS as e:
-            raise ShardUnavailable(f"shard {shard} unavailable: {type(e).__name__}") from e
+        return bool(await self.router.to_user(user, ops.Spend(user, "lookups", n)))
 
     async def _cleanup(self, conn: Conn) -> None:
         """The socket is gone: remove it, its subscriptions and its channel state everywhere."""
         s = conn.session
-        if not conn.connected or s.user_id is None:
+        if not conn.registered or s.user_id is None:
             return
         sid = s.socket_id
-        user, at = s.user_id, conn.gone_at()
+        user, at = s.user_id, conn.departed_at()
         calls: list[Awaitable[Any]] = [
             # Until it lands: a socket left registered would keep its account online for as
             # long as this edge lives (its lease stays fresh). Repeating it is harmless.
-            self._until_done(
-                lambda: self._for_user(user, ops.Disconnect(user, sid, at)), f"departure of {sid}"
+            self.router.until_landed(
+                lambda: self.router.to_user(user, ops.Disconnect(user, sid, at)), f"departure of {sid}"
             )
         ]
         if s.subscriptions:
             calls.append(
-                self._gather_by_shard(
+                self.router.to_users(
                     sorted(s.subscriptions), lambda targets: ops.Unwatch(sid, tuple(targets))
                 )
             )
         channels = s.touched_channels()
         if channels:
-            calls.append(
-                self._routed(
-                    channels, self.router.shard_of_channel, lambda cs: ops.DropSocket(sid, tuple(cs))
-                )
-            )
+            calls.append(self.router.to_channels(channels, lambda cs: ops.DropSocket(sid, tuple(cs))))
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 # The shard is gone for longer than the retry window; when it comes back it has
                 # no memory of this socket, so there is nothing left to undo.
                 log.warning("clean-up of %s incomplete: %s", sid, result)
-
-    async def _until_done(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
-        """Retry `call` past the retry window, with backoff, until it succeeds (departures and
-        their replays: losing one would leave a ghost or an old last-seen). Each retry is safe:
-        the shard records a departure at most once, and last-seen never moves back."""
-
-        def failed(e: BaseException, wait: float) -> None:
-            self.metrics.inc("edge_departure_retries_total")
-            log.warning("%s not recorded yet (%s); trying again in %.1f s", what, e, wait)
-
-        return await retry(call, DEPARTURE_RETRY, retry_on=ShardUnavailable, on_retry=failed)
 
     # ------------------------------------------------------------------ frames out
 
@@ -684,60 +642,37 @@ class Edge:
             await asyncio.sleep(5.0)
 
     async def _reregister(self, shard: int) -> None:
-        """A shard restarted empty: tell it again about every live socket of ours it owns."""
-        calls: list[Awaitable[Any]] = []
-        registered = [c for c in self.conns.values() if c.connected and c.session.user_id is not None]
-        # A connection already lost whose handler has not caught up yet (it waits on this very
-        # shard) is not registered again: that would show it present (and checkpoint it) after
-        # it went. Its departure is reported instead, with the time it happened.
-        for conn in [c for c in registered if c.closed_at is not None]:
-            user = conn.session.user_id
-            if user is not None and self.router.shard_of_user(user) == shard:
-                self._replay(shard, user, conn.closed_at)
-        registered = [c for c in registered if c.closed_at is None]
-        for conn in registered:
-            s = conn.session
-            assert s.user_id is not None
-            user, sid = s.user_id, s.socket_id
-            if self.router.shard_of_user(user) == shard:
-                # With its idle flag in the same step, so its watchers see no `online` in between.
-                calls.append(self._call(shard, ops.Connect(user, sid, s.idle, Claim(*s.claim()))))
-                if s.focus is not None:
-                    calls.append(self._call(shard, ops.Focus(user, sid, s.focus)))
-            targets = [t for t in s.subscriptions if self.router.shard_of_user(t) == shard]
-            if targets:
-                calls.append(self._call(shard, ops.Watch(user, sid, tuple(targets))))
-            for channel in s.channels:
-                if self.router.shard_of_channel(channel) == shard:
-                    calls.append(self._call(shard, ops.ChannelSubscribe(channel, user, sid)))
-            if s.voice_channel is not None and self.router.shard_of_channel(s.voice_channel) == shard:
-                calls.append(self._call(shard, ops.VoiceJoin(s.voice_channel, user, sid)))
-        # Departures the dead incarnation may not have written yet (its last-seen lived in memory
-        # until the FlushActor committed it). The shard applies one only to an account that is
-        # not present now, and last-seen never moves back, so reporting too much is harmless.
-        latest: dict[str, float] = {}
-        for at, user in self.departures:
-            if self.router.shard_of_user(user) == shard:
-                latest[user] = at
-        for user, at in latest.items():
-            self._replay(shard, user, at)
-        for result in await asyncio.gather(*calls, return_exceptions=True):
+        """A shard restarted empty: tell it again about every live socket of ours it owns, and
+        report again the departures it may not have written (edge/reregistration.py)."""
+        assert self.router.map is not None
+        registered = [c for c in self.conns.values() if c.registered and c.session.user_id is not None]
+        live = [c for c in registered if c.phase is Phase.LIVE]
+        plan = reregistration(shard, self.router.map, [c.registration() for c in registered], self.departures)
+        for op in plan.replays:
+            self._replay(shard, op)
+        results = await asyncio.gather(
+            *(self.router.to_shard(shard, op) for op in plan.register), return_exceptions=True
+        )
+        for result in results:
             if isinstance(result, BaseException):
                 log.warning("re-registration on shard %d incomplete: %s", shard, result)
         # A socket that closed meanwhile may have had its clean-up overtaken by its registration
         # here (a retried call lands after a later one): undo it, or it stays a ghost online for
         # as long as this edge lives.
-        for conn in registered:
+        for conn in live:
             if conn.session.socket_id not in self.conns:
                 self.metrics.inc("edge_reregister_undone_total")
                 await self._cleanup(conn)
         self._spawn(self._resync(shard))
 
-    def _replay(self, shard: int, user: str, at: float) -> None:
+    def _replay(self, shard: int, op: ops.Departed) -> None:
         """Report a departure again to a restarted shard, in the background and until it lands
         (PostgreSQL may be away longer than the retry window; re-registration must not wait)."""
-        op = ops.Departed(user, at)
-        self._spawn(self._until_done(lambda: self._call(shard, op), f"replayed departure of {user}"))
+        self._spawn(
+            self.router.until_landed(
+                lambda: self.router.to_shard(shard, op), f"replayed departure of {op.user_id}"
+            )
+        )
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -763,7 +698,7 @@ class Edge:
             try:
                 user = s.user_id
                 assert user is not None
-                answers = await self._gather_by_shard(
+                answers = await self.router.to_users(
                     targets, lambda ts: ops.Watch(user, s.socket_id, tuple(ts))
                 )
                 frames = s.differences([pair for answer in answers for pair in answer])
@@ -773,18 +708,10 @@ class Edge:
             finally:
                 self._release(conn)
 
-        conns = [c for c in self.conns.values() if c.connected and c.session.subscriptions]
+        conns = [c for c in self.conns.values() if c.registered and c.session.subscriptions]
         for result in await asyncio.gather(*(one(c) for c in conns), return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("resync after the restart of shard %d incomplete: %s", shard, result)
-
-
-class ShardUnavailable(RuntimeError):
-    pass
-
-
-# What a shard call fails with while its shard restarts (ValueError: not registered with Ray yet).
-CALL_ERRORS = (*ActorDied, ValueError, TimeoutError, ShardUnavailable)
 
 
 class InsecureConfig(ValueError):

@@ -271,7 +271,7 @@ async def test_slow_reader_is_cut_off_and_everybody_else_carries_on(
         )
         await slow.send(json.dumps({"type": "presence.subscribe", "userIds": churners}))
         slow.stop_reading()
-        await eventually(lambda: len(edge.conns) == 2 and all(c.connected for c in edge.conns.values()))
+        await eventually(lambda: len(edge.conns) == 2 and all(c.registered for c in edge.conns.values()))
         # The kernel's own buffers come on top of the edge's limit and grow to megabytes on
         # loopback; pin the server side of this one socket small so that the edge's buffer, the
         # thing under test, fills within a second.
