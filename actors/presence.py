@@ -16,7 +16,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -174,7 +173,7 @@ class PresenceShard:
 
     # ------------------------------------------------------------------ the edge-facing API
 
-    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[Any]]:
+    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[object]]:
         """One batch of operations from one edge, applied in order. Returns one result per op."""
         started = time.perf_counter()
         async with self._edge_order.setdefault(edge_id, asyncio.Lock()):
@@ -223,7 +222,7 @@ class PresenceShard:
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
         return self.state.is_focused(user_id, channel_id, self.clock())
 
-    async def operator_view(self, user_id: str) -> dict[str, Any] | None:
+    async def operator_view(self, user_id: str) -> dict[str, object] | None:
         """The operator's view: real status and the real stored time, whatever the setting;
         None for an account that does not exist (reading never creates one)."""
         row = (await self.store.read_accounts([user_id])).get(user_id)
