@@ -1,0 +1,154 @@
+"""The router as the one shard-calling object (edge/router.py): routing by the slot map, MOVED
+sent again after the map flips, retries while a shard restarts, one budget for all of it, and
+departures retried until they land. The batched transport underneath (`Router.call`) and the
+directory are faked: no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from actors.core import ops
+from actors.core.backoff import Backoff
+from actors.core.contract import MOVED, UNAVAILABLE
+from actors.core.slots import SlotMap
+from actors.metrics import Metrics
+from edge import router as router_module
+from edge.router import Router, ShardUnavailable
+
+Answer = Callable[[int, ops.Op], Any]  # (shard, op) -> answer, or an exception to raise
+
+
+class Fake:
+    """A router whose shards answer by `answer` and whose directory publishes `published`."""
+
+    def __init__(self, answer: Answer, shards: int = 2, call_retry_s: float = 10.0) -> None:
+        async def no_restart(_: int) -> None:
+            return None
+
+        self.router = Router(
+            "edge-t", lambda _ids, _p: None, no_restart, Metrics(), call_retry_s=call_retry_s
+        )
+        self.published = SlotMap.even(shards)
+        self.router.map = self.published
+        self.answer = answer
+        self.sent: list[tuple[int, ops.Op]] = []
+        self.router.call = self.call  # type: ignore[method-assign]
+        self.router.refresh_map = self.refresh_map  # type: ignore[method-assign]
+
+    def call(self, shard: int, op: ops.Op) -> asyncio.Future[Any]:
+        self.sent.append((shard, op))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        result = self.answer(shard, op)
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+        return fut
+
+    async def refresh_map(self) -> None:
+        self.router.map = self.published
+
+    def flip(self, owners: tuple[int, ...], count: int) -> None:
+        self.published = SlotMap(self.published.version + 1, owners, count)
+
+
+def counter(r: Router, name: str) -> float:
+    return sum(v for n, _labels, v in r.metrics.snapshot()["counters"] if n == name)
+
+
+def user_on(m: SlotMap, shard: int, n: int = 1) -> list[str]:
+    out = [u for u in (f"u{i}" for i in range(1000)) if m.shard_of(u) == shard]
+    return out[:n]
+
+
+async def test_operations_go_to_the_owning_shards_grouped() -> None:
+    f = Fake(lambda shard, op: f"from {shard}")
+    a, b = user_on(f.published, 0, 2)
+    c = user_on(f.published, 1)[0]
+    answers = await f.router.to_users([a, c, b], lambda us: ops.Unwatch("s1", tuple(us)))
+    assert sorted(answers) == ["from 0", "from 1"]
+    assert sorted(f.sent) == [(0, ops.Unwatch("s1", (a, b))), (1, ops.Unwatch("s1", (c,)))]
+
+
+async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips() -> None:
+    """A shard exporting its slots answers MOVED; the keys go again, to the owner the next map
+    names, and the answer is the new owner's."""
+
+    def answer(shard: int, op: ops.Op) -> Any:
+        if shard == 0:
+            f.flip(tuple(1 for _ in f.published.owners), 2)  # the resize flips while we wait
+            return MOVED
+        return "applied"
+
+    f = Fake(answer)
+    user = user_on(f.published, 0)[0]
+    assert await f.router.to_user(user, ops.Settings(user, "friends")) == "applied"
+    assert [s for s, _ in f.sent] == [0, 1]
+    assert counter(f.router, "edge_moved_total") == 1
+
+
+async def test_a_restarting_shard_is_retried_until_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.001, 0.002))
+    failures = [TimeoutError(), ValueError("not registered yet"), UNAVAILABLE]
+
+    def answer(shard: int, op: ops.Op) -> Any:
+        return failures.pop(0) if failures else "back"
+
+    f = Fake(answer)
+    assert await f.router.to_shard(0, ops.PING) == "back"
+    assert len(f.sent) == 4
+
+
+async def test_a_shard_retired_by_a_shrink_answers_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.001, 0.002))
+    f = Fake(lambda shard, op: TimeoutError())
+    f.flip(tuple(0 for _ in f.published.owners), 1)  # shard 1 is gone; the router notices on failure
+    assert await f.router.to_shard(1, ops.PING) == MOVED
+
+
+async def test_one_budget_for_a_routed_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slots in migration and then a shard that stays down share `call_retry_s`: the caller hears
+    ShardUnavailable within it, not after a fresh window for each layer."""
+
+    def answer(shard: int, op: ops.Op) -> Any:
+        if shard == 0:
+            # The slot flips to shard 1 after 0.2 s of the 0.3 s budget; shard 1 never answers.
+            asyncio.get_running_loop().call_later(0.2, f.flip, tuple(1 for _ in f.published.owners), 2)
+            return MOVED
+        return TimeoutError()
+
+    # Short waits, so that a retry gives up only at the very end of its window.
+    monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.005, 0.005))
+    f = Fake(answer, call_retry_s=0.3)
+    user = user_on(f.published, 0)[0]
+    started = time.monotonic()
+    with pytest.raises(ShardUnavailable):
+        await f.router.to_user(user, ops.Settings(user, "friends"))
+    assert [s for s, _ in f.sent][:2] == [0, 1]
+    assert 0.25 < time.monotonic() - started < 0.4  # two nested windows took 0.2 + 0.3
+
+
+async def test_unavailable_past_the_window_closes_nothing_silently() -> None:
+    f = Fake(lambda shard, op: UNAVAILABLE, call_retry_s=0.2)
+    with pytest.raises(ShardUnavailable, match="shard 0 unavailable"):
+        await f.router.to_shard(0, ops.Departed("u1", 1.0))
+
+
+async def test_departures_are_retried_until_they_land(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(router_module, "DEPARTURE_RETRY", Backoff(0.001, 0.002))
+    attempts = {"n": 0}
+
+    async def departure() -> str:
+        attempts["n"] += 1
+        if attempts["n"] < 4:
+            raise ShardUnavailable("still away")
+        return "recorded"
+
+    f = Fake(lambda shard, op: None)
+    assert await f.router.until_landed(departure, "departure of s1") == "recorded"
+    assert counter(f.router, "edge_departure_retries_total") == 3
