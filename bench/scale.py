@@ -49,25 +49,24 @@ def _generator(
 async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -> dict[str, Any]:
     from actors.core import ops
     from actors.metrics import Metrics
-    from actors.presence import MOVED
     from edge.router import Router
 
     async def no_restart(_: int) -> None:
         return None
 
+    # The edges' own road to the shards: routed, MOVED sent again after each flip of a resize.
     router = Router(
-        f"bench-{index}-{os.getpid()}", lambda _ids, _p: None, no_restart, Metrics(), pull_wait_s=1.0
+        f"bench-{index}-{os.getpid()}",
+        lambda _ids, _p: None,
+        no_restart,
+        Metrics(),
+        pull_wait_s=1.0,
+        call_retry_s=30.0,
     )
     await router.start()
 
     async def call(user: str, op: ops.Op) -> Any:
-        while True:
-            assert router.map is not None
-            version = router.map.version
-            result = await router.call(router.shard_of_user(user), op)
-            if result != MOVED:
-                return result
-            await router.wait_for_map_after(version, time.monotonic() + 30)
+        return await router.to_user(user, op)
 
     users = [f"bench-{index}-{i}" for i in range(accounts)]
     await asyncio.gather(*(call(u, ops.Connect(u, f"s-{u}")) for u in users))
