@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from actors.core import ops
 from actors.core.shard import Claim
@@ -38,6 +39,16 @@ class Registered:
     gone_at: float | None = None
 
 
+class Departure(NamedTuple):
+    """An entry of the edge's journal: a socket of `user_id` went at `at`, knowing `claim` of the
+    account's choices (acknowledged to it, perhaps never saved: the journal is the one place
+    that survives the shard if the socket was the account's last)."""
+
+    at: float
+    user_id: str
+    claim: Claim = Claim()
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """`register` is sent at once and awaited together; each of `replays` is retried in the
@@ -48,17 +59,19 @@ class Plan:
 
 
 def reregistration(
-    shard: int, slot_map: SlotMap, sockets: Iterable[Registered], departures: Iterable[tuple[float, str]]
+    shard: int, slot_map: SlotMap, sockets: Iterable[Registered], departures: Iterable[Departure]
 ) -> Plan:
     """What to tell `shard`, restarted empty, about `sockets` and the journal `departures`
-    ((time, account), oldest first)."""
+    (oldest first)."""
 
     def owns(key: str) -> bool:
         return slot_map.shard_of(key) == shard
 
     sockets = list(sockets)
     replays = [
-        ops.Departed(s.user_id, s.gone_at) for s in sockets if s.gone_at is not None and owns(s.user_id)
+        ops.Departed(s.user_id, s.gone_at, s.claim)
+        for s in sockets
+        if s.gone_at is not None and owns(s.user_id)
     ]
     register: list[ops.Op] = []
     for s in sockets:
@@ -76,9 +89,12 @@ def reregistration(
         )
         if s.voice_channel is not None and owns(channel_key(s.voice_channel)):
             register.append(ops.VoiceJoin(s.voice_channel, s.user_id, s.socket_id))
-    latest: dict[str, float] = {}
-    for at, user in departures:
-        if owns(user):
-            latest[user] = at
-    replays.extend(ops.Departed(user, at) for user, at in latest.items())
+    # The latest departure of each account, with the newest of its sockets' claims.
+    latest: dict[str, ops.Departed] = {}
+    for d in departures:
+        if owns(d.user_id):
+            known = latest.get(d.user_id)
+            claim = d.claim if known is None or known.claim is None else known.claim.newest(d.claim)
+            latest[d.user_id] = ops.Departed(d.user_id, d.at, claim)
+    replays.extend(latest.values())
     return Plan(register, replays)

@@ -36,7 +36,7 @@ from edge import protocol as p
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.outbound import fan_out, send_batch
-from edge.reregistration import Registered, reregistration
+from edge.reregistration import Departure, Registered, reregistration
 from edge.router import Router, ShardUnavailable
 from edge.session import (
     Admission,
@@ -242,8 +242,8 @@ class Edge:
         )
         self.conns: dict[str, Conn] = {}
         self.admission = Admission(config.limits)
-        # (time, account) of recent departures, oldest first: see `_reregister`.
-        self.departures: deque[tuple[float, str]] = deque()
+        # Recent departures with their sockets' claims, oldest first: see `_reregister`.
+        self.departures: deque[Departure] = deque()
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
         problem = internal_exposure_problem(config.internal_host, config.internal_token)
         if problem is not None:
@@ -390,9 +390,10 @@ class Edge:
         if not conn.registered or conn.session.user_id is None:
             return
         now = time.time()
-        self.departures.append((conn.departed_at(), conn.session.user_id))
+        s = conn.session
+        self.departures.append(Departure(conn.departed_at(), conn.session.user_id, Claim(*s.claim())))
         horizon = now - self.config.departure_journal_s
-        while self.departures and self.departures[0][0] < horizon:
+        while self.departures and self.departures[0].at < horizon:
             self.departures.popleft()
 
     def _client_ip(self, ws: ServerConnection) -> str:

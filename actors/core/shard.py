@@ -100,6 +100,12 @@ class Claim:
     visibility: str | None = None
     visibility_at: float = 0.0
 
+    def newest(self, other: Claim) -> Claim:
+        """Each choice from whichever of the two claims made it later."""
+        chosen = self if self.chosen_at >= other.chosen_at else other
+        visibility = self if self.visibility_at >= other.visibility_at else other
+        return Claim(chosen.chosen, chosen.chosen_at, visibility.visibility, visibility.visibility_at)
+
 
 class ShardState:
     def __init__(

@@ -180,3 +180,11 @@ def test_unread_departures_move_with_their_slots() -> None:
     other = unloaded()
     other.import_slots(export, T0 + 6)
     assert other.pending_last_seen == {"u1": T0 + 3}
+
+
+def test_the_newest_of_two_claims_is_taken_choice_by_choice() -> None:
+    from actors.core.shard import Claim
+
+    a, b = Claim("invisible", 4.0, "friends", 9.0), Claim("dnd", 6.0, "nobody", 2.0)
+    assert a.newest(b) == b.newest(a) == Claim("dnd", 6.0, "friends", 9.0)
+    assert a.newest(Claim()) == a

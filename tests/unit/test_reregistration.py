@@ -8,7 +8,7 @@ import itertools
 from actors.core import ops
 from actors.core.shard import Claim
 from actors.core.slots import SlotMap, channel_key
-from edge.reregistration import Registered, reregistration
+from edge.reregistration import Departure, Registered, reregistration
 
 MAP = SlotMap.even(2)
 
@@ -59,15 +59,30 @@ def test_a_socket_already_gone_is_reported_departed_never_registered() -> None:
     gone = Registered(A0, "s1", subscriptions=(B0,), channels=(CH0,), gone_at=123.0)
     plan = reregistration(0, MAP, [gone], [])
     assert plan.register == []
-    assert plan.replays == [ops.Departed(A0, 123.0)]
+    assert plan.replays == [ops.Departed(A0, 123.0, Claim())]
     assert reregistration(1, MAP, [gone], []).replays == []
 
 
 def test_the_journal_replays_the_latest_departure_of_each_account_it_owns() -> None:
-    journal = [(10.0, A0), (11.0, A1), (12.0, B0), (13.0, A0)]
+    journal = [Departure(10.0, A0), Departure(11.0, A1), Departure(12.0, B0), Departure(13.0, A0)]
     plan = reregistration(0, MAP, [], journal)
-    assert plan.replays == [ops.Departed(A0, 13.0), ops.Departed(B0, 12.0)]
-    assert reregistration(1, MAP, [], journal).replays == [ops.Departed(A1, 11.0)]
+    assert plan.replays == [ops.Departed(A0, 13.0, Claim()), ops.Departed(B0, 12.0, Claim())]
+    assert reregistration(1, MAP, [], journal).replays == [ops.Departed(A1, 11.0, Claim())]
+
+
+def test_replays_carry_the_newest_claims_of_the_accounts_sockets() -> None:
+    """A choice acknowledged to a socket that then closed may never have been saved (PostgreSQL
+    away) when the shard died: the journal's claim brings it back with the departure (an
+    `invisible` one also freezes the departure at the moment the account hid)."""
+    journal = [
+        Departure(10.0, A0, Claim("invisible", 4.0, "friends", 2.0)),
+        Departure(13.0, A0, Claim("dnd", 3.0, "nobody", 5.0)),  # another socket, older status
+    ]
+    assert reregistration(0, MAP, [], journal).replays == [
+        ops.Departed(A0, 13.0, Claim("invisible", 4.0, "nobody", 5.0))
+    ]
+    gone = Registered(A0, "s1", claim=Claim("invisible", 4.0), gone_at=9.0)
+    assert reregistration(0, MAP, [gone], []).replays == [ops.Departed(A0, 9.0, Claim("invisible", 4.0))]
 
 
 def test_several_sockets() -> None:
@@ -77,11 +92,11 @@ def test_several_sockets() -> None:
         Registered(B0, "b1", gone_at=50.0),
         Registered(C0, "c1", subscriptions=(A0,)),
     ]
-    plan = reregistration(0, MAP, sockets, [(40.0, C0)])
+    plan = reregistration(0, MAP, sockets, [Departure(40.0, C0)])
     assert plan.register == [
         ops.Connect(A0, "a1", False, Claim()),
         ops.Connect(A0, "a2", True, Claim()),
         ops.Connect(C0, "c1", False, Claim()),
         ops.Watch(C0, "c1", (A0,)),
     ]
-    assert plan.replays == [ops.Departed(B0, 50.0), ops.Departed(C0, 40.0)]
+    assert plan.replays == [ops.Departed(B0, 50.0, Claim()), ops.Departed(C0, 40.0, Claim())]
