@@ -37,11 +37,15 @@ log = logging.getLogger(__name__)
 # defence behind the clamp in the buffer (the two clocks may disagree). LEAST(.., chosen_at) of an
 # invisible account: its last-seen is frozen at the moment it hid, whatever a writer that could not
 # read the row sends (a departure recorded after a restart, with PostgreSQL away: see
-# ShardState.departed); LEAST ignores the NULL of every other account.
+# ShardState.departed); LEAST ignores the NULL of every other account. An invisible account whose
+# hide moment is unknown (chosen_at NULL: set before the column existed, or by a host application)
+# is not written at all. Shards write an account's last-seen only after its choices are saved
+# (PresenceShard._flush_once), so the stored status the freeze reads is never older than theirs.
 UPDATE_SQL = (
     "UPDATE users AS u SET last_seen_at = GREATEST(u.last_seen_at, LEAST(v.ts, now(), "
     "CASE WHEN u.chosen_status = 'invisible' THEN u.chosen_at END)) "
-    "FROM unnest($1::text[], $2::timestamptz[]) AS v(id, ts) WHERE u.id = v.id"
+    "FROM unnest($1::text[], $2::timestamptz[]) AS v(id, ts) "
+    "WHERE u.id = v.id AND (u.chosen_status <> 'invisible' OR u.chosen_at IS NOT NULL)"
 )
 
 

@@ -341,9 +341,9 @@ class PresenceShard:
         return left()
 
     async def _drain_once(self) -> None:
-        await self._flush_once()
         if self.persist_status or self.persist_visibility:
             await self._persist_once()
+        await self._flush_once()
 
     # ------------------------------------------------------------------ applying
 
@@ -520,7 +520,11 @@ class PresenceShard:
                 self._carry_out()
 
     async def _flush_once(self) -> None:
-        entries = self.state.last_seen_to_flush()
+        # An account's last-seen waits for its unsaved choices: the FlushActor's statement reads
+        # the stored chosen status (the invisible freeze), which must not be older than what this
+        # shard knew when it set the time. Saving a choice wakes this loop again.
+        unsaved = self.unsaved()
+        entries = [e for e in self.state.last_seen_to_flush() if e[0] not in unsaved]
         if not entries:
             return
         await self.flush_write(entries)
@@ -549,7 +553,8 @@ class PresenceShard:
         while True:
             await asyncio.sleep(1.0)
             self._refresh_active(self.state.activity_chunk(self.clock()))
-            entries = self.state.checkpoint_chunk(self.clock())
+            unsaved = self.unsaved()  # as in _flush_once; the next round writes them
+            entries = [e for e in self.state.checkpoint_chunk(self.clock()) if e[0] not in unsaved]
             if entries:
                 await self.flush_write(entries)
                 self.metrics.inc("checkpoint_rows_total", n=len(entries))
@@ -574,6 +579,8 @@ class PresenceShard:
                 sorted((u, v, at) for u, (v, at) in status.items()),
                 sorted((u, v, at) for u, (v, at) in visibility.items()),
             )
+            if self.state.pending_last_seen:
+                self._flush_wake.set()  # last-seen values that waited for these choices
         except BaseException:
             # Values chosen meanwhile win over the ones being retried (also at an equal time).
             for user_id, choice in status.items():

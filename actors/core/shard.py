@@ -170,9 +170,11 @@ class ShardState:
             return
         last_seen = row.last_seen_at
         pending = self.pending_last_seen.get(user_id)  # a departure recorded unread, not written yet
+        if pending is not None and row.chosen_status == "invisible":
+            # What the store's write will make of it: frozen at the hide, or not written at all
+            # when the hide moment is unknown.
+            pending = min(pending, row.chosen_at) if row.chosen_at is not None else None
         if pending is not None:
-            if row.chosen_status == "invisible" and row.chosen_at is not None:
-                pending = min(pending, row.chosen_at)  # what the store's write will make of it
             last_seen = pending if last_seen is None else max(last_seen, pending)
         self.accounts[user_id] = Account(
             user_id,

@@ -150,6 +150,12 @@ def test_loaded_after_an_unread_departure_sees_it_and_the_stored_freeze() -> Non
     s2.departed("u1", T0 + 10, T0 + 12)
     s2.load_account("u1", AccountRow("invisible", last_seen_at=T0 + 4, chosen_at=T0 + 4), T0 + 13)
     assert s2.last_seen_of("u1", T0 + 13) == T0 + 4
+    # Invisible since an unknown moment (stored before the time columns, or by a host
+    # application): the store does not write it at all, and nor does memory show it.
+    s3 = unloaded()
+    s3.departed("u1", T0 + 10, T0 + 12)
+    s3.load_account("u1", AccountRow("invisible", last_seen_at=None), T0 + 13)
+    assert s3.last_seen_of("u1", T0 + 13) is None
 
 
 def test_loaded_choice_times_decide_against_older_claims() -> None:

@@ -235,3 +235,20 @@ async def test_the_operator_view_reads_the_store_without_creating_anything(
     assert view is not None and view["chosenStatus"] == "dnd" and view["sockets"] == 0
     assert await shard.operator_view("nobody-here") is None
     assert "nobody-here" not in store.rows
+
+
+async def test_last_seen_waits_for_the_accounts_unsaved_choice(
+    shard: PresenceShard, store: FakeStore, flushes: Flushes, clock: Clock
+) -> None:
+    """The FlushActor's statement freezes an invisible account's last-seen at its stored hide
+    moment: it must read a chosen status no older than the one the shard set the time under.
+    So a last-seen value is handed on only once the account's choices are saved."""
+    await shard.apply("edge-a", [ops.Connect("alice", "s1"), ops.Connect("bob", "s2")])
+    await shard.apply("edge-a", [ops.SetStatus("alice", "s1", "dnd")])
+    clock.advance(5)
+    await shard.apply("edge-a", [ops.Disconnect("alice", "s1"), ops.Disconnect("bob", "s2")])
+    await shard._flush_once()
+    assert [u for u, _ in flushes.written] == ["bob"]  # alice's dnd is not saved yet
+    await shard._persist_once()
+    await shard._flush_once()
+    assert [u for u, _ in flushes.written] == ["bob", "alice"]
