@@ -46,6 +46,8 @@ CALL_RETRY = Backoff(first_s=0.1, cap_s=2.0)
 DEPARTURE_RETRY = Backoff(first_s=1.0, cap_s=30.0)
 
 T = TypeVar("T")
+# A first try that applied nothing (routed's slow road takes over): the slots moved, or it failed.
+_MOVED, _FAILED = object(), object()
 MakeOp = Callable[[list[str]], ops.Op]
 
 
@@ -164,7 +166,30 @@ class Router:
         """Send `make_op(keys of one shard)` to each owning shard; keys whose shard answers
         MOVED (their slots are migrating) are sent again once the slot map has changed. One
         budget for all of it: migrations and restarts together get `call_retry_s`."""
-        deadline = time.monotonic() + self.call_retry_s
+        deadline: float | None = None
+        if keys:
+            # The common case in one await, without a task per shard or a retry frame: every key
+            # on one shard, which answers. Anything else (several shards, MOVED, UNAVAILABLE, a
+            # restarting shard: nothing of the operation was applied) takes the road below, as if
+            # this had been its first attempt.
+            shard = shard_of(keys[0])
+            if all(shard_of(k) == shard for k in keys[1:]):
+                assert self.map is not None
+                version = self.map.version
+                answer = await self._first_try(shard, make_op(keys))
+                if answer is not _FAILED and answer is not _MOVED:
+                    return [answer]
+                deadline = time.monotonic() + self.call_retry_s
+                if answer is _MOVED:
+                    self.metrics.inc("edge_moved_total")
+                    if not await self.wait_for_map_after(version, deadline):
+                        raise ShardUnavailable("slots stayed in migration past the retry window")
+                else:  # what to_shard does after a failed attempt: a fresh map, a jittered wait
+                    with contextlib.suppress(Exception):
+                        await self.refresh_map()
+                    await asyncio.sleep(CALL_RETRY.delay(0))
+        if deadline is None:
+            deadline = time.monotonic() + self.call_retry_s
         results: list[Any] = []
         pending = keys
         while pending:
@@ -187,6 +212,16 @@ class Router:
                 if not await self.wait_for_map_after(version, deadline):
                     raise ShardUnavailable("slots stayed in migration past the retry window")
         return results
+
+    async def _first_try(self, shard: int, op: ops.Op) -> Any:
+        """One attempt: the answer, or `_MOVED` / `_FAILED` when the operation was not applied."""
+        try:
+            answer = await self.call(shard, op)
+        except CALL_ERRORS:
+            return _FAILED
+        if isinstance(answer, str) and answer in (MOVED, UNAVAILABLE):
+            return _MOVED if answer == MOVED else _FAILED
+        return answer
 
     async def to_shard(self, shard: int, op: ops.Op, deadline: float | None = None) -> Any:
         """One operation on one shard, retried while the shard restarts, until `deadline`
