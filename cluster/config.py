@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     # Edge → shard batching: a batch leaves when it is this old or this large.
     batch_window_ms: float = 2.0
     batch_max_ops: int = 500
+    # At most this many batches per shard in flight from one edge; more wait and leave together.
+    batch_max_in_flight: int = Field(default=2, ge=1)
     # Shard → edge: after a pull that brought mail, the edge waits this long before the next one,
     # so under load each Ray call carries the mail of several changes (a quiet edge's pending
     # long-poll still answers at once). Each Ray call costs ~1 ms of CPU over both ends.

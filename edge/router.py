@@ -72,6 +72,7 @@ class Router:
         pull_wait_s: float = 5.0,
         pull_gather_ms: float = 0.0,
         call_retry_s: float = 10.0,
+        max_in_flight: int = 2,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
@@ -82,6 +83,7 @@ class Router:
         self.pull_wait_s = pull_wait_s
         self.pull_gather_s = pull_gather_ms / 1000
         self.call_retry_s = call_retry_s
+        self.max_in_flight = max_in_flight
         self.directory = DirectoryClient()
         self.map: SlotMap | None = None
         self.shards: dict[int, ShardClient] = {}
@@ -89,6 +91,7 @@ class Router:
         self.last_contact: dict[int, float] = {}
         self._pending: dict[int, list[tuple[ops.Op, asyncio.Future[Any]]]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._in_flight: dict[int, int] = {}
         self._pullers: dict[int, asyncio.Task[None]] = {}
         self._closed = False
 
@@ -278,9 +281,27 @@ class Router:
         timer = self._timers.pop(shard, None)
         if timer is not None:
             timer.cancel()
-        batch = self._pending.pop(shard, [])
-        if batch:
-            asyncio.get_running_loop().create_task(self._send(shard, batch))
+        # At most `max_in_flight` calls per shard: the shard applies one edge's batches one
+        # after the other anyway (in arrival order), so more calls in flight would only wait
+        # there. What arrives meanwhile waits here instead and leaves as one bigger batch when a
+        # call comes back: under load the batches grow by themselves, and the Ray calls per frame
+        # do not grow with the number of shards (issue 16).
+        if self._in_flight.get(shard, 0) >= self.max_in_flight:
+            return
+        queue = self._pending.pop(shard, [])
+        if not queue:
+            return
+        batch, rest = queue[: self.max_ops], queue[self.max_ops :]
+        if rest:
+            self._pending[shard] = rest
+        self._in_flight[shard] = self._in_flight.get(shard, 0) + 1
+        asyncio.get_running_loop().create_task(self._send(shard, batch))
+
+    def _came_back(self, shard: int) -> None:
+        """A call to `shard` returned: send what waited for it."""
+        self._in_flight[shard] -= 1
+        if self._pending.get(shard):
+            self._send_now(shard)
 
     async def _send(self, shard: int, batch: list[tuple[ops.Op, asyncio.Future[Any]]]) -> None:
         started = time.perf_counter()
@@ -288,11 +309,17 @@ class Router:
         try:
             incarnation, results = await self.shards[shard].apply(self.edge_id, [op for op, _ in batch])
         except Exception as e:
+            self._came_back(shard)
             self.metrics.inc("edge_call_errors_total", shard=str(shard))
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(e)
             return
+        except BaseException:
+            self._came_back(shard)
+            raise
+        # Before the incarnation check: re-registering a restarted shard sends calls of its own.
+        self._came_back(shard)
         self.metrics.observe("edge_actor_call_seconds", time.perf_counter() - started)
         self.last_contact[shard] = time.monotonic()
         for (_, fut), result in zip(batch, results, strict=True):

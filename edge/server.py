@@ -202,6 +202,7 @@ class EdgeConfig:
     send_buffer_bytes: int = 1024 * 1024
     batch_window_ms: float = 2.0
     batch_max_ops: int = 500
+    batch_max_in_flight: int = 2
     pull_gather_ms: float = 0.0
     count_ttl_s: float = 90.0
     # Demo mode: serve the demo page at / and mint tokens for the demo accounts only.
@@ -236,6 +237,7 @@ class Edge:
             self.metrics,
             window_ms=config.batch_window_ms,
             max_ops=config.batch_max_ops,
+            max_in_flight=config.batch_max_in_flight,
             pull_wait_s=config.pull_wait_s,
             pull_gather_ms=config.pull_gather_ms,
             call_retry_s=config.call_retry_s,

@@ -1,0 +1,105 @@
+"""The router's batching underneath every call (edge/router.py `Router.call`): operations for one
+shard leave together once the window passes or the batch is full, and at most `max_in_flight`
+calls per shard are out at a time; what arrives meanwhile leaves as one batch when a call comes
+back (so under load the batches grow instead of the number of calls). The shard's `apply` is
+faked: no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from actors.core import ops
+from actors.metrics import Metrics
+from edge.router import Router
+
+
+class GatedShard:
+    """A shard whose every `apply` waits until the test opens its gate."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[ops.Op]] = []
+        self.gates: list[asyncio.Event] = []
+
+    async def apply(self, edge_id: str, batch: list[ops.Op]) -> tuple[str, list[Any]]:
+        gate = asyncio.Event()
+        self.batches.append(batch)
+        self.gates.append(gate)
+        await gate.wait()
+        return "inc-1", [None] * len(batch)
+
+
+def router(max_in_flight: int, max_ops: int = 500) -> tuple[Router, GatedShard]:
+    async def no_restart(_: int) -> None:
+        return None
+
+    r = Router(
+        "edge-t", lambda _i, _p: None, no_restart, Metrics(), window_ms=1.0, max_ops=max_ops,
+        max_in_flight=max_in_flight,
+    )  # fmt: skip
+    shard = GatedShard()
+    r.shards[0] = shard  # type: ignore[assignment]
+    return r, shard
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0.005)
+
+
+def pings(n: int) -> list[ops.Op]:
+    return [ops.Spend(f"u{i}", "lookups", 1) for i in range(n)]
+
+
+async def test_what_arrives_while_the_calls_are_out_leaves_as_one_batch() -> None:
+    r, shard = router(max_in_flight=1)
+    first = [r.call(0, op) for op in pings(2)]
+    await settle()
+    assert [len(b) for b in shard.batches] == [2]
+    later = [r.call(0, op) for op in pings(7)]
+    await settle()  # the window passed, but the one call allowed is still out
+    assert [len(b) for b in shard.batches] == [2]
+    shard.gates[0].set()
+    await asyncio.gather(*first)
+    await settle()
+    assert [len(b) for b in shard.batches] == [2, 7]  # everything that waited, in one call
+    shard.gates[1].set()
+    await asyncio.gather(*later)
+
+
+async def test_a_waiting_queue_leaves_in_batches_of_at_most_max_ops_in_order() -> None:
+    r, shard = router(max_in_flight=1, max_ops=3)
+    sent = pings(8)
+    futures = [r.call(0, op) for op in sent]
+    for _ in range(3):
+        await settle()
+        shard.gates[-1].set()
+    await asyncio.gather(*futures)
+    assert [len(b) for b in shard.batches] == [3, 3, 2]
+    assert [op for b in shard.batches for op in b] == sent
+
+
+async def test_up_to_max_in_flight_calls_go_out_at_once() -> None:
+    r, shard = router(max_in_flight=2, max_ops=2)
+    futures = [r.call(0, op) for op in pings(6)]
+    await settle()
+    assert [len(b) for b in shard.batches] == [2, 2]  # the third batch waits
+    shard.gates[1].set()
+    await settle()
+    assert [len(b) for b in shard.batches] == [2, 2, 2]
+    for gate in shard.gates:
+        gate.set()
+    await asyncio.gather(*futures)
+
+
+async def test_a_failed_call_frees_its_place() -> None:
+    r, shard = router(max_in_flight=1)
+
+    async def broken(edge_id: str, batch: list[ops.Op]) -> tuple[str, list[Any]]:
+        raise ConnectionError("shard away")
+
+    shard.apply = broken  # type: ignore[method-assign]
+    failed = r.call(0, pings(1)[0])
+    await settle()
+    assert isinstance(failed.exception(), ConnectionError)
+    assert r._in_flight[0] == 0
