@@ -82,13 +82,26 @@ async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -
             await call(user, ops.SetStatus(user, f"s-{user}", "idle" if n % 2 else "online"))
             done_at.append(time.monotonic())
 
+    # (offset, Ray apply calls so far, operations in them, CPU seconds): per phase, the calls per
+    # 1,000 frames and the router's (the edge's side) CPU per frame.
+    samples: list[tuple[float, float, float, float]] = []
+
+    async def sample() -> None:
+        while time.monotonic() < stop_at:
+            calls, sent, _ = router.metrics.summaries.get(("edge_batch_ops", ()), (0.0, 0.0, 0.0))
+            samples.append((time.monotonic() - started, calls, sent, time.process_time()))
+            await asyncio.sleep(0.25)
+
     started = time.monotonic()
+    sampler = asyncio.create_task(sample())
     await asyncio.gather(*(worker(k) for k in range(in_flight)))
     cpu = time.process_time() - cpu_started
+    await sampler
     await router.close()
     return {
         "started": time.time() - (time.monotonic() - started),
         "offsets": [t - started for t in done_at],
+        "samples": samples,
         "cpu_s": cpu,
         "wall_s": time.monotonic() - started,
     }
@@ -102,7 +115,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--phase-s", type=float, default=10.0, help="measured seconds per pool size")
     p.add_argument("--generators", type=int, default=2, help="load-generator processes")
     p.add_argument("--accounts", type=int, default=400, help="accounts per generator")
-    p.add_argument("--in-flight", type=int, default=400, help="operations in flight per generator")
+    # 1,600: a busy edge (thousands of sockets) has that many frames on their way; at 400 over 8
+    # shards no call could carry more than 50, and the figure was the closed loop's own limit.
+    p.add_argument("--in-flight", type=int, default=1600, help="operations in flight per generator")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke test (1,2 shards, 2 s)")
     p.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     p.add_argument("--plot", default=None, help="PNG path (default bench/results/scale-<time>.png)")
@@ -196,10 +211,18 @@ def _measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
     progress.done(f"measured {len(sizes)} pool sizes")
     for phase in phases:
         count = 0
+        calls = sent = cpu = 0.0
         for r in results:
             lo, hi = phase["start"] - r["started"], phase["end"] - r["started"]
             count += sum(1 for t in r["offsets"] if lo <= t < hi)
+            inside = [s for s in r["samples"] if lo <= s[0] < hi]
+            if len(inside) >= 2:
+                calls += inside[-1][1] - inside[0][1]
+                sent += inside[-1][2] - inside[0][2]
+                cpu += inside[-1][3] - inside[0][3]
         phase["ops_per_s"] = count / (phase["end"] - phase["start"])
+        phase["calls_per_1000"] = 1000 * calls / sent if sent else None
+        phase["router_cpu_us_per_frame"] = 1e6 * cpu / sent if sent else None
     cpu = sum(r["cpu_s"] for r in results) / max(r["wall_s"] for r in results)
     return {"phases": phases, "generator_cpu": cpu}
 
@@ -212,13 +235,31 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
         f"\npool scaling on {machine_summary(info)} (commit {info['commit']}); "
         f"{args.generators} generator processes, load-generator CPU {report['generator_cpu']:.2f} cores\n"
     )
-    print(f"{'shards':>6} | {'frames/s':>10} | {'vs 1 shard':>10} | {'resize under load':>17}")
-    print(f"{'-' * 6}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 17}")
+    head = (
+        "shards",
+        "frames/s",
+        "vs 1 shard",
+        "Ray calls / 1,000 frames",
+        "edge CPU µs/frame",
+        "resize under load",
+    )
+    widths = [len(h) for h in head]
+    print(" | ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("-+-".join("-" * w for w in widths))
     for ph in phases:
-        resize = f"{ph['resize_s']:.2f} s" if ph["resize_s"] is not None else "-"
-        print(
-            f"{ph['shards']:>6} | {ph['ops_per_s']:>10,.0f} | {ph['ops_per_s'] / base:>9.2f}x | {resize:>17}"
+        cells = (
+            str(ph["shards"]),
+            f"{ph['ops_per_s']:,.0f}",
+            f"{ph['ops_per_s'] / base:.2f}x",
+            f"{ph['calls_per_1000']:.1f}" if ph.get("calls_per_1000") is not None else "-",
+            f"{ph['router_cpu_us_per_frame']:.1f}" if ph.get("router_cpu_us_per_frame") is not None else "-",
+            f"{ph['resize_s']:.2f} s" if ph["resize_s"] is not None else "-",
         )
+        print(" | ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
+    print(
+        "(edge CPU: the load generators' routers, which are the edges' own batching code, per frame; "
+        "they also run the closed-loop load)"
+    )
     payload = {"benchmark": "scale", "machine": info, "args": vars(args), **report}
     path = write_json("scale", payload)
     plot = _plot(phases, Path(args.plot) if args.plot else path.with_suffix(".png"))
@@ -235,22 +276,30 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
                 "date",
                 "machine",
                 "commit",
-                "generators (CPU)",
+                "generators (CPU), in flight",
                 *[f"{p['shards']} shards" for p in phases],
+                "Ray calls / 1,000 frames",
+                "edge CPU µs/frame",
                 "resize times",
             ],
             [
                 info_date(),
                 machine_summary(info),
                 info["commit"],
-                f"{args.generators} ({report['generator_cpu']:.2f} cores)",
+                f"{args.generators} ({report['generator_cpu']:.2f} cores), {args.in_flight}",
                 *[f"{p['ops_per_s']:,.0f}/s ({p['ops_per_s'] / base:.2f}x)" for p in phases],
+                " / ".join(_fmt(p.get("calls_per_1000")) for p in phases),
+                " / ".join(_fmt(p.get("router_cpu_us_per_frame")) for p in phases),
                 ", ".join(
                     f"→{p['shards']}: {p['resize_s']:.2f} s" for p in phases if p["resize_s"] is not None
                 ),
             ],
         )
     return 0
+
+
+def _fmt(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
 
 
 def info_date() -> str:
