@@ -182,8 +182,12 @@ async def test_invisible_is_durable_and_never_leaks(
     await b.send({"type": "presence.update", "status": "invisible"})
     await a.expect(changed(bob, "offline"))
     await b.expect(lambda f: f == {"type": "presence.self", "status": "invisible"})
-    await eventually(lambda: conn.fetchval("SELECT chosen_status FROM users WHERE id = $1", bob), timeout=5)
-    assert await conn.fetchval("SELECT chosen_status FROM users WHERE id = $1", bob) == "invisible"
+
+    # Saved soon after the acknowledgement (asynchronously): wait for the value itself.
+    async def saved() -> bool:
+        return await conn.fetchval("SELECT chosen_status FROM users WHERE id = $1", bob) == "invisible"
+
+    await eventually(saved, timeout=5)
     await b.close()
     # Reconnecting while invisible: the account's own socket sees the truth, nobody else a flash.
     b2 = await connect(cluster, edge, bob)
