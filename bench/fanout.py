@@ -470,10 +470,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
         "started_at": started_at,
         "runtime_s": round(runtime, 1),
         "machine": info,
-        "args": {
-            k: (str(v) if v is not None and not isinstance(v, int | float | bool) else v)
-            for k, v in vars(args).items()
-        },
+        "args": lg.args_json(args),
         **m,
         "targets": [lg.target("fanout latency p99", lat["p99"], "ms", f"< {TARGET_P99_MS:g}", met)],
     }

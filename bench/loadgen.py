@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
+    import argparse
+
     from actors.core.contract import ShardStats
     from cluster.config import Settings
 
@@ -1241,6 +1243,12 @@ def finish(
     if not args.no_record:
         results.append_row(name, title, header, row, notes)
     return path
+
+
+def args_json(args: argparse.Namespace) -> dict[str, Any]:
+    """A benchmark's arguments as JSON values (paths and the like as strings)."""
+    plain = (int, float, bool)
+    return {k: (v if v is None or isinstance(v, plain) else str(v)) for k, v in vars(args).items()}
 
 
 def met_text(met: bool | None) -> str:

@@ -186,10 +186,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
         "started_at": started_at,
         "runtime_s": round(runtime, 1),
         "machine": info,
-        "args": {
-            k: (str(v) if v is not None and not isinstance(v, int | float | bool) else v)
-            for k, v in vars(args).items()
-        },
+        "args": lg.args_json(args),
         **m,
         "ratio_p50": ratio_p50,
         "ratio_p99": ratio_p99,

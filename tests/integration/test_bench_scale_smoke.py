@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -47,5 +48,8 @@ def test_bench_scale_quick(tmp_path: Path, migrated_pg_url: str, redis_url: str)
     # The sharding overhead, per pool size: Ray calls per 1,000 frames and the router's CPU per frame.
     for p in result["phases"]:
         assert 0 < p["calls_per_1000"] <= 1000 and p["router_cpu_us_per_frame"] > 0, p
-    assert plot.exists() and plot.stat().st_size > 1000
+    if importlib.util.find_spec("matplotlib") is not None:  # the `dev` extra, not `test`
+        assert plot.exists() and plot.stat().st_size > 1000
+    else:
+        assert "plot:    skipped (pip install matplotlib)" in out.stdout and not plot.exists()
     path.unlink()

@@ -17,9 +17,24 @@ from edge.server import Edge
 from .conftest import Cluster, Ids, internal_url, load
 from .recorder import operator_view
 from .test_presence_ws import connect
-from .wsclient import changed, eventually, of_type
+from .wsclient import Client, changed, eventually, of_type
 
 pytestmark = pytest.mark.integration
+
+
+async def alice_watched_by_bob(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> tuple[str, Client, Client]:
+    """alice connected on `edge`, watched by her friend bob from `second_edge`; `conn` closed
+    (the tests stop PostgreSQL next)."""
+    alice, bob = ids("alice"), ids("bob")
+    await load(conn, {"users": [{"id": alice}, {"id": bob}], "friendships": [[alice, bob]]})
+    watcher = await connect(cluster, second_edge, bob)
+    await watcher.request({"type": "presence.subscribe", "userIds": [alice]}, of_type("presence.sync"))
+    a = await connect(cluster, edge, alice)
+    await watcher.expect(changed(alice, "online"))
+    await conn.close()
+    return alice, watcher, a
 
 
 async def test_invisible_chosen_while_postgres_is_away_survives_a_shard_kill(
@@ -28,13 +43,7 @@ async def test_invisible_chosen_while_postgres_is_away_survives_a_shard_kill(
     """The case the contract forbids outright: `invisible` acknowledged while PostgreSQL is away,
     the shard killed, and after the restart the still-open socket shown `online` to a friend."""
     pg, _ = cluster.require_servers()
-    alice, bob = ids("alice"), ids("bob")
-    await load(conn, {"users": [{"id": alice}, {"id": bob}], "friendships": [[alice, bob]]})
-    watcher = await connect(cluster, second_edge, bob)
-    await watcher.request({"type": "presence.subscribe", "userIds": [alice]}, of_type("presence.sync"))
-    a = await connect(cluster, edge, alice)
-    await watcher.expect(changed(alice, "online"))
-    await conn.close()
+    alice, watcher, a = await alice_watched_by_bob(cluster, edge, second_edge, conn, ids)
     pg.stop()
     try:
         await a.send({"type": "presence.update", "status": "invisible"})
@@ -78,13 +87,7 @@ async def test_invisible_chosen_then_gone_while_postgres_is_away_survives_a_shar
     journal of the departure. Before, the choice was lost (stored `online`) and the replayed
     departure moved the account's last-seen past the moment it hid."""
     pg, _ = cluster.require_servers()
-    alice, bob = ids("alice"), ids("bob")
-    await load(conn, {"users": [{"id": alice}, {"id": bob}], "friendships": [[alice, bob]]})
-    watcher = await connect(cluster, second_edge, bob)
-    await watcher.request({"type": "presence.subscribe", "userIds": [alice]}, of_type("presence.sync"))
-    a = await connect(cluster, edge, alice)
-    await watcher.expect(changed(alice, "online"))
-    await conn.close()
+    alice, watcher, a = await alice_watched_by_bob(cluster, edge, second_edge, conn, ids)
     pg.stop()
     try:
         hid = time.time()
