@@ -652,7 +652,7 @@ class Edge:
         live = [c for c in registered if c.phase is Phase.LIVE]
         plan = reregistration(shard, self.router.map, [c.registration() for c in registered], self.departures)
         for op in plan.replays:
-            self._replay(shard, op)
+            self._replay(op)
         results = await asyncio.gather(
             *(self.router.to_shard(shard, op) for op in plan.register), return_exceptions=True
         )
@@ -668,12 +668,13 @@ class Edge:
                 await self._cleanup(conn)
         self._spawn(self._resync(shard))
 
-    def _replay(self, shard: int, op: ops.Departed) -> None:
+    def _replay(self, op: ops.Departed) -> None:
         """Report a departure again to a restarted shard, in the background and until it lands
-        (PostgreSQL may be away longer than the retry window; re-registration must not wait)."""
+        (re-registration must not wait). Routed by the account rather than sent to the restarted
+        shard: a slot that a resize moved meanwhile answers MOVED, which must not count as landed."""
         self._spawn(
             self.router.until_landed(
-                lambda: self.router.to_shard(shard, op), f"replayed departure of {op.user_id}"
+                lambda: self.router.to_user(op.user_id, op), f"replayed departure of {op.user_id}"
             )
         )
 
