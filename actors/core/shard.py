@@ -57,8 +57,6 @@ class Socket:
     edge_id: str
     idle: bool = False
     focus: str | None = None
-    # When this shard registered it (its clock): no departure of the socket is earlier.
-    connected_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -305,7 +303,7 @@ class ShardState:
         acc = self.accounts[user_id]
         acc.touched_at = now
         if socket_id not in acc.sockets:
-            acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle, connected_at=now)
+            acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle)
             self.edge_sockets.setdefault(edge_id, set()).add((user_id, socket_id))
             self.outbox.add(SocketCount(user_id, socket_id, True))
             if len(acc.sockets) == 1:
@@ -327,8 +325,9 @@ class ShardState:
                 # before its edge could register it again): still a departure of the account.
                 self.departed(user_id, at, now)
             return
-        # The edge's clock stamped `at`: clamped into the socket's life as this shard saw it.
-        self._remove_socket(user_id, socket_id, now if at is None else min(max(at, sock.connected_at), now))
+        # Never after now. Not clamped from below: a client may leave while its connect is still
+        # on the way, so a departure before the shard registered the socket is real.
+        self._remove_socket(user_id, socket_id, now if at is None else min(at, now))
 
     def departed(self, user_id: str, at: float, now: float, claim: Claim | None = None) -> None:
         """An edge reports again a departure that an earlier incarnation of this shard may have
