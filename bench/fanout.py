@@ -120,7 +120,6 @@ async def load_graph(
     database_url: str, prefix: str, accounts: int, subscriptions: int, queries: Queries | None, q_prefix: str
 ) -> int:
     """Accounts and friendships: every subscription pair, and each querier with its query ids."""
-    import asyncpg
 
     pairs_a: list[str] = []
     pairs_b: list[str] = []
@@ -135,6 +134,14 @@ async def load_graph(
             for t in lg.query_targets(j, accounts, queries.ids):
                 pairs_a.append(f"{q_prefix}{j}")
                 pairs_b.append(f"{prefix}{t}")
+    await insert_friendships(database_url, users, pairs_a, pairs_b)
+    return len(pairs_a)
+
+
+async def insert_friendships(database_url: str, users: list[str], a: list[str], b: list[str]) -> None:
+    """The accounts and the friendships (a[k], b[k]) in one transaction, then fresh statistics."""
+    import asyncpg
+
     conn = await asyncpg.connect(database_url)
     try:
         async with conn.transaction():
@@ -146,13 +153,12 @@ async def load_graph(
                 """INSERT INTO friendships (a, b)
                    SELECT LEAST(x, y), GREATEST(x, y) FROM unnest($1::text[], $2::text[]) AS p(x, y)
                    ON CONFLICT DO NOTHING""",
-                pairs_a,
-                pairs_b,
+                a,
+                b,
             )
         await conn.execute("ANALYZE friendships")
     finally:
         await conn.close()
-    return len(pairs_a)
 
 
 def pool_pids() -> dict[str, list[int]]:

@@ -484,7 +484,7 @@ def _phase(target: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 async def _load_watchers(
     database_url: str, storm_prefix: str, watcher_prefix: str, args: argparse.Namespace
 ) -> int:
-    import asyncpg
+    from bench.fanout import insert_friendships
 
     users = [f"{storm_prefix}{i}" for i in range(args.watched)]
     users += [f"{watcher_prefix}{j}" for j in range(args.watchers)]
@@ -493,22 +493,7 @@ async def _load_watchers(
         for i in set(watched_by(j, args.watched, args.per_watcher)):
             a.append(f"{watcher_prefix}{j}")
             b.append(f"{storm_prefix}{i}")
-    conn = await asyncpg.connect(database_url)
-    try:
-        async with conn.transaction():
-            await conn.execute(
-                "INSERT INTO users (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", users
-            )
-            await conn.execute(
-                """INSERT INTO friendships (a, b)
-                   SELECT LEAST(x, y), GREATEST(x, y) FROM unnest($1::text[], $2::text[]) AS p(x, y)
-                   ON CONFLICT DO NOTHING""",
-                a,
-                b,
-            )
-        await conn.execute("ANALYZE friendships")
-    finally:
-        await conn.close()
+    await insert_friendships(database_url, users, a, b)
     return len(a)
 
 
