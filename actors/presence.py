@@ -217,6 +217,7 @@ class PresenceShard:
             self.state.refresh_edge(edge_id, self.clock())
         items = [(sockets, payload) for _, sockets, payload in list(box.items)[:PULL_BATCH]]
         last = box.items[min(len(box.items), PULL_BATCH) - 1][0] if box.items else acked_seq
+        self.metrics.observe("shard_pull_items", len(items))
         return self.incarnation, last, items
 
     async def is_focused(self, user_id: str, channel_id: str) -> bool:

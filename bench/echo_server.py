@@ -10,6 +10,9 @@ Runs as its own process, so that its CPU and memory are its own:
     python -m bench.echo_server [--host 127.0.0.1] [--port 0]
 
 prints `listening on PORT pid PID` once it accepts connections, and stops on SIGTERM or SIGINT.
+The other bare servers of the benchmarks (`bench.query_server`, `bench.fanout_server`) are set up
+by the helpers here (`arguments`, `serve_until_stopped`, `run`), so that all of them are
+configured alike.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
@@ -26,19 +31,23 @@ from websockets.asyncio.server import ServerConnection, serve
 MAX_FRAME_BYTES = 16 * 1024
 MAX_QUEUE = 16
 
+Handler = Callable[[ServerConnection], Awaitable[None]]
+
 
 async def echo(ws: ServerConnection) -> None:
     async for message in ws:
         await ws.send(message)
 
 
-async def serve_forever(host: str, port: int) -> None:
+async def serve_until_stopped(handler: Handler, host: str, port: int) -> None:
+    """Serve `handler` with the edge's settings until SIGINT or SIGTERM; prints `listening on
+    PORT pid PID` once it accepts connections (what `bench.loadgen.ServerProcess` waits for)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with serve(
-        echo,
+        handler,
         host,
         port,
         compression=None,
@@ -51,17 +60,27 @@ async def serve_forever(host: str, port: int) -> None:
         await stop.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.echo_server", description=__doc__.split("\n")[0])
+def arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The options every bare server takes (`--host`, `--port`)."""
+    p = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
-    args = p.parse_args(argv)
+    return p
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """Run a server's main coroutine on uvloop, as the edge runs (asyncio's loop without it)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency wherever the edge runs
-        asyncio.run(serve_forever(args.host, args.port))
+        asyncio.run(main)
     else:
-        uvloop.run(serve_forever(args.host, args.port))
+        uvloop.run(main)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments("python -m bench.echo_server", __doc__).parse_args(argv)
+    run(serve_until_stopped(echo, args.host, args.port))
     return 0
 
 

@@ -63,6 +63,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.connections, args.seconds, args.rounds, args.generators = 50, 2.0, 1, 1
         args.warmup_s = 0.5
+    lg.require_profiler(p, args)
     return args
 
 
@@ -133,8 +134,7 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
             )
             server_cpu = (server.cpu_seconds() - cpu0) / (time.monotonic() - wall0)
             if spy is not None:
-                spy.wait(60)
-                lg.summarize_profile(args.profile / f"edge-{name}-pyspy.txt")
+                lg.finish_profile(spy, args.profile / f"edge-{name}-pyspy.txt")
             wall = max(r["wall_s"] for r in res)
             count = sum(r["count"] for r in res)
             out["windows"].append(

@@ -768,6 +768,7 @@ class Generator:
         self.recording = False
         self.prefix = ""
         self.query_prefix = ""
+        self.changes: dict[str, dict[str, int]] = {}  # group → account → status changes sent
 
     async def close_all(self) -> None:
         for t in self._tasks:
@@ -990,7 +991,16 @@ class Generator:
                 for c in self.groups.get("queriers_bare", []):
                     c.user = f"{query_prefix}{mine_q[c.index - first]}"  # the querier it stands beside
                 result["queriers_bare"] = r["connected"]
-        conns = self.groups.get("fanout", [])
+        r = await self._subscribe_all("fanout", prefix, accounts, subscriptions, concurrency, timeout)
+        result["subscribe_s"], result["subscribed"], result["subscribe_errors"] = r
+        return result
+
+    async def _subscribe_all(
+        self, group: str, prefix: str, accounts: int, subscriptions: int, concurrency: int, timeout: float
+    ) -> tuple[float, int, dict[str, int]]:
+        """Subscribe every account of `group` to its `subscriptions` targets, each waiting for its
+        `presence.sync`; (seconds taken, subscribed, errors)."""
+        conns = self.groups.get(group, [])
         for c in conns:
             c.on_text = self._on_frame
         started = time.monotonic()
@@ -1019,10 +1029,29 @@ class Generator:
         # `expect` takes frames through the waiter; everything else goes to _on_frame (ignored
         # until recording starts).
         await asyncio.gather(*(subscribe(c) for c in conns))
-        result["subscribe_s"] = time.monotonic() - started
-        result["subscribed"] = synced
-        result["subscribe_errors"] = sub_errors
-        return result
+        return time.monotonic() - started, synced, sub_errors
+
+    async def fanout_bare_setup(
+        self,
+        target: tuple[str, int],
+        prefix: str,
+        accounts: int,
+        subscriptions: int,
+        concurrency: int,
+        timeout: float = 120.0,
+    ) -> dict[str, Any]:
+        """The same accounts as `fanout_setup`, each with a second socket, to the bare server
+        (bench.fanout_server), group "fanout_bare", subscribed to the same targets: the same
+        fan-out graph on the same clients."""
+        mine = list(range(self.index, accounts, self.count))
+        r = await self.connect(
+            "fanout_bare", [target], len(mine), self.index * 100_000 + 60_000,
+            [f"{prefix}{i}" for i in mine], path="/", concurrency=concurrency, timeout=timeout,
+        )  # fmt: skip
+        seconds, synced, errors = await self._subscribe_all(
+            "fanout_bare", prefix, accounts, subscriptions, concurrency, timeout
+        )
+        return {**r, "subscribe_s": seconds, "subscribed": synced, "subscribe_errors": errors}
 
     async def fanout_run(
         self,
@@ -1034,17 +1063,23 @@ class Generator:
         query_ids: int = 0,
         accounts: int = 0,
         query_timeout_s: float = 5.0,
+        group: str = "fanout",
     ) -> dict[str, Any]:
         """From `start_at` (monotonic, shared by every generator) for `seconds`: change the status
-        of this generator's accounts at `rate` per second, round robin, alternating idle and
-        online per account, and record every `presence.changed` received; with `query_rate`,
-        send `presence.query` for `query_ids` ids from the queriers, one at a time per querier.
-        Then wait `drain_s` for late deliveries."""
-        conns = [c for c in self.groups.get("fanout", []) if c.open]
+        of this generator's accounts (their sockets of `group`: "fanout_bare" drives the bare
+        server) at `rate` per second, round robin, alternating idle and online per account, and
+        record every `presence.changed` received; with `query_rate`, send `presence.query` for
+        `query_ids` ids from the queriers, one at a time per querier. Then wait `drain_s` for late
+        deliveries. Each run records its own receipts (windows one after another)."""
+        conns = [c for c in self.groups.get(group, []) if c.open]
+        self.receipts_user, self.receipts_status, self.receipts_t = array("i"), bytearray(), array("d")
         queriers = [c for c in self.groups.get("queriers", []) if c.open]
         # Beside each querier, its socket to the bare server (bench query), asking the same ids.
         bare_of = {c.user: c for c in self.groups.get("queriers_bare", []) if c.open}
-        changes = [0] * len(conns)
+        # Changes made so far per account, over every window of the run: a window alternates each
+        # account's status from where the previous one left it (else its first change would be a
+        # repeat, which changes nothing and is delivered to nobody).
+        changes = self.changes.setdefault(group, {})
         sends_user = array("i")
         sends_status = bytearray()
         sends_t = array("d")
@@ -1074,8 +1109,8 @@ class Generator:
                 while k < due and conns:
                     idx = k % len(conns)
                     c = conns[idx]
-                    changes[idx] += 1
-                    status = changes[idx] % 2  # first change: idle (1), then online (0), ...
+                    n = changes[c.user] = changes.get(c.user, 0) + 1
+                    status = n % 2  # first change: idle (1), then online (0), ...
                     sends_t.append(time.monotonic())
                     c.send_raw(frames[status])
                     sends_user.append(int(c.user[len(prefix) :]))
@@ -1282,11 +1317,19 @@ class Stage:
 # ------------------------------------------------------------------------------- profiles
 
 
-def start_profile(path: Path, pid: int, seconds: float, rate: int = 200) -> subprocess.Popen[bytes] | None:
-    """`py-spy record` of one process for `seconds`, as collapsed stacks (text) at `path`;
-    None when py-spy is not installed (`pip install py-spy`)."""
+def require_profiler(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--profile` needs py-spy on the PATH (the `dev` extra): say so before any set-up."""
+    if getattr(args, "profile", None) is not None and shutil.which("py-spy") is None:
+        p.error("--profile needs py-spy, which is not installed: pip install py-spy (in the dev extra)")
+
+
+def start_profile(path: Path, pid: int, seconds: float, rate: int = 200) -> subprocess.Popen[bytes]:
+    """`py-spy record` of one process for `seconds`, as collapsed stacks (text) at `path` (its
+    errors at `path`.err); `finish_profile` waits for it. Raises if py-spy is not installed."""
+    if shutil.which("py-spy") is None:
+        raise RuntimeError("--profile needs py-spy, which is not installed: pip install py-spy")
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with path.with_suffix(".err").open("wb") as err:
         return subprocess.Popen(
             [
                 "py-spy",
@@ -1304,10 +1347,26 @@ def start_profile(path: Path, pid: int, seconds: float, rate: int = 200) -> subp
                 "--nonblocking",
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=err,
         )
-    except OSError:
-        return None
+
+
+def finish_profile(spy: subprocess.Popen[bytes], path: Path, timeout: float = 60.0) -> Path:
+    """Wait for a `start_profile` recording and write its summary; raises (with py-spy's own
+    words) when it recorded nothing, rather than leaving the profile silently missing."""
+    try:
+        spy.wait(timeout)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait(10)
+    summary = summarize_profile(path)
+    err = path.with_suffix(".err")
+    said = err.read_text(errors="replace").strip() if err.exists() else ""
+    if summary is None:
+        raise RuntimeError(f"py-spy recorded nothing at {path} (exit {spy.returncode}): {said[-2000:]}")
+    if not said:
+        err.unlink(missing_ok=True)
+    return summary
 
 
 def summarize_profile(raw: Path, top: int = 30) -> Path | None:

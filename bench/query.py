@@ -60,6 +60,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         fanout.quick_load(args)
         args.queriers, args.query_rate = 100, 10.0
+    if len(args.rate) != 1:
+        p.error("bench query runs one window: give one --rate")
     fanout.check_load_args(p, args)
     budget_per_s = args.queriers * 600 / 60 / args.ids
     if args.query_rate > budget_per_s:
@@ -139,7 +141,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
     print(
         f"\npresence bench query on {machine_summary(info)} (commit {info['commit']}): {args.ids} ids per "
         f"query, {args.query_rate:g} queries/s from {args.queriers} sockets, under {args.accounts:,} "
-        f"accounts x {args.subscriptions} subscriptions and {args.rate:g} status changes/s, "
+        f"accounts x {args.subscriptions} subscriptions and {args.rate[0]:g} status changes/s, "
         f"{args.seconds:g} s\n"
     )
     rows = [
@@ -229,7 +231,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
             machine_summary(info),
             info["commit"],
             f"{args.query_rate:g} q/s x {args.ids} ids; {args.accounts:,} x {args.subscriptions}, "
-            f"{args.rate:g}/s",
+            f"{args.rate[0]:g}/s",
             f"{lg.fmt_ms(ours['p50'])}/{lg.fmt_ms(ours['p99'])}/{lg.fmt_ms(ours['max'])}",
             f"{lg.fmt_ms(bare['p50'])}/{lg.fmt_ms(bare['p99'])}/{lg.fmt_ms(bare['max'])}",
             f"{bare_ratio_p99:.2f}x",

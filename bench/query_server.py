@@ -19,19 +19,15 @@ prints `listening on PORT pid PID` once it accepts connections; stops on SIGTERM
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 
 import orjson
 import redis.asyncio as redis
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
-from bench.echo_server import MAX_FRAME_BYTES, MAX_QUEUE
+from bench.echo_server import arguments, run, serve_until_stopped
 
 
 def answers(ids: list[str], flags: list[int]) -> list[bytes]:
@@ -71,41 +67,19 @@ def handler(client: redis.Redis) -> Callable[[ServerConnection], Awaitable[None]
 
 
 async def serve_forever(host: str, port: int, redis_url: str) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     client = redis.Redis.from_url(redis_url)
     await client.ping()
     try:
-        async with serve(
-            handler(client),
-            host,
-            port,
-            compression=None,
-            ping_interval=None,
-            max_size=MAX_FRAME_BYTES,
-            max_queue=MAX_QUEUE,
-        ) as server:
-            bound = server.sockets[0].getsockname()[1]
-            print(f"listening on {bound} pid {os.getpid()}", flush=True)
-            await stop.wait()
+        await serve_until_stopped(handler(client), host, port)
     finally:
         await client.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.query_server", description=__doc__.split("\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    p = arguments("python -m bench.query_server", __doc__)
     p.add_argument("--redis-url", required=True)
     args = p.parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency wherever the edge runs
-        asyncio.run(serve_forever(args.host, args.port, args.redis_url))
-    else:
-        uvloop.run(serve_forever(args.host, args.port, args.redis_url))
+    run(serve_forever(args.host, args.port, args.redis_url))
     return 0
 
 

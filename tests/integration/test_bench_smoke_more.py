@@ -100,6 +100,19 @@ def test_bench_wrote_well_formed_json(
         assert report["changes"] > 0 and report["deliveries_expected"] > 0
         _latency(report["latency_ms"])
         assert _number(report["cpu_cores"]["generators"])
+        # A window per rate on the same sockets, then the bare websockets server's at the last.
+        rates = [w["rate"] for w in report["windows"]]
+        assert len(rates) == 2 and rates[0] < rates[1]
+        for w in [*report["windows"], report["bare"]]:
+            assert w["delivered_fraction"] == 1.0, w  # every change reaches every watcher
+            _latency(w["latency_ms"])
+            assert _number(w["cpu_us_per_delivery"]["total"]) and w["cpu_us_per_delivery"]["total"] > 0
+        for w in report["windows"]:
+            assert _number(w["cpu_us_per_delivery"]["edges"]) and _number(w["cpu_us_per_delivery"]["shards"])
+            assert w["ray_calls"]["apply"] > 0 and w["ray_calls"]["pull"] > 0
+        assert report["bare"]["server"] == "bare" and report["bare"]["rate"] == rates[-1]
+        names = [t["name"] for t in report["targets"]]
+        assert any("ours / bare" in n for n in names), names
     elif name == "query":
         _latency(report["queries"]["latency_ms"])
         _latency(report["bare_queries"]["latency_ms"])  # the bare websockets + Redis server
