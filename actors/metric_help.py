@@ -25,6 +25,7 @@ HELP: dict[str, str] = {
     "edge_call_errors_total": "failed batch calls (the operations are retried for 10 s)",
     "edge_shard_restarts_total": "a shard came back with a new incarnation; this edge registered its sockets there again",
     "edge_reregister_undone_total": "a socket closed while it was being registered again on a restarted shard; its registration was undone (else it would stay a ghost)",
+    "edge_lookups_refused_total": 'presence.query frames refused by the account\'s lookup budget (rate_limited); discarded="true": the lookup had left beside the charge and its answers were thrown away (a socket does that at most once a minute, then waits for each charge)',
     "edge_moved_total": "operations sent again because their slots were moving to another shard",
     "edge_departure_retries_total": "departures (disconnects and replays to a restarted shard) tried again after the retry window; each is retried until it lands",
     "repeats_dropped_total": "presence.changed frames not sent to a socket that already shows that status (e.g. re-announcements after a shard restart)",

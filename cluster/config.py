@@ -100,8 +100,11 @@ class Settings(BaseSettings):
     # entry counts). Unset: the socket's peer address.
     client_ip_header: str | None = None
 
-    # Edge → shard batching: a batch leaves when it is this old or this large.
+    # Edge → shard batching: a batch leaves when it is this old or this large; when no call to
+    # its shard is in flight, when it is `batch_idle_window_ms` old (Nagle's rule: an idle line
+    # has nothing to wait for but the other pieces of the same frame's work).
     batch_window_ms: float = 2.0
+    batch_idle_window_ms: float = Field(default=0.2, ge=0.0)
     batch_max_ops: int = 500
     # At most this many batches per shard in flight from one edge; more wait and leave together.
     batch_max_in_flight: int = Field(default=2, ge=1)

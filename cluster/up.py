@@ -74,6 +74,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         send_buffer_bytes=settings.send_buffer_bytes,
         client_ip_header=settings.client_ip_header,
         batch_window_ms=settings.batch_window_ms,
+        batch_idle_window_ms=settings.batch_idle_window_ms,
         batch_max_ops=settings.batch_max_ops,
         batch_max_in_flight=settings.batch_max_in_flight,
         pull_gather_ms=settings.pull_gather_ms,

@@ -6,8 +6,9 @@ slots are migrating) once the map has flipped; `to_shard` retries one operation 
 restarts; both within one budget (`call_retry_s`), after which `ShardUnavailable` is raised (the
 edge closes the socket with 1011). `until_landed` retries past that budget what must not be lost
 (departures). Underneath, `call` queues operations per shard; they leave as one Ray call when the
-batch is `window_ms` old or `max_ops` long, whichever comes first: one call per frame would cap
-the edge at a few thousand frames a second. Events come back through one long-poll per shard
+batch is `window_ms` old (`idle_window_ms` if no call to that shard is in flight) or `max_ops`
+long, whichever comes first: one call per frame would cap the edge at a few thousand frames a
+second. Events come back through one long-poll per shard
 (`pull`), at-least-once with sequence numbers. A shard that answers with a new incarnation has
 restarted and lost its memory; the router tells the server, which registers its live sockets
 there again.
@@ -73,12 +74,14 @@ class Router:
         pull_gather_ms: float = 0.0,
         call_retry_s: float = 10.0,
         max_in_flight: int = 2,
+        idle_window_ms: float = 0.2,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
         self.on_restart = on_restart
         self.metrics = metrics
         self.window_s = window_ms / 1000
+        self.idle_window_s = min(idle_window_ms, window_ms) / 1000
         self.max_ops = max_ops
         self.pull_wait_s = pull_wait_s
         self.pull_gather_s = pull_gather_ms / 1000
@@ -274,7 +277,11 @@ class Router:
         if len(queue) >= self.max_ops:
             self._send_now(shard)
         elif shard not in self._timers:
-            self._timers[shard] = loop.call_later(self.window_s, self._send_now, shard)
+            # Nagle's rule: a line with nothing in flight waits only a few loop turns (the pieces
+            # of one frame's work, a query's charge and its lookups, leave together); a busy line
+            # gathers for up to `window_ms` or until a call comes back, whichever is first.
+            wait = self.idle_window_s if not self._in_flight.get(shard) else self.window_s
+            self._timers[shard] = loop.call_later(wait, self._send_now, shard)
         return fut
 
     def _send_now(self, shard: int) -> None:

@@ -201,6 +201,7 @@ class EdgeConfig:
     max_frame_bytes: int = 16 * 1024
     send_buffer_bytes: int = 1024 * 1024
     batch_window_ms: float = 2.0
+    batch_idle_window_ms: float = 0.2
     batch_max_ops: int = 500
     batch_max_in_flight: int = 2
     pull_gather_ms: float = 0.0
@@ -236,6 +237,7 @@ class Edge:
             self._reregister,
             self.metrics,
             window_ms=config.batch_window_ms,
+            idle_window_ms=config.batch_idle_window_ms,
             max_ops=config.batch_max_ops,
             max_in_flight=config.batch_max_in_flight,
             pull_wait_s=config.pull_wait_s,
@@ -454,14 +456,30 @@ class Edge:
                     self._release(conn)
             case Unsubscribe(user_ids=ids):
                 await self.router.to_users(ids, lambda targets: ops.Unwatch(sid, tuple(targets)))
-            case Query(user_ids=ids, reader_visibility=visibility):
-                if not await self._spend(user, len(ids)):
-                    self._send(conn, orjson.dumps(s.budget_refused(cmd).frame).decode())
-                    return True
+            case Query(user_ids=ids, reader_visibility=visibility, charge_first=charge_first):
                 assert user is not None
-                answers = await self.router.to_users(
-                    ids, lambda targets: ops.Query(user, visibility, tuple(targets))
-                )
+                reader: str = user
+
+                def lookup() -> Awaitable[list[Any]]:
+                    return self.router.to_users(ids, lambda ts: ops.Query(reader, visibility, tuple(ts)))
+
+                if charge_first:
+                    charged = await self._spend(user, len(ids))
+                    answers = await lookup() if charged else []
+                else:  # the charge and the lookup in the same round trip (see Session.lookups_careful_until)
+                    charge, looked = await asyncio.gather(
+                        self._spend(user, len(ids)), lookup(), return_exceptions=True
+                    )
+                    if isinstance(charge, BaseException):
+                        raise charge
+                    charged = charge
+                    if charged and isinstance(looked, BaseException):
+                        raise looked  # a refused charge hides the lookup's failure too: it never was
+                    answers = [] if isinstance(looked, BaseException) else looked
+                if not charged:
+                    self.metrics.inc("edge_lookups_refused_total", discarded=str(not charge_first).lower())
+                    self._send(conn, orjson.dumps(s.budget_refused(cmd, time.time()).frame).decode())
+                    return True
                 found = {a[0]: a for answer in answers for a in answer}
                 frames: list[bytes] = []
                 for u in ids:

@@ -25,6 +25,10 @@ class Reply:
     text: str | None = field(default=None, compare=False)
 
 
+# How long a socket whose lookup charge was refused confirms every charge before looking up: a
+# minute, the unit the lookup budget refills by (actors/core/budgets.py).
+LOOKUP_CAREFUL_S = 60.0
+
 # The reply to most frames a server gets: built and serialised once.
 HEARTBEAT_ACK = Reply({"type": "heartbeat.ack"}, '{"type":"heartbeat.ack"}')
 
@@ -57,6 +61,11 @@ class Unsubscribe:
 class Query:
     user_ids: tuple[str, ...]
     reader_visibility: str
+    # The lookup budget's charge must be confirmed before the lookup is sent (one round trip
+    # after the other). False: both leave together and a refused charge discards the answers, so
+    # the client sees the same either way (see `Session.lookups_careful_until`). Not part of
+    # equality.
+    charge_first: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +253,12 @@ class Session:
     connected_at: float = 0.0
     last_frame_at: float = 0.0
     refused_in_a_row: int = 0  # refused since the bucket was last full
+    # Until then this socket's queries wait for their lookup charge before looking anything up.
+    # A query is normally charged and answered in the same round trip, its answers discarded if
+    # the charge is refused: one hop instead of two (issue 16). A refusal makes the socket careful
+    # for a budget window, so a client over its budget costs the shards at most one discarded
+    # lookup per window and socket, never one per frame.
+    lookups_careful_until: float = 0.0
     joined: bool = False
     last_frame_type: str = ""
     bucket: TokenBucket = field(init=False)
@@ -407,8 +422,9 @@ class Session:
                             )
                         )
                     ]
-                # Charged to the account's lookup budget (at its shard) before any lookup.
-                return [Query(tuple(dict.fromkeys(ids)), self.visibility)]
+                # Charged to the account's lookup budget (at its shard); nothing is answered
+                # unless the charge is accepted.
+                return [Query(tuple(dict.fromkeys(ids)), self.visibility, now < self.lookups_careful_until)]
             case p.Focus(channelId=channel):
                 self.focus = channel
                 return [SetFocus(channel)]
@@ -438,11 +454,13 @@ class Session:
 
     # ------------------------------------------------------------------ results of upstream work
 
-    def budget_refused(self, cmd: Subscribe | Query | None = None) -> Reply:
+    def budget_refused(self, cmd: Subscribe | Query | None = None, now: float = 0.0) -> Reply:
         """The account's shard refused to charge a frame to a per-account budget: nothing of it
         happened, so a subscription it added is forgotten again."""
         if isinstance(cmd, Subscribe):
             self.subscriptions.difference_update(cmd.new)
+        if isinstance(cmd, Query):
+            self.lookups_careful_until = now + LOOKUP_CAREFUL_S
         what = "voice" if cmd is None else "lookup"
         return Reply(p.error_frame("rate_limited", f"this account's {what} budget is spent; slow down"))
 

@@ -143,8 +143,19 @@ async def test_subscribe_churn_past_the_budget_is_rate_limited_across_reconnects
     more = targets[2_000:]
     err = await c.request({"type": "presence.subscribe", "userIds": more}, of_type("error"))
     assert err["code"] == "rate_limited"
-    err = await c.request({"type": "presence.query", "userIds": more[:100]}, of_type("error"))
-    assert err["code"] == "rate_limited", "queries spend the same budget"
+    # A query's lookup leaves beside its charge; refused, its answers are thrown away (the churner
+    # itself is in its own audience: an answer would be about it). The socket then waits for each
+    # charge before looking anything up: nothing more is looked up at all.
+    asked = [churner, *more[:99]]
+    for discarded, looked_up in (("true", True), ("false", False)):
+        queries = await shard_ops("query")
+        err = await c.request({"type": "presence.query", "userIds": asked}, of_type("error"))
+        assert err["code"] == "rate_limited", "queries spend the same budget"
+        refused = edge.metrics.counters.get(("edge_lookups_refused_total", (("discarded", discarded),)), 0)
+        assert refused == 1, edge.metrics.counters
+        assert (await shard_ops("query") > queries) == looked_up  # one op per shard asked
+    await c.roundtrip()
+    assert not [f for f in c.log if f.get("type") == "presence.changed"], "a refused query answers nothing"
     await c.close()
     # A new socket, on this edge and on another one: the same account, the same budget.
     for e in (edge, second_edge):

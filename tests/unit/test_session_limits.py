@@ -19,6 +19,7 @@ import pytest
 
 from edge import protocol as p
 from edge.session import (
+    LOOKUP_CAREFUL_S,
     Admission,
     ChannelCommand,
     Close,
@@ -456,3 +457,25 @@ def test_default_settings_give_default_limits() -> None:
 
     lim = edge_config(Settings(), "secret", None).limits
     assert lim == Limits()
+
+
+def test_a_query_is_charged_beside_its_lookup_until_a_charge_is_refused() -> None:
+    """The charge and the lookup leave together (one round trip), until the account's budget
+    refuses one: then, for a minute, this socket waits for each charge before looking up."""
+    s = authed(Admission(Limits(rate_burst=1_000)))
+    (q,) = s.receive(query(["a"]), T0)
+    assert isinstance(q, Query) and not q.charge_first
+    s.budget_refused(q, T0)
+    (careful,) = s.receive(query(["a"]), T0 + 1)
+    assert isinstance(careful, Query) and careful.charge_first
+    (later,) = s.receive(query(["a"]), T0 + LOOKUP_CAREFUL_S + 0.1)
+    assert isinstance(later, Query) and not later.charge_first
+
+
+def test_a_refused_subscribe_does_not_make_queries_careful() -> None:
+    s = authed(Admission(Limits(rate_burst=1_000)))
+    (sub,) = s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
+    assert isinstance(sub, Subscribe)
+    s.budget_refused(sub, T0)
+    (q,) = s.receive(query(["a"]), T0 + 1)
+    assert isinstance(q, Query) and not q.charge_first
