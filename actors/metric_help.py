@@ -13,6 +13,12 @@ HELP: dict[str, str] = {
         "connections dropped at accept: too many still opening from the address, or too many new ones "
         "(max_handshakes_per_ip, accepts_per_ip_*)"
     ),
+    "opening_waited_total": "connections that waited their turn at the opening gate, unread (max_opening were already opening)",
+    "opening_refused_total": "connections dropped at accept because max_opening_queued already waited at the opening gate",
+    "opening_expired_total": "connections dropped after waiting opening_queue_s at the opening gate (their client retries with its backoff)",
+    "opening_wait_seconds": "time a connection waited at the opening gate before its turn (histogram)",
+    "opening_active": "connections being opened (upgrading or authenticating) on this edge (refreshed every second)",
+    "opening_queued": "connections waiting their turn at the opening gate (refreshed every second)",
     "frames_in_total": "frames received, by frame type (refused when the frame was refused)",
     "frames_out_total": "frames sent to clients",
     "replies_total": "direct replies (ready, presence.sync, heartbeat.ack, error, …)",

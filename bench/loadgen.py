@@ -463,6 +463,15 @@ class EdgeProcess(ServerProcess):
         )
         self.port = int(self.wait_for(r"websocket\s+ws://127\.0\.0\.1:(\d+)/ws/presence").group(1))
         self.edge_id = self.wait_for(r"edge (\S+) is up").group(1)
+        self.internal_port = int(self.wait_for(r"internal\s+http://[^:\s]+:(\d+)").group(1))
+
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        """The edge's /metrics (its own registry and every shard's), Prometheus text."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.internal_port}/metrics"
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return str(r.read().decode())
 
 
 @dataclass
@@ -789,10 +798,12 @@ class Generator:
         concurrency: int = 100,
         hello: bytes | None = None,
         timeout: float = 60.0,
+        retries: int = 0,
     ) -> dict[str, Any]:
         """Open `count` connections; connection k goes to `targets[k % len(targets)]` from
         `source_address(first_index + k)`. With `users`, connection k identifies as users[k]
-        and waits for `ready`; else, with `hello`, it sends that and waits for the echo."""
+        and waits for `ready`; else, with `hello`, it sends that and waits for the echo. A
+        connection reset is tried again up to `retries` times (a set-up that must be complete)."""
         from edge.tokens import mint_token
 
         conns: list[WsConn | None] = [None] * count
@@ -829,11 +840,16 @@ class Generator:
             while next_k < count:
                 k = next_k
                 next_k += 1
-                try:
-                    await one(k)
-                except Exception as e:
-                    key = f"{type(e).__name__}: {e}"[:120]
-                    errors[key] = errors.get(key, 0) + 1
+                for attempt in range(retries + 1):
+                    try:
+                        await one(k)
+                    except Exception as e:
+                        if isinstance(e, ConnectionResetError) and attempt < retries:
+                            await asyncio.sleep(0.1 * (attempt + 1))
+                            continue
+                        key = f"{type(e).__name__}: {e}"[:120]
+                        errors[key] = errors.get(key, 0) + 1
+                    break
                 done += 1
                 now = time.monotonic()
                 if now - last_report > 0.5:

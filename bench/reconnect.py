@@ -68,6 +68,7 @@ import signal
 import time
 from array import array
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -128,6 +129,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="time a try gets (default: PresenceClient's connect_timeout_s; lower only to study retries)",
     )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy profiles of edge B and of shard 0 from the kill, into DIR (storm-*-pyspy.txt)",
+    )
+    p.add_argument("--profile-s", type=float, default=30.0, help="how long the profiles run (30 s)")
     lg.add_common_args(p)
     args = p.parse_args(argv)
     if args.connect_timeout_s is None:
@@ -208,6 +216,7 @@ async def storm_arm(
     group_list = gen.groups.get(group, [])
     positions = {id(c): i for i, c in enumerate(group_list)}
     conns = [c for c in group_list if c.open]
+    loop = asyncio.get_running_loop()
 
     async def one(conn: lg.WsConn, hello: bytes) -> None:
         await conn.lost
@@ -217,9 +226,18 @@ async def storm_arm(
         while True:
             await asyncio.sleep(reconnect_delay(attempt, throttled, DEFAULT_BACKOFF, rng.random))
             new: lg.WsConn | None = None
+            step = "tcp"  # where a try failed: tcp connect, websocket upgrade, identify (or echo)
             try:
                 async with asyncio.timeout(connect_timeout_s):
-                    new = await lg.open_ws(host, port, path, lg.source_address(conn.index), connect_timeout_s)
+                    _, new = await loop.create_connection(
+                        lambda: lg.WsConn(host, port, path),
+                        host,
+                        port,
+                        local_addr=(lg.source_address(conn.index), 0),
+                    )
+                    step = "upgrade"
+                    await new.opened
+                    step = "identify" if identify else "echo"
                     if identify:
                         new.send(hello)
                         await new.expect(b"ready", connect_timeout_s)
@@ -228,7 +246,7 @@ async def storm_arm(
                         new.send(hello)
                         await echoed
             except Exception as e:
-                key = f"{type(e).__name__}: {e}"[:100]
+                key = f"{type(e).__name__} in {step}: {e}"[:100]
                 st.errors[key] = st.errors.get(key, 0) + 1
                 throttled = new is not None and new.close_code in THROTTLING_CLOSE_CODES
                 if new is not None and new.transport is not None:
@@ -521,6 +539,7 @@ def _connect_storm(
                 "hello": None if users else HELLO,
                 "concurrency": max(1, concurrency // len(shares)),
                 "path": path,
+                "retries": 3,  # set-up, not measured: a reset under 400 connects at once is tried again
             }
             for g in range(len(shares))
         ],
@@ -565,6 +584,14 @@ def _run_storm(
             },
         ),
     )
+    metrics0 = _metrics(survivor)
+    spies = []
+    if args.profile is not None and shard_pids is not None:
+        spies = [
+            (lg.start_profile(args.profile / f"storm-{name}-pyspy.txt", pid, args.profile_s), name)
+            for name, pid in (("edge", survivor.pid), ("shard0", (shard_pids or [0])[0]))
+            if pid
+        ]
     cpu0 = survivor.cpu_seconds()
     shards0 = fanout.cpu_of(shard_pids or [])
     killed_at = time.monotonic()
@@ -588,7 +615,15 @@ def _run_storm(
     cpu, cpu_at = survivor.cpu_seconds() - cpu0, time.monotonic()
     shards_cpu = fanout.cpu_of(shard_pids or []) - shards0
     victim.proc.wait(10)
+    metrics1 = _metrics(survivor)
+    for spy, name in spies:
+        if spy is not None:
+            spy.wait(args.profile_s + 60)
+            lg.summarize_profile(args.profile / f"storm-{name}-pyspy.txt")
     per_socket = [t - killed_at for t in ready]
+    ready_by_s = [0] * (int(max(per_socket, default=0.0)) + 1)
+    for t in per_socket:
+        ready_by_s[int(t)] += 1
     histogram: dict[str, int] = {}
     for a in attempts:
         histogram[str(a)] = histogram.get(str(a), 0) + 1
@@ -606,6 +641,8 @@ def _run_storm(
         "shards_cpu_cores": shards_cpu / (cpu_at - killed_at) if shard_pids else None,
         "generator_cpu_s": sum(r["cpu_s"] for r in res),
         "killed_at": killed_at,
+        "ready_by_s": ready_by_s,
+        "metrics": _metrics_delta(metrics0, metrics1),
     }
     stage.log(
         f"{label}: {len(ready):,}/{sum(armed):,} back in {out['seconds']:.2f} s "
@@ -727,13 +764,67 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
     return out
 
 
+def _metrics(server: lg.ServerProcess) -> dict[str, float]:
+    """The survivor's /metrics samples (an edge's: its own and its shards'), {} for the bare one."""
+    if not isinstance(server, lg.EdgeProcess):
+        return {}
+    try:
+        text = server.metrics_text()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "_bucket{" in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+# What of the survivor's /metrics the storm changed, kept in the results (the causes of waiting).
+_METRICS_KEPT = (
+    "opening",
+    "gc_pause",
+    "edge_batch_ops",
+    "edge_actor_call",
+    "edge_delivery",
+    "edge_pull",
+    "shard_",
+)
+
+
+def _metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counts and sums as the storm's increase; maxima as they are after it."""
+    out: dict[str, float] = {}
+    for name, value in after.items():
+        if not any(k in name for k in _METRICS_KEPT):
+            continue
+        base = name.split("{", 1)[0]
+        if base.endswith("_max"):
+            if value != before.get(name):
+                out[name] = value
+        elif value != before.get(name, 0.0):
+            out[name] = value - before.get(name, 0.0)
+    return out
+
+
 def _fanout_windows(load: dict[str, Any], subscriptions: int, killed_at: float, end: float) -> dict[str, Any]:
     d = fanout.match_deliveries([load])
     before, storm, after = array("d"), array("d"), array("d")
     for sent, lat in zip(d.sent_at, d.latency, strict=True):
         (before if sent < killed_at else storm if sent <= end else after).append(lat)
     expected = d.changes * subscriptions
+    # Per second from the kill: when the deliveries waited (which part of the storm).
+    by_s: dict[int, array[float]] = {}
+    for sent, lat in zip(d.sent_at, d.latency, strict=True):
+        if killed_at <= sent <= end:
+            by_s.setdefault(int(sent - killed_at), array("d")).append(lat)
+    timeline = [{"s": k, **lg.summary_ms(v)} for k, v in sorted(by_s.items())]
     return {
+        "storm_by_s": timeline,
         "changes": d.changes,
         "deliveries_expected": expected,
         "deliveries_received": d.received - d.unmatched,

@@ -86,6 +86,13 @@ class Settings(BaseSettings):
     max_handshakes_per_ip: int = 100
     accepts_per_ip_per_s: float = 100.0
     accepts_per_ip_burst: float = 1_000.0
+    # Per edge, over all addresses (edge/opening.py): connections being opened (upgraded and
+    # authenticated) at once; past it a new connection waits its turn unread, at most
+    # `max_opening_queued` of them and for at most `opening_queue_s`, else it is dropped (its
+    # client retries with its backoff). Keeps a reconnect storm from starving open sockets.
+    max_opening: int = Field(default=128, ge=1)
+    max_opening_queued: int = Field(default=4_096, ge=0)
+    opening_queue_s: float = Field(default=5.0, ge=0)
 
     # Per-account budgets, kept by the account's shard so they hold across reconnects and edges
     # (over budget → `rate_limited`). Ids looked up: named in `presence.query` or newly watched

@@ -35,6 +35,7 @@ from actors.metrics import Metrics
 from edge import protocol as p
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
+from edge.opening import Entry, OpeningGate, Turns
 from edge.outbound import fan_out, send_batch
 from edge.reregistration import Departure, Registered, reregistration
 from edge.router import Router, ShardUnavailable
@@ -92,16 +93,51 @@ def _about(payload: str) -> tuple[str, str] | None:
 class CountedConnection(ServerConnection):
     """A public connection, counted against its client address from accept until it has
     authenticated or gone (`Admission.handshake_begin` / `handshake_end`): half-open upgrades and
-    sockets that never identify are bounded per address. Each edge makes a subclass naming it."""
+    sockets that never identify are bounded per address. Each edge makes a subclass naming it.
+
+    Edge-wide, it also takes a place at the opening gate (edge/opening.py) for the same span;
+    while it waits for one, what it receives is kept unread (`early`) and reading is paused."""
 
     edge: Edge
     handshake_ip: str | None = None
+    waiting: bool = False
+    early: list[bytes] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if self.edge.config.client_ip_header is None:  # else counted once the header is read
             peer = transport.get_extra_info("peername")
-            self.begin_handshake(str(peer[0]) if peer else "unknown")
+            if not self.begin_handshake(str(peer[0]) if peer else "unknown"):
+                return
+        self.edge.opening_begin(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.waiting:  # its turn has not come: keep the bytes, read nothing more meanwhile
+            if self.early is None:
+                self.early = []
+            self.early.append(data)
+            assert self.transport is not None
+            self.transport.pause_reading()
+            return
+        super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self.waiting:  # gone before its turn: the transport closes, nothing was opened
+            return
+        super().eof_received()
+
+    def take_turn(self) -> None:
+        """Its turn at the gate: what arrived meanwhile is read now, and reading resumes."""
+        if not self.waiting:
+            return
+        self.waiting = False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        early, self.early = self.early or [], None
+        for data in early:
+            super().data_received(data)
+        transport.resume_reading()
 
     def begin_handshake(self, ip: str) -> bool:
         refused = self.edge.admission.handshake_begin(ip, time.time())
@@ -115,9 +151,11 @@ class CountedConnection(ServerConnection):
         return True
 
     def end_handshake(self) -> None:
+        """Authenticated or gone (harmless to repeat)."""
         if self.handshake_ip is not None:
             self.edge.admission.handshake_end(self.handshake_ip)
             self.handshake_ip = None
+        self.edge.opening_end(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.end_handshake()
@@ -246,6 +284,9 @@ class Edge:
         )
         self.conns: dict[str, Conn] = {}
         self.admission = Admission(config.limits)
+        self.opening: OpeningGate[CountedConnection] = OpeningGate(
+            config.limits.max_opening, config.limits.max_opening_queued, config.limits.opening_queue_s
+        )
         # Recent departures with their sockets' claims, oldest first: see `_reregister`.
         self.departures: deque[Departure] = deque()
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
@@ -304,6 +345,9 @@ class Edge:
         """Close every socket (each one's departure is registered upstream), then stop."""
         for server in self._servers:
             server.close(close_connections=True)
+        for ws in self.opening.drain():  # never read: nothing to close gracefully
+            if ws.transport is not None:
+                ws.transport.abort()
         for server in self._servers:
             await server.wait_closed()
         if self._handlers:
@@ -312,6 +356,35 @@ class Edge:
             t.cancel()
         await self.router.close()
         await self.counts.close()
+
+    # ------------------------------------------------------------------ the opening gate
+
+    def opening_begin(self, ws: CountedConnection) -> None:
+        """A connection was accepted: open it now, let it wait its turn unread, or drop it."""
+        match self.opening.enter(ws, time.monotonic()):
+            case Entry.GO:
+                pass
+            case Entry.WAIT:
+                ws.waiting = True
+                self.metrics.inc("opening_waited_total")
+            case Entry.REFUSE:
+                self.metrics.inc("opening_refused_total")
+                assert ws.transport is not None
+                ws.transport.abort()
+
+    def opening_end(self, ws: CountedConnection) -> None:
+        """`ws` is authenticated or gone: its place goes to the next in line."""
+        self._take_turns(self.opening.leave(ws, time.monotonic()))
+
+    def _take_turns(self, turns: Turns[CountedConnection]) -> None:
+        loop = asyncio.get_running_loop()
+        for ws, waited in turns.admitted:
+            self.metrics.observe("opening_wait_seconds", waited)
+            loop.call_soon(ws.take_turn)  # not inside the caller's callback: its own turn
+        for ws in turns.expired:
+            self.metrics.inc("opening_expired_total")
+            if ws.transport is not None:
+                ws.transport.abort()
 
     # ------------------------------------------------------------------ HTTP on the public port
 
@@ -645,6 +718,9 @@ class Edge:
                     task.add_done_callback(self._closing.discard)
             self.metrics.set("open_connections", len(self.conns))
             self.admission.sweep(now)
+            self._take_turns(self.opening.expire(time.monotonic()))
+            self.metrics.set("opening_active", len(self.opening.active))
+            self.metrics.set("opening_queued", len(self.opening.waiting))
 
     async def _register_loop(self) -> None:
         while True:

@@ -129,6 +129,12 @@ class Limits:
     max_handshakes_per_ip: int = 100
     accepts_per_ip_per_s: float = 100.0
     accepts_per_ip_burst: float = 1_000.0
+    # Edge-wide, over all addresses (edge/opening.py): connections being opened (upgraded and
+    # authenticated) at once; past that a new connection waits its turn unread, at most
+    # `max_opening_queued` of them and for at most `opening_queue_s`, else it is dropped.
+    max_opening: int = 128
+    max_opening_queued: int = 4_096
+    opening_queue_s: float = 5.0
     # Tokens whose `exp` lies further ahead than this are refused (4001) like expired ones.
     token_max_ttl_s: float = 24 * 3600
 

@@ -250,3 +250,43 @@ async def test_connections_still_opening_are_capped_per_address(cluster: Cluster
         for s in held:
             s.close()
         await narrow.stop()
+
+
+async def test_connections_past_the_opening_gate_wait_their_turn_then_open(
+    cluster: Cluster, ids: Ids
+) -> None:
+    """edge/opening.py: at most `max_opening` connections opening at once on an edge; the next
+    waits unread (no upgrade answer) until a place comes free, then opens normally; past the
+    queue a connection is dropped at once."""
+    gated = Edge(
+        cluster.edge_config(limits=Limits(max_opening=2, max_opening_queued=1, opening_queue_s=30.0))
+    )
+    await gated.start()
+    held: list[socket.socket] = []
+    try:
+        loop = asyncio.get_running_loop()
+        for _ in range(2):  # half-open upgrades take both places
+            s = socket.socket()
+            s.setblocking(False)
+            await loop.sock_connect(s, ("127.0.0.1", gated.ws_port))
+            await loop.sock_sendall(s, b"GET /ws/presence HTTP/1.1\r\n")
+            held.append(s)
+        await eventually(lambda: len(gated.opening.active) == 2)
+        waiting = asyncio.create_task(Client.connect(ws_url(gated), cluster.token(ids("waits"))))
+        await eventually(lambda: len(gated.opening.waiting) == 1)
+        # The queue (one place) is full: the next is dropped at accept.
+        with pytest.raises((OSError, websockets.InvalidHandshake, TimeoutError, EOFError)):
+            await Client.connect(ws_url(gated), cluster.token(ids("dropped")))
+        assert gated.metrics.counters.get(("opening_refused_total", ()), 0) >= 1
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "a waiting connection is not upgraded before its turn"
+        held.pop().close()
+        client = await asyncio.wait_for(waiting, 10)
+        assert client.ready is not None and client.ready["type"] == "ready"
+        # Authenticated, it left the gate: one half-open upgrade holds a place, nobody waits.
+        await eventually(lambda: len(gated.opening.active) == 1 and not gated.opening.waiting)
+        await client.close()
+    finally:
+        for s in held:
+            s.close()
+        await gated.stop()
