@@ -803,7 +803,8 @@ class Generator:
         """Open `count` connections; connection k goes to `targets[k % len(targets)]` from
         `source_address(first_index + k)`. With `users`, connection k identifies as users[k]
         and waits for `ready`; else, with `hello`, it sends that and waits for the echo. A
-        connection reset is tried again up to `retries` times (a set-up that must be complete)."""
+        connection reset or closed during its handshake is tried again up to `retries` times
+        (a set-up that must be complete)."""
         from edge.tokens import mint_token
 
         conns: list[WsConn | None] = [None] * count
@@ -844,7 +845,7 @@ class Generator:
                     try:
                         await one(k)
                     except Exception as e:
-                        if isinstance(e, ConnectionResetError) and attempt < retries:
+                        if isinstance(e, ConnectionError | HandshakeError) and attempt < retries:
                             await asyncio.sleep(0.1 * (attempt + 1))
                             continue
                         key = f"{type(e).__name__}: {e}"[:120]

@@ -69,6 +69,10 @@ class OpeningGate(Generic[T]):
         self.waiting[conn] = now
         return Entry.WAIT
 
+    def full(self) -> bool:
+        """A connection arriving now would be refused (the edge drops it before building it)."""
+        return len(self.active) >= self.limit and len(self.waiting) >= self.queue_max
+
     def leave(self, conn: T, now: float) -> Turns[T]:
         """`conn` is open (authenticated) or gone; harmless to repeat. The next in line get its
         place, those that waited too long are dropped."""

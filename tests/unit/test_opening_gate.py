@@ -75,3 +75,12 @@ def test_drain_hands_over_every_waiter() -> None:
     g.enter("b", 0.0)
     g.enter("c", 0.0)
     assert g.drain() == ["b", "c"] and not g.waiting
+
+
+def test_full_says_whether_a_newcomer_would_be_refused() -> None:
+    g = gate(limit=1, queue_max=1)
+    assert not g.full()
+    g.enter("a", 0.0)
+    assert not g.full()  # the line has room
+    g.enter("b", 0.0)
+    assert g.full() and g.enter("c", 0.0) is Entry.REFUSE
