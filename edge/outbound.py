@@ -43,6 +43,22 @@ def fan_out(connections: Iterable[ServerConnection], text: str) -> int:
     return written
 
 
+def prepare(text: str) -> bytes:
+    """A server text frame's bytes, built once for `send_prepared`."""
+    return Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+
+
+def send_prepared(ws: ServerConnection, text: str, data: bytes) -> bool:
+    """`text` to one connection, writing `data` (its `prepare`d bytes) where they are valid."""
+    if not _writable(ws):
+        return False
+    if ws.protocol.extensions:
+        broadcast([ws], text)
+    else:
+        ws.transport.write(data)
+    return True
+
+
 def send_batch(ws: ServerConnection, texts: list[bytes]) -> bool:
     """Several text frames (UTF-8 encoded) to one connection in one write."""
     if not texts or not _writable(ws):

@@ -37,10 +37,12 @@ from edge import protocol as p
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.opening import Entry, OpeningGate, Turns
-from edge.outbound import fan_out, send_batch
+from edge.outbound import fan_out, prepare, send_batch, send_prepared
 from edge.reregistration import Departure, Registered, reregistration
 from edge.router import Router, ShardUnavailable
 from edge.session import (
+    HEARTBEAT_ACK,
+    HEARTBEAT_ACKED,
     Admission,
     ChannelCommand,
     ChannelKind,
@@ -64,6 +66,14 @@ log = logging.getLogger("presence.edge")
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
 CHANGED_PREFIX = '{"type":"presence.changed"'
+HEARTBEAT_ACK_TEXT = HEARTBEAT_ACK.text or ""
+HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
+# What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
+HEARTBEAT_COUNTS = (
+    Metrics.key("frames_in_total", type="heartbeat"),
+    Metrics.key("replies_total", type="heartbeat.ack"),
+    Metrics.key("frames_out_total"),
+)
 
 
 def _channel_op(kind: ChannelKind, channel: str, user: str, sid: str) -> ops.Op:
@@ -466,6 +476,9 @@ class Edge:
                 ws.end_handshake()  # authenticated: from now on it counts as a socket
             async for raw in ws:
                 commands = session.receive(raw, time.time())
+                if commands is HEARTBEAT_ACKED:  # most frames: answered on the shortest road
+                    self._ack_heartbeat(conn)
+                    continue
                 self.metrics.inc("frames_in_total", type=session.last_frame_type or "refused")
                 if not await self._run(conn, commands):
                     return
@@ -663,6 +676,15 @@ class Edge:
         fan_out((conn.ws,), payload)
         self.metrics.inc("frames_out_total")
         self._check_backlog(conn)
+
+    def _ack_heartbeat(self, conn: Conn) -> None:
+        """What `_run` does for `HEARTBEAT_ACKED`, without building anything per frame."""
+        inc = self.metrics.inc_key
+        inc(HEARTBEAT_COUNTS[0])
+        inc(HEARTBEAT_COUNTS[1])
+        if send_prepared(conn.ws, HEARTBEAT_ACK_TEXT, HEARTBEAT_ACK_BYTES):
+            inc(HEARTBEAT_COUNTS[2])
+            self._check_backlog(conn)
 
     def _release(self, conn: Conn) -> None:
         conn.hold -= 1

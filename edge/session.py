@@ -29,8 +29,11 @@ class Reply:
 # minute, the unit the lookup budget refills by (actors/core/budgets.py).
 LOOKUP_CAREFUL_S = 60.0
 
-# The reply to most frames a server gets: built and serialised once.
+# The reply to most frames a server gets: built and serialised once, and the commands of an
+# accepted heartbeat as one shared list (never mutated), which the edge recognises by identity and
+# answers on its shortest road.
 HEARTBEAT_ACK = Reply({"type": "heartbeat.ack"}, '{"type":"heartbeat.ack"}')
+HEARTBEAT_ACKED: list[Command] = [HEARTBEAT_ACK]
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +394,7 @@ class Session:
     def _dispatch(self, frame: p.ClientFrame, now: float) -> list[Command]:
         match frame:
             case p.Heartbeat():
-                return [HEARTBEAT_ACK]
+                return HEARTBEAT_ACKED
             case p.Identify():
                 return [Reply(p.error_frame("bad_frame", "already identified"))]
             case p.PresenceUpdate(status=status):

@@ -10,7 +10,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from edge.outbound import fan_out, send_batch
+from edge.outbound import fan_out, prepare, send_batch, send_prepared
 
 Scenario = Callable[[list[ServerConnection], list[ClientConnection]], Awaitable[None]]
 
@@ -80,3 +80,17 @@ async def test_send_batch_refuses_a_closed_connection_and_an_empty_batch() -> No
         await clients[0].close()
         await asyncio.wait_for(servers[0].wait_closed(), 5)
         assert not send_batch(servers[0], [b"late"])
+
+
+async def test_send_prepared_writes_the_prepared_bytes_and_falls_back_with_an_extension() -> None:
+    text = '{"type":"heartbeat.ack"}'
+    data = prepare(text)
+    for compression in (None, "deflate"):
+        async with _pairs(1, compression=compression) as (servers, clients):
+            await servers[0].send("first")
+            assert send_prepared(servers[0], text, data)
+            await servers[0].send("last")
+            assert [await _recv(clients[0]) for _ in range(3)] == ["first", text, "last"]
+            await clients[0].close()
+            await asyncio.wait_for(servers[0].wait_closed(), 5)
+            assert not send_prepared(servers[0], text, data)
