@@ -69,6 +69,10 @@ class OpeningGate(Generic[T]):
         self.waiting[conn] = now
         return Entry.WAIT
 
+    def has_place(self) -> bool:
+        """A connection arriving now would open at once."""
+        return len(self.active) < self.limit
+
     def full(self) -> bool:
         """A connection arriving now would be refused (the edge drops it before building it)."""
         return len(self.active) >= self.limit and len(self.waiting) >= self.queue_max

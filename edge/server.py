@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, cast
@@ -111,15 +111,20 @@ class CountedConnection(ServerConnection):
 
     edge: Edge
     handshake_ip: str | None = None
+    # Its place at the gate: itself, or the `_Waiting` it was built from once its turn came.
+    gate_key: Opening | None = None
     waiting: bool = False
     early: list[bytes] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self.gate_key is not None:  # built on its turn (`_Waiting`): counted and let in already
+            return
         if self.edge.config.client_ip_header is None:  # else counted once the header is read
             peer = transport.get_extra_info("peername")
             if not self.begin_handshake(str(peer[0]) if peer else "unknown"):
                 return
+        self.gate_key = self
         self.edge.opening_begin(self)
 
     def data_received(self, data: bytes) -> None:
@@ -166,11 +171,69 @@ class CountedConnection(ServerConnection):
         if self.handshake_ip is not None:
             self.edge.admission.handshake_end(self.handshake_ip)
             self.handshake_ip = None
-        self.edge.opening_end(self)
+        if self.gate_key is not None:
+            self.edge.opening_end(self.gate_key)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.end_handshake()
         super().connection_lost(exc)
+
+
+class _Waiting(asyncio.Protocol):
+    """An accepted connection waiting its turn at the opening gate, before websockets built its
+    connection object and handler task (~70 µs of the edge's CPU, and a storm brings thousands
+    at once): it is counted against its address as usual, what it sends meanwhile is kept unread
+    (reading paused), and on its turn it becomes the edge's connection as if just accepted."""
+
+    def __init__(self, edge: Edge, build: Callable[[], CountedConnection]) -> None:
+        self.edge = edge
+        self.build = build
+        self.transport: asyncio.Transport | None = None
+        self.early: list[bytes] = []
+        self.handshake_ip: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = t = cast(asyncio.Transport, transport)
+        edge = self.edge
+        if edge.config.client_ip_header is None:  # else counted once the header is read
+            peer = t.get_extra_info("peername")
+            ip = str(peer[0]) if peer else "unknown"
+            if edge.admission.handshake_begin(ip, time.time()) is not None:
+                edge.metrics.inc("handshakes_refused_total")
+                t.abort()
+                return
+            self.handshake_ip = ip
+        edge.opening_begin(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.early.append(data)
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # gone before its turn: the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.handshake_ip is not None:
+            self.edge.admission.handshake_end(self.handshake_ip)
+            self.handshake_ip = None
+        self.edge.opening_end(self)
+
+    def take_turn(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return  # its connection_lost gives the place back
+        conn = self.build()
+        conn.gate_key, conn.handshake_ip, self.handshake_ip = self, self.handshake_ip, None
+        t.set_protocol(conn)
+        conn.connection_made(t)
+        for data in self.early:
+            conn.data_received(data)
+        self.early = []
+        t.resume_reading()
+
+
+Opening = CountedConnection | _Waiting
 
 
 class _Refused(asyncio.Protocol):
@@ -302,7 +365,7 @@ class Edge:
         )
         self.conns: dict[str, Conn] = {}
         self.admission = Admission(config.limits)
-        self.opening: OpeningGate[CountedConnection] = OpeningGate(
+        self.opening: OpeningGate[Opening] = OpeningGate(
             config.limits.max_opening, config.limits.max_opening_queued, config.limits.opening_queue_s
         )
         self._connection_class = type("EdgeConnection", (CountedConnection,), {"edge": self})
@@ -385,27 +448,33 @@ class Edge:
         if self.opening.full():
             self.metrics.inc("opening_refused_total")
             return _Refused()
-        conn: CountedConnection = self._connection_class(protocol, server, **kwargs)
-        return conn
 
-    def opening_begin(self, ws: CountedConnection) -> None:
+        def build() -> CountedConnection:
+            conn: CountedConnection = self._connection_class(protocol, server, **kwargs)
+            return conn
+
+        return build() if self.opening.has_place() else _Waiting(self, build)
+
+    def opening_begin(self, ws: Opening) -> None:
         """A connection was accepted: open it now, let it wait its turn unread, or drop it."""
         match self.opening.enter(ws, time.monotonic()):
             case Entry.GO:
-                pass
+                if isinstance(ws, _Waiting):  # a place came free since it was accepted
+                    asyncio.get_running_loop().call_soon(ws.take_turn)
             case Entry.WAIT:
-                ws.waiting = True
+                if isinstance(ws, CountedConnection):  # a place was taken since it was accepted
+                    ws.waiting = True
                 self.metrics.inc("opening_waited_total")
             case Entry.REFUSE:
                 self.metrics.inc("opening_refused_total")
                 assert ws.transport is not None
                 ws.transport.abort()
 
-    def opening_end(self, ws: CountedConnection) -> None:
+    def opening_end(self, ws: Opening) -> None:
         """`ws` is authenticated or gone: its place goes to the next in line."""
         self._take_turns(self.opening.leave(ws, time.monotonic()))
 
-    def _take_turns(self, turns: Turns[CountedConnection]) -> None:
+    def _take_turns(self, turns: Turns[Opening]) -> None:
         loop = asyncio.get_running_loop()
         for ws, waited in turns.admitted:
             self.metrics.observe("opening_wait_seconds", waited)
