@@ -44,6 +44,7 @@ HELP: dict[str, str] = {
     "shard_ops_total": "operations applied, by kind (connect, status, watch, query, …)",
     "shard_batch_ops": "operations per applied batch",
     "shard_pull_items": "mail items (each for one or more sockets) answered by one pull of an edge",
+    "shard_reply_items": "mail items (each for one or more sockets) carried back in the reply of one apply",
     "shard_apply_seconds": "time to apply one batch, database reads included (histogram)",
     "events_total": "frames produced for clients, by type (each counted once however many recipients)",
     "deliveries_total": "socket deliveries of those frames",

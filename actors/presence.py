@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 import time
@@ -25,7 +26,7 @@ from actors.core import ops as ops_
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff, retry
 from actors.core.budgets import Allowance
-from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE, ShardStats, iso_ms
+from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE, MailChunk, ShardStats, iso_ms
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.ops import NOTHING, Op
 from actors.core.shard import ShardState, SlotExport
@@ -52,6 +53,28 @@ class Mailbox:
     seq: int = 0
     items: deque[tuple[int, tuple[str, ...], str]] = field(default_factory=deque)
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    # The last sequence number handed to the edge (by a pull or in an apply's reply): each item
+    # leaves once, and stays until acknowledged, in case it must leave again (`resend`).
+    handed: int = 0
+
+    def ack(self, acked_seq: int) -> None:
+        while self.items and self.items[0][0] <= acked_seq:
+            self.items.popleft()
+
+    def unhanded(self) -> bool:
+        return bool(self.items) and self.items[-1][0] > self.handed
+
+    def hand_out(self) -> MailChunk:
+        """The items after `handed` (at most PULL_BATCH), as a chunk; they count as handed."""
+        prev = self.handed
+        if not self.items:
+            return prev, prev, []
+        start = max(0, prev + 1 - self.items[0][0])
+        taken = list(itertools.islice(self.items, start, start + PULL_BATCH))
+        if not taken:
+            return prev, prev, []
+        self.handed = taken[-1][0]
+        return prev, self.handed, [(sockets, payload) for _, sockets, payload in taken]
 
 
 @dataclass
@@ -197,28 +220,48 @@ class PresenceShard:
         self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
         return self.incarnation, results
 
+    async def apply_and_collect(
+        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+    ) -> tuple[str, list[object], MailChunk]:
+        """`apply`, with the edge's mail not handed out yet in the same reply (the frames its batch
+        caused, mostly: one call per change instead of two). `acked_seq` acknowledges like a pull's
+        (for `incarnation`; an older incarnation's acknowledges nothing)."""
+        box = self.mail.setdefault(edge_id, Mailbox())
+        if incarnation == self.incarnation:
+            box.ack(acked_seq)
+        incarnation_now, results = await self.apply(edge_id, ops)
+        now_box = self.mail.get(edge_id)  # a lease that ran out meanwhile took the old box with it
+        chunk = now_box.hand_out() if now_box is not None else (0, 0, [])
+        self.metrics.observe("shard_reply_items", len(chunk[2]))
+        return incarnation_now, results, chunk
+
     async def pull(
-        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float
-    ) -> tuple[str, int, list[tuple[tuple[str, ...], str]]]:
-        """Mail for one edge after `acked_seq`, waiting up to `wait_s` for some. At-least-once:
-        items stay until a later pull acknowledges them. Each pull also renews the edge's lease.
-        An acknowledgement meant for an earlier incarnation of this shard acknowledges nothing."""
+        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
+    ) -> tuple[str, MailChunk]:
+        """Mail for one edge not handed out yet, waiting up to `wait_s` for some. At-least-once:
+        items stay until a later pull (or apply) acknowledges them; `resend` hands out again
+        everything after `acked_seq` (a reply the edge lost). Each pull also renews the edge's
+        lease. An acknowledgement meant for an earlier incarnation of this shard acknowledges
+        nothing, and everything is handed out again."""
         if incarnation != self.incarnation:
-            acked_seq = 0
+            acked_seq, resend = 0, True
         self.state.refresh_edge(edge_id, self.clock())
         self._carry_out()  # renewing one lease may have expired another edge's
         box = self.mail.setdefault(edge_id, Mailbox())
-        while box.items and box.items[0][0] <= acked_seq:
-            box.items.popleft()
-        if not box.items and wait_s > 0:
+        box.ack(acked_seq)
+        if resend:
+            box.handed = acked_seq
+        deadline = time.monotonic() + wait_s
+        # An apply's reply may take what woke us: wait on until something is left to hand out.
+        while not box.unhanded() and (left := deadline - time.monotonic()) > 0:
             box.event.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(box.event.wait(), wait_s)
+                await asyncio.wait_for(box.event.wait(), left)
+        if wait_s > 0:
             self.state.refresh_edge(edge_id, self.clock())
-        items = [(sockets, payload) for _, sockets, payload in list(box.items)[:PULL_BATCH]]
-        last = box.items[min(len(box.items), PULL_BATCH) - 1][0] if box.items else acked_seq
-        self.metrics.observe("shard_pull_items", len(items))
-        return self.incarnation, last, items
+        chunk = box.hand_out()
+        self.metrics.observe("shard_pull_items", len(chunk[2]))
+        return self.incarnation, chunk
 
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
         return self.state.is_focused(user_id, channel_id, self.clock())

@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from actors.core.contract import ShardStats
+from actors.core.contract import MailChunk, ShardStats
 from actors.core.ops import Op
 from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
@@ -28,8 +28,8 @@ from actors.presence import PresenceShard, ShardConfig
 log = logging.getLogger("presence.ray")
 
 DIRECTORY = "directory"
-# A pull's answer: (the shard's incarnation, the last sequence number sent, [(socket ids, frame)]).
-Mail = tuple[str, int, list[tuple[tuple[str, ...], str]]]
+# A pull's answer: (the shard's incarnation, a chunk of mail: see actors.core.contract.MailChunk).
+Mail = tuple[str, MailChunk]
 FLUSH = "flush"
 
 
@@ -120,8 +120,15 @@ class _PresenceActor:
     async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[Any]]:
         return await (await self._ready()).apply(edge_id, ops)
 
-    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Mail:
-        return await (await self._ready()).pull(edge_id, incarnation, acked_seq, wait_s)
+    async def apply_and_collect(
+        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+    ) -> tuple[str, list[Any], MailChunk]:
+        return await (await self._ready()).apply_and_collect(edge_id, ops, incarnation, acked_seq)
+
+    async def pull(
+        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
+    ) -> Mail:
+        return await (await self._ready()).pull(edge_id, incarnation, acked_seq, wait_s, resend)
 
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
         return await (await self._ready()).is_focused(user_id, channel_id)
@@ -298,8 +305,18 @@ class ShardClient(_Client):
     async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[Any]]:
         return await self._call("apply", edge_id, ops)  # type: ignore[no-any-return]
 
-    async def pull(self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float) -> Mail:
-        return await self._call("pull", edge_id, incarnation, acked_seq, wait_s, timeout_s=wait_s + 30)  # type: ignore[no-any-return]
+    async def apply_and_collect(
+        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+    ) -> tuple[str, list[Any], MailChunk]:
+        return await self._call("apply_and_collect", edge_id, ops, incarnation, acked_seq)  # type: ignore[no-any-return]
+
+    async def pull(
+        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
+    ) -> Mail:
+        mail: Mail = await self._call(
+            "pull", edge_id, incarnation, acked_seq, wait_s, resend, timeout_s=wait_s + 30
+        )
+        return mail
 
     async def is_focused(self, user_id: str, channel_id: str, timeout_s: float) -> bool:
         return await self._call("is_focused", user_id, channel_id, timeout_s=timeout_s)  # type: ignore[no-any-return]

@@ -21,11 +21,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from actors.core import ops
 from actors.core.backoff import Backoff, retry
-from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE
+from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE, MailChunk, MailItem
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
 from actors.ray_api import ActorDied, DirectoryClient, Mail, ShardClient
@@ -59,6 +60,52 @@ class ShardUnavailable(RuntimeError):
 
 # What a shard call fails with while its shard restarts (ValueError: not registered with Ray yet).
 CALL_ERRORS = (*ActorDied, ValueError, TimeoutError, ShardUnavailable)
+
+
+@dataclass
+class Inbox:
+    """The mail of one shard for this edge, put back in order (see actors.core.contract.MailChunk).
+
+    Chunks come by two roads, the replies of `apply` and of `pull`, which can overtake each other:
+    a chunk is delivered once it follows what was delivered (`prev` ≤ `delivered`; items already
+    delivered are skipped, so a chunk sent again is harmless), else it waits here for the ones
+    before it. A new incarnation of the shard starts over. `resend`: the next pull asks for
+    everything after `delivered` again (a reply was lost, or a gap did not close by itself)."""
+
+    incarnation: str | None = None
+    delivered: int = 0
+    early: dict[int, tuple[int, list[MailItem]]] = field(default_factory=dict)
+    resend: bool = False
+
+    def receive(self, incarnation: str, chunk: MailChunk) -> list[MailItem]:
+        """The items of `chunk` (and of chunks it unblocks) to deliver now, in order."""
+        if incarnation != self.incarnation:
+            self.incarnation, self.delivered, self.early = incarnation, 0, {}
+        prev, last, items = chunk
+        if prev > self.delivered:
+            if items:
+                self.early[prev] = (last, items)
+            return []
+        out = self._take(last, items)
+        while self.early:
+            ready = sorted(p for p in self.early if p <= self.delivered)
+            if not ready:
+                break
+            for p in ready:
+                out += self._take(*self.early.pop(p))
+        return out
+
+    def _take(self, last: int, items: list[MailItem]) -> list[MailItem]:
+        # Items are contiguous and end at `last`; those up to `delivered` were delivered already.
+        skip = max(0, self.delivered + 1 - (last - len(items) + 1))
+        self.delivered = max(self.delivered, last)
+        return items[skip:]
+
+    def pull_args(self) -> tuple[str | None, int, bool]:
+        """(incarnation, acknowledged, resend) for the next pull."""
+        resend = self.resend or bool(self.early)
+        self.resend = False
+        return self.incarnation, self.delivered, resend
 
 
 class Router:
@@ -96,6 +143,7 @@ class Router:
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._in_flight: dict[int, int] = {}
         self._pullers: dict[int, asyncio.Task[None]] = {}
+        self.inboxes: dict[int, Inbox] = {}
         self._closed = False
 
     async def start(self) -> None:
@@ -313,10 +361,14 @@ class Router:
     async def _send(self, shard: int, batch: list[tuple[ops.Op, asyncio.Future[Any]]]) -> None:
         started = time.perf_counter()
         self.metrics.observe("edge_batch_ops", len(batch))
+        inbox = self.inboxes.setdefault(shard, Inbox())
         try:
-            incarnation, results = await self.shards[shard].apply(self.edge_id, [op for op, _ in batch])
+            incarnation, results, mail = await self.shards[shard].apply_and_collect(
+                self.edge_id, [op for op, _ in batch], inbox.incarnation, inbox.delivered
+            )
         except Exception as e:
             self._came_back(shard)
+            inbox.resend = True  # the reply may have carried mail: the next pull asks again
             self.metrics.inc("edge_call_errors_total", shard=str(shard))
             for _, fut in batch:
                 if not fut.done():
@@ -332,7 +384,17 @@ class Router:
         for (_, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
+        self._deliver_mail(shard, incarnation, mail)
         await self._check_incarnation(shard, incarnation)
+
+    def _deliver_mail(self, shard: int, incarnation: str, chunk: MailChunk) -> None:
+        """A chunk of a shard's mail, from either road, to the sockets in order."""
+        items = self.inboxes.setdefault(shard, Inbox()).receive(incarnation, chunk)
+        if items:
+            started = time.perf_counter()
+            for socket_ids, payload in items:
+                self.deliver(socket_ids, payload)
+            self.metrics.observe("edge_delivery_seconds", time.perf_counter() - started)
 
     async def _check_incarnation(self, shard: int, incarnation: str) -> None:
         known = self.incarnations.get(shard)
@@ -357,8 +419,7 @@ class Router:
         return True
 
     async def _pull_loop(self, shard: int) -> None:
-        acked = 0
-        seen: str | None = None  # the incarnation our `acked` counts in
+        inbox = self.inboxes.setdefault(shard, Inbox())
 
         async def pull() -> Mail | None:
             """The next mail, or None once there is none to collect any more."""
@@ -366,7 +427,12 @@ class Router:
                 return None
             if self.map is not None and shard >= self.map.shard_count and not await self._still_alive(shard):
                 return None  # retired by a shrink, its mail all collected
-            return await self.shards[shard].pull(self.edge_id, seen, acked, self.pull_wait_s)
+            seen, acked, resend = inbox.pull_args()
+            try:
+                return await self.shards[shard].pull(self.edge_id, seen, acked, self.pull_wait_s, resend)
+            except BaseException:
+                inbox.resend = True  # its reply may have carried mail
+                raise
 
         def failed(e: BaseException, wait: float) -> None:
             log.info("pull from shard %d failed (%s); retrying", shard, type(e).__name__)
@@ -375,14 +441,10 @@ class Router:
             pulled = await retry(pull, PULL_RETRY, on_retry=failed)
             if pulled is None:
                 return
-            incarnation, last, items = pulled
+            incarnation, chunk = pulled
             self.last_contact[shard] = time.monotonic()
-            seen, acked = incarnation, last
-            if items:
-                started = time.perf_counter()
-                for socket_ids, payload in items:
-                    self.deliver(socket_ids, payload)
-                self.metrics.observe("edge_delivery_seconds", time.perf_counter() - started)
+            self._deliver_mail(shard, incarnation, chunk)
+            items = chunk[2]
             self.metrics.observe("edge_pull_items", len(items))
             await self._check_incarnation(shard, incarnation)
             if 0 < len(items) < PULL_BATCH and self.pull_gather_s > 0:

@@ -24,8 +24,18 @@ MOVED = "__moved__"
 # accounts already in memory are applied as usual, so presence keeps working during an outage.
 UNAVAILABLE = "__unavailable__"
 
-# The most mail items one pull returns; a pull that returns fewer found the mailbox emptied.
+# The most mail items one pull (or one `apply`'s reply) hands out.
 PULL_BATCH = 5_000
+
+# Mail for an edge leaves a shard in chunks, each item once, whichever way it goes: in the reply of
+# the edge's own `apply` (its batch's frames, no second call) or by its long-poll `pull` (frames
+# caused by anybody else). A chunk is (prev, last, items): the items that follow sequence number
+# `prev`, up to `last` (contiguous, ending at `last`; they start after `prev + 1` only where the
+# shard dropped mail for an edge far behind). Replies can overtake each other, so the edge puts
+# chunks back in order by `prev` (`edge.router.Inbox`); a call that failed, or a gap that lasts,
+# makes its next pull ask for everything after what it acknowledged again (`resend`).
+MailItem = tuple[tuple[str, ...], str]  # (socket ids of one edge, the serialised frame)
+MailChunk = tuple[int, int, list[MailItem]]
 
 
 # ---------------------------------------------------------------------------- internal frames

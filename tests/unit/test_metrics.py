@@ -197,7 +197,13 @@ def full_page() -> str:
         elif name.endswith("_seconds") and name != "process_cpu_seconds":
             for v in (0.0002, 0.003, 0.003, 0.7, 30.0):
                 target.observe(name, v)
-        elif name in ("edge_batch_ops", "edge_pull_items", "shard_batch_ops", "shard_pull_items"):
+        elif name in (
+            "edge_batch_ops",
+            "edge_pull_items",
+            "shard_batch_ops",
+            "shard_pull_items",
+            "shard_reply_items",
+        ):
             target.observe(name, 12)
         else:
             target.set(name, 5)

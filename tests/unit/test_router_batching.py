@@ -28,6 +28,12 @@ class GatedShard:
         await gate.wait()
         return "inc-1", [None] * len(batch)
 
+    async def apply_and_collect(
+        self, edge_id: str, batch: list[ops.Op], _incarnation: str | None, _acked: int
+    ) -> tuple[str, list[Any], tuple[int, int, list[Any]]]:
+        incarnation, results = await self.apply(edge_id, batch)
+        return incarnation, results, (0, 0, [])  # no mail
+
 
 def router(max_in_flight: int, max_ops: int = 500) -> tuple[Router, GatedShard]:
     async def no_restart(_: int) -> None:
