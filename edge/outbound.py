@@ -26,20 +26,30 @@ def _writable(ws: ServerConnection) -> bool:
     return ws.protocol.state is State.OPEN and ws.send_in_progress is None and ws.transport is not None
 
 
-def fan_out(connections: Iterable[ServerConnection], text: str) -> int:
-    """One text frame to every connection; returns how many were written to."""
+def fan_out(
+    connections: Iterable[ServerConnection],
+    text: str,
+    max_buffer: int | None = None,
+    slow: list[ServerConnection] | None = None,
+) -> int:
+    """One text frame to every connection; returns how many were written to. With `max_buffer`,
+    connections whose unsent output passes it after this write are appended to `slow` (checked
+    here, where the write is, rather than in a second pass over the recipients)."""
     data: bytes | None = None
     written = 0
     for ws in connections:
-        if not _writable(ws):
+        transport = ws.transport
+        if transport is None or ws.protocol.state is not State.OPEN or ws.send_in_progress is not None:
             continue
         if ws.protocol.extensions:
             broadcast([ws], text)
         else:
             if data is None:
-                data = Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
-            ws.transport.write(data)
+                data = prepare(text)
+            transport.write(data)
         written += 1
+        if slow is not None and max_buffer is not None and transport.get_write_buffer_size() > max_buffer:
+            slow.append(ws)
     return written
 
 

@@ -765,14 +765,18 @@ class Edge:
                     self._send(conn, payload)
 
     def _deliver(self, socket_ids: tuple[str, ...], payload: str) -> None:
-        """A batch item from a shard: one payload for some of this edge's sockets."""
+        """A batch item from a shard: one payload for some of this edge's sockets. The hot loop
+        of fan-out (every delivery passes here): one pass over the recipients, the write and the
+        backlog check in `fan_out`."""
         if is_internal(payload):
             self._internal(socket_ids, payload)
             return
         ready: list[ServerConnection] = []
         about = _about(payload)
+        conns = self.conns
+        repeats = 0
         for sid in socket_ids:
-            conn = self.conns.get(sid)
+            conn = conns.get(sid)
             if conn is None:
                 continue
             if conn.hold:
@@ -780,15 +784,17 @@ class Edge:
                     conn.held.append(payload)
                 continue
             if about is not None and not conn.session.tell(*about):
-                self.metrics.inc("repeats_dropped_total")
+                repeats += 1
                 continue
             ready.append(conn.ws)
+        if repeats:
+            self.metrics.inc("repeats_dropped_total", n=repeats)
         if ready:
-            self.metrics.inc("frames_out_total", n=fan_out(ready, payload))
-            for sid in socket_ids:
-                conn = self.conns.get(sid)
-                if conn is not None:
-                    self._check_backlog(conn)
+            slow: list[ServerConnection] = []
+            written = fan_out(ready, payload, self.config.send_buffer_bytes, slow)
+            self.metrics.inc("frames_out_total", n=written)
+            for ws in slow:
+                self._too_slow(ws)
 
     def _internal(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """Frames from the shards meant for the edge itself, never for clients."""
@@ -806,9 +812,14 @@ class Edge:
     def _check_backlog(self, conn: Conn) -> None:
         transport = conn.ws.transport
         if transport is not None and transport.get_write_buffer_size() > self.config.send_buffer_bytes:
+            self._too_slow(conn.ws)
+
+    def _too_slow(self, ws: ServerConnection) -> None:
+        """A client whose unread output passed the limit is closed instead of holding anybody up."""
+        if ws.transport is not None:
             self.metrics.inc("slow_clients_closed_total")
             # Abort rather than close: a client that does not read would not read a close frame.
-            transport.abort()
+            ws.transport.abort()
 
     # ------------------------------------------------------------------ background duties
 

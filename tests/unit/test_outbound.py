@@ -94,3 +94,15 @@ async def test_send_prepared_writes_the_prepared_bytes_and_falls_back_with_an_ex
             await clients[0].close()
             await asyncio.wait_for(servers[0].wait_closed(), 5)
             assert not send_prepared(servers[0], text, data)
+
+
+async def test_fan_out_names_the_connections_whose_output_passes_the_limit() -> None:
+    async with _pairs(2) as (servers, clients):
+        slow: list[ServerConnection] = []
+        assert fan_out(servers, "hello", max_buffer=1 << 20, slow=slow) == 2
+        assert slow == []  # nothing waits unsent on localhost
+        # A limit below any buffer: every connection written to is named, the others are not.
+        await clients[1].close()
+        await asyncio.wait_for(servers[1].wait_closed(), 5)
+        assert fan_out(servers, "again", max_buffer=-1, slow=slow) == 1
+        assert slow == [servers[0]]
