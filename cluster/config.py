@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     # has nothing to wait for but the other pieces of the same frame's work).
     batch_window_ms: float = 2.0
     batch_idle_window_ms: float = Field(default=0.2, ge=0.0)
+    # A busy line (calls in flight) holding only sockets' `connect`s waits this long and not for
+    # a call to come back: a reconnect storm's connects leave in fewer, larger batches. 0: off.
+    batch_connect_window_ms: float = Field(default=20.0, ge=0.0)
     batch_max_ops: int = 500
     # At most this many batches per shard in flight from one edge; more wait and leave together.
     batch_max_in_flight: int = Field(default=2, ge=1)

@@ -78,6 +78,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         client_ip_header=settings.client_ip_header,
         batch_window_ms=settings.batch_window_ms,
         batch_idle_window_ms=settings.batch_idle_window_ms,
+        batch_connect_window_ms=settings.batch_connect_window_ms,
         batch_max_ops=settings.batch_max_ops,
         batch_max_in_flight=settings.batch_max_in_flight,
         pull_gather_ms=settings.pull_gather_ms,

@@ -321,6 +321,7 @@ class EdgeConfig:
     send_buffer_bytes: int = 1024 * 1024
     batch_window_ms: float = 2.0
     batch_idle_window_ms: float = 0.2
+    batch_connect_window_ms: float = 20.0
     batch_max_ops: int = 500
     batch_max_in_flight: int = 2
     pull_gather_ms: float = 0.0
@@ -357,6 +358,7 @@ class Edge:
             self.metrics,
             window_ms=config.batch_window_ms,
             idle_window_ms=config.batch_idle_window_ms,
+            connect_window_ms=config.batch_connect_window_ms,
             max_ops=config.batch_max_ops,
             max_in_flight=config.batch_max_in_flight,
             pull_wait_s=config.pull_wait_s,

@@ -35,13 +35,15 @@ class GatedShard:
         return incarnation, results, (0, 0, [])  # no mail
 
 
-def router(max_in_flight: int, max_ops: int = 500) -> tuple[Router, GatedShard]:
+def router(
+    max_in_flight: int, max_ops: int = 500, connect_window_ms: float = 0.0
+) -> tuple[Router, GatedShard]:
     async def no_restart(_: int) -> None:
         return None
 
     r = Router(
         "edge-t", lambda _i, _p: None, no_restart, Metrics(), window_ms=1.0, max_ops=max_ops,
-        max_in_flight=max_in_flight,
+        max_in_flight=max_in_flight, connect_window_ms=connect_window_ms,
     )  # fmt: skip
     shard = GatedShard()
     r.shards[0] = shard  # type: ignore[assignment]
@@ -109,3 +111,48 @@ async def test_a_failed_call_frees_its_place() -> None:
     await settle()
     assert isinstance(failed.exception(), ConnectionError)
     assert r._in_flight[0] == 0
+
+
+def connects(n: int, first: int = 0) -> list[ops.Op]:
+    return [ops.Connect(f"u{i}", f"s{i}") for i in range(first, first + n)]
+
+
+async def test_connects_on_a_busy_line_wait_their_window_not_the_call_coming_back() -> None:
+    r, shard = router(max_in_flight=1, connect_window_ms=60.0)
+    first = [r.call(0, op) for op in pings(1)]
+    await settle()
+    waiting = [r.call(0, op) for op in connects(3)]
+    shard.gates[0].set()
+    await asyncio.gather(*first)
+    await settle()  # the call came back, 25 ms passed: the connects still gather
+    assert [len(b) for b in shard.batches] == [1]
+    more = [r.call(0, op) for op in connects(2, first=3)]
+    await asyncio.sleep(0.08)  # their window passed: one batch of all five
+    assert [len(b) for b in shard.batches] == [1, 5]
+    shard.gates[1].set()
+    await asyncio.gather(*waiting, *more)
+
+
+async def test_anything_else_joining_a_line_of_connects_sends_it_on_the_usual_rule() -> None:
+    r, shard = router(max_in_flight=2, connect_window_ms=1_000.0)
+    first = [r.call(0, op) for op in pings(1)]
+    await settle()
+    line = [r.call(0, op) for op in connects(3)]
+    await settle()
+    assert [len(b) for b in shard.batches] == [1]  # gathering for a second
+    status = r.call(0, ops.SetStatus("u9", "s9", "dnd"))
+    await settle()  # the usual window (1 ms): the status change takes the connects along, in order
+    assert [len(b) for b in shard.batches] == [1, 4]
+    assert isinstance(shard.batches[1][-1], ops.SetStatus)
+    for gate in shard.gates:
+        gate.set()
+    await asyncio.gather(*first, *line, status)
+
+
+async def test_connects_on_an_idle_line_leave_at_once() -> None:
+    r, shard = router(max_in_flight=2, connect_window_ms=1_000.0)
+    sent = [r.call(0, op) for op in connects(2)]
+    await settle()
+    assert [len(b) for b in shard.batches] == [2]  # Nagle's rule: nothing in flight, no wait
+    shard.gates[0].set()
+    await asyncio.gather(*sent)
