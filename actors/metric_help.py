@@ -64,7 +64,7 @@ HELP: dict[str, str] = {
     "flush_pending_rows": "rows waiting for the next write",
     "flush_in_flight_rows": "rows of the write under way",
     "flush_oldest_pending_age_seconds": "age of the oldest waiting row, in seconds (0 when none waits)",
-    "edge_delivery_seconds": "time from a pull's answer to its frames written to every recipient socket on this edge (histogram)",
+    "edge_delivery_seconds": "time from a shard's mail chunk (a pull's or an apply's reply) to its frames written to every recipient socket on this edge (histogram)",
     "flush_write_seconds": "time of one last-seen UPDATE statement of the FlushActor, successful or not (histogram)",
     "process_open_fds": "open file descriptors of the process (sockets included)",
     "process_max_fds": "the process's soft limit on open files (RLIMIT_NOFILE)",
