@@ -32,21 +32,22 @@ NAMESPACE = "presence-bench-scale"
 
 
 def _generator(
-    index: int, address: str, auth_mode: str | None, accounts: int, seconds: float, in_flight: int, out: Any
+    index: int, address: str, auth_mode: str | None, accounts: int, stop: Any, in_flight: int, out: Any
 ) -> None:
-    """One load-generator process: returns (per-second completed operations, CPU seconds)."""
+    """One load-generator process, loading the pool until `stop` (an Event) is set: returns
+    (per-second completed operations, CPU seconds)."""
     if auth_mode:
         os.environ.setdefault("RAY_AUTH_MODE", auth_mode)
     from actors import ray_api
 
     ray_api.connect(address, NAMESPACE)
     try:
-        out.put(asyncio.run(_generate(index, accounts, seconds, in_flight)))
+        out.put(asyncio.run(_generate(index, accounts, stop, in_flight)))
     finally:
         ray_api.shutdown()
 
 
-async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -> dict[str, Any]:
+async def _generate(index: int, accounts: int, stop: Any, in_flight: int) -> dict[str, Any]:
     from actors.core import ops
     from actors.metrics import Metrics
     from edge.router import Router
@@ -71,12 +72,12 @@ async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -
     users = [f"bench-{index}-{i}" for i in range(accounts)]
     await asyncio.gather(*(call(u, ops.Connect(u, f"s-{u}")) for u in users))
     done_at: list[float] = []
-    stop_at = time.monotonic() + seconds
+    running = True
     cpu_started = time.process_time()
 
     async def worker(k: int) -> None:
         n = 0
-        while time.monotonic() < stop_at:
+        while running:
             user = users[(k + n * in_flight) % len(users)]
             n += 1
             await call(user, ops.SetStatus(user, f"s-{user}", "idle" if n % 2 else "online"))
@@ -87,10 +88,14 @@ async def _generate(index: int, accounts: int, seconds: float, in_flight: int) -
     samples: list[tuple[float, float, float, float]] = []
 
     async def sample() -> None:
-        while time.monotonic() < stop_at:
+        # Until the main process says the last phase is over (resizes take as long as they take:
+        # a fixed duration once ran out before the last phase did, and measured it half idle).
+        nonlocal running
+        while running:
             calls, sent, _ = router.metrics.summaries.get(("edge_batch_ops", ()), (0.0, 0.0, 0.0))
             samples.append((time.monotonic() - started, calls, sent, time.process_time()))
             await asyncio.sleep(0.25)
+            running = not stop.is_set()
 
     started = time.monotonic()
     sampler = asyncio.create_task(sample())
@@ -173,9 +178,9 @@ def _measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
     from cluster.scale import resize
 
     warmup_s = 3.0 if not args.quick else 1.0
-    total_s = warmup_s + args.phase_s * len(sizes) + 5.0 * (len(sizes) - 1) + 2.0
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    stop = ctx.Event()
     procs = [
         ctx.Process(
             target=_generator,
@@ -184,7 +189,7 @@ def _measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
                 ray_api.gcs_address(),
                 ray_api.auth_mode(),
                 args.accounts,
-                total_s,
+                stop,
                 args.in_flight,
                 queue,
             ),
@@ -205,7 +210,8 @@ def _measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
         progress.update(k, f"{size} shards: measuring {args.phase_s:.0f} s", time.monotonic())
         time.sleep(args.phase_s)
         phases.append({"shards": size, "start": started, "end": time.time(), "resize_s": resize_s})
-    results = [queue.get(timeout=total_s + 120) for _ in procs]
+    stop.set()
+    results = [queue.get(timeout=120) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)
     progress.done(f"measured {len(sizes)} pool sizes")
