@@ -1,0 +1,161 @@
+"""`python -m bench.capacity`: a capacity model fitted to the figures measured here, predicting
+accounts and status changes per node for 1 to 64 nodes, and which resource runs out first.
+
+Every cost below is a measured figure from bench/RESULTS.md (2-core machine, the commit and row
+named beside it); the workload is the seed's, with the parameters a user would change on the
+command line. The model is arithmetic, not a simulation: it says where the time goes so that a
+scaling experiment can be planned, and it is checked against the one size measured for real
+(`--check`: one node at the fanout benchmark's load).
+
+A node is a 2-core machine running one edge and two shards (the bench defaults: one process per
+core). An account has one socket, heartbeats every `heartbeat_s`, changes status `changes_per_h`
+times an hour, is watched by `watchers` sockets spread over the edges at random, and 1 % of the
+accounts leave and 1 % arrive each minute (each arrival identifies and subscribes to `watchers`
+ids). Per node, CPU is spent on:
+
+- heartbeats, at the edge (never sent upstream);
+- each status change, routed by the edge and applied by its shard;
+- each delivery, the shard choosing its sockets and the edge writing it;
+- connects (identify + subscribe);
+- Ray calls: a call costs `call_us` of CPU over both ends, whatever it carries. An edge's line to
+  a shard sends a call per operation while the line is quiet and batches once operations arrive
+  faster than a round trip (`rtt_ms`); the same for a shard's mail to an edge. With N nodes there
+  are 2N shards per edge and 2N x N lines in the mesh, so the calls per change grow with N until
+  every change's mail to every edge holding one of its watchers is a call of its own.
+
+The node is full when it uses `usable_cores` (headroom for bursts and the OS), or when its memory
+is (RSS per socket at the edge plus the account's state in its shard).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+
+# Measured costs, µs of CPU. A Ray call costs CALL_US over both ends whatever it carries (~1.5 ms
+# here, bench/profiles/README.md; bench scale's 1 → 8 shards difference would make it up to
+# 3.8 ms, so the figures below are the optimistic end); the per-operation costs are the measured
+# ones less their share of the calls that carried them.
+CALL_US = 1_500.0
+HEARTBEAT_US = 24.0  # bench edge 1d16161: ~42,000 heartbeats/s per core, ours 1.08x the bare server
+# bench scale b81985d, 1 shard: router 12.4 µs/frame, shard (2 - 0.98 cores) / 74,798 frames/s =
+# 13.6, with 2.1 calls per 1,000 frames.
+APPLY_US = 12.4 + 13.6 - 2.1 * CALL_US / 1000
+# bench fanout de3d3fb, 800 changes/s: 18.4 (edge) + 10.6 (shards) per delivery, with 6.2 calls
+# per 1,000 deliveries.
+DELIVERY_US = 18.4 + 10.6 - 6.2 * CALL_US / 1000
+CONNECT_US = 2_000.0  # bench connections f3ecb88: 978 identified connects/s with the edge and shards busy
+# Memory per connected account: bench connections f3ecb88 (15.4 KiB of edge RSS per socket) and
+# the shard's state (ShardState with 50 friends, 2 servers, 1 socket, watching 50: 9.9 KiB).
+MEMORY_KIB = 15.4 + 9.9
+
+
+@dataclass(frozen=True)
+class Workload:
+    heartbeat_s: float = 25.0
+    changes_per_h: float = 12.0
+    watchers: int = 50
+    churn_per_min: float = 0.01
+    shards_per_node: int = 2
+    usable_cores: float = 1.4  # of 2: 70 % busy at the planned load
+    memory_gib: float = 20.0  # of 23.5
+    # A busy line's round trip, fitted to bench fanout at 800 changes/s (4 lines, 248 calls/s:
+    # one per 16 ms each). A quiet line sends one call per operation whatever this is.
+    rtt_ms: float = 16.0
+    call_us: float = CALL_US
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    accounts: float
+    changes_per_s: float
+    deliveries_per_s: float
+    calls_per_s: float
+    cores: dict[str, float]
+
+
+def _line_calls(ops_per_s: float, rtt_s: float) -> float:
+    """Calls on one line carrying `ops_per_s`: one per operation while quiet, one per round
+    trip once they arrive faster (they batch)."""
+    return min(ops_per_s, 1.0 / rtt_s)
+
+
+def node_load(w: Workload, nodes: int, accounts: float) -> NodeLoad:
+    """What one of `nodes` identical nodes carries with `accounts` accounts each."""
+    shards = w.shards_per_node * nodes
+    rtt_s = w.rtt_ms / 1000
+    changes = accounts * w.changes_per_h / 3600
+    deliveries = changes * w.watchers
+    # Edges a change's watchers sit on, placed at random: each gets one mail item for it.
+    edges_reached = nodes * (1 - (1 - 1 / nodes) ** w.watchers)
+    apply_calls = shards * _line_calls(changes / shards, rtt_s)
+    mail_items = changes * edges_reached  # arriving at this node's edge, from every shard
+    mail_calls = shards * _line_calls(mail_items / shards, rtt_s)
+    connects = accounts * w.churn_per_min / 60
+    cores = {
+        "heartbeats": accounts / w.heartbeat_s * HEARTBEAT_US / 1e6,
+        "changes": changes * APPLY_US / 1e6,
+        "deliveries": deliveries * DELIVERY_US / 1e6,
+        "connects": connects * (CONNECT_US + w.watchers * DELIVERY_US / 2) / 1e6,
+        "ray calls": (apply_calls + mail_calls) * w.call_us / 1e6,
+    }
+    return NodeLoad(accounts, changes, deliveries, apply_calls + mail_calls, cores)
+
+
+def capacity(w: Workload, nodes: int) -> tuple[NodeLoad, str]:
+    """The most accounts a node carries, and what limits it."""
+    by_memory = w.memory_gib * 1024 * 1024 / MEMORY_KIB
+    lo, hi = 0.0, by_memory
+    if sum(node_load(w, nodes, hi).cores.values()) <= w.usable_cores:
+        return node_load(w, nodes, hi), "memory"
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(node_load(w, nodes, mid).cores.values()) <= w.usable_cores:
+            lo = mid
+        else:
+            hi = mid
+    load = node_load(w, nodes, lo)
+    return load, "CPU: " + max(load.cores, key=lambda k: load.cores[k])
+
+
+def table(w: Workload, sizes: list[int]) -> str:
+    head = (
+        "| nodes | accounts per node | cluster accounts | changes/s per node | deliveries/s per node"
+        " | Ray calls/s per node | CPU share of Ray calls | runs out first |"
+    )
+    rows = [head, "| " + " | ".join(["---"] * 8) + " |"]
+    for n in sizes:
+        load, limit = capacity(w, n)
+        total = sum(load.cores.values())
+        rows.append(
+            f"| {n} | {load.accounts:,.0f} | {load.accounts * n:,.0f} | {load.changes_per_s:,.0f}"
+            f" | {load.deliveries_per_s:,.0f} | {load.calls_per_s:,.0f}"
+            f" | {load.cores['ray calls'] / total:.0%} | {limit} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--changes-per-h", type=float, default=Workload.changes_per_h)
+    p.add_argument("--watchers", type=int, default=Workload.watchers)
+    p.add_argument("--heartbeat-s", type=float, default=Workload.heartbeat_s)
+    p.add_argument("--nodes", default="1,2,4,8,16,32,64")
+    p.add_argument("--check", action="store_true", help="the model at the fanout benchmark's measured load")
+    args = p.parse_args(argv)
+    w = Workload(heartbeat_s=args.heartbeat_s, changes_per_h=args.changes_per_h, watchers=args.watchers)
+    if args.check:
+        # bench fanout: 10,000 accounts x 50 watchers on one node, 800 changes/s (no heartbeats
+        # or churn in its window): measured 1.16 cores for the edge and shards (de3d3fb). The
+        # round trip was fitted there, so this checks the arithmetic, not the prediction.
+        fan = replace(w, changes_per_h=800 / 10_000 * 3600, heartbeat_s=1e12, churn_per_min=0.0)
+        load = node_load(fan, 1, 10_000)
+        print(f"model at bench fanout's load: {sum(load.cores.values()):.2f} cores ({load.cores})")
+        return 0
+    sizes = [int(n) for n in args.nodes.split(",")]
+    print(table(w, sizes))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
