@@ -27,9 +27,10 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
-# The edge's settings (edge/server.py, EdgeConfig.max_frame_bytes and `serve(...)`).
+# The edge's settings (edge/server.py, EdgeConfig.max_frame_bytes, .listen_backlog and `serve(...)`).
 MAX_FRAME_BYTES = 16 * 1024
 MAX_QUEUE = 16
+LISTEN_BACKLOG = 1024
 
 Handler = Callable[[ServerConnection], Awaitable[None]]
 
@@ -54,6 +55,7 @@ async def serve_until_stopped(handler: Handler, host: str, port: int) -> None:
         ping_interval=None,
         max_size=MAX_FRAME_BYTES,
         max_queue=MAX_QUEUE,
+        backlog=LISTEN_BACKLOG,
     ) as server:
         bound = server.sockets[0].getsockname()[1]
         print(f"listening on {bound} pid {os.getpid()}", flush=True)

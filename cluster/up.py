@@ -74,6 +74,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
             token_max_ttl_s=settings.token_max_ttl_s,
         ),
         max_frame_bytes=settings.max_frame_bytes,
+        listen_backlog=settings.listen_backlog,
         send_buffer_bytes=settings.send_buffer_bytes,
         client_ip_header=settings.client_ip_header,
         batch_window_ms=settings.batch_window_ms,

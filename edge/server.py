@@ -318,6 +318,8 @@ class EdgeConfig:
     internal_token: str | None = None
     limits: Limits = field(default_factory=Limits)
     max_frame_bytes: int = 16 * 1024
+    # Connections the kernel completes for the public port before the edge accepts them.
+    listen_backlog: int = 1024
     send_buffer_bytes: int = 1024 * 1024
     batch_window_ms: float = 2.0
     batch_idle_window_ms: float = 0.2
@@ -402,6 +404,7 @@ class Edge:
                 compression=None,
                 ping_interval=None,
                 max_queue=16,
+                backlog=self.config.listen_backlog,
             )
         )
         self._servers.append(
