@@ -20,6 +20,7 @@ shell rather than bad input.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -124,8 +125,12 @@ class ShardState:
         self.outbox = Outbox()
         self.accounts: dict[str, Account] = {}
         self.relations: dict[str, Relations] = {}
-        # target → watcher socket id → watcher
+        # target → watcher socket id → watcher; only `_set_watcher` / `_drop_watcher` change it.
         self.watchers: dict[str, dict[str, Watcher]] = {}
+        # watcher account → how many entries of `watchers` are its sockets: the relations sweep
+        # asks "does anybody watch from this account?" without walking every watcher (at 10,000
+        # accounts x 50 watchers the walk held the shard for ~90 ms a minute).
+        self._watching: Counter[str] = Counter()
         # edge id → time of its last lease refresh
         self.edges: dict[str, float] = {}
         # edge id → {(user, socket)} owned here, and {(target, socket)} watched here: for expiry.
@@ -241,9 +246,27 @@ class ShardState:
         self._expire(now)
         self.edges[edge_id] = now
 
+    def _set_watcher(self, target: str, socket_id: str, w: Watcher) -> None:
+        ws = self.watchers.setdefault(target, {})
+        old = ws.get(socket_id)
+        ws[socket_id] = w
+        if old is not None:
+            self._unref_watching(old.user_id)
+        self._watching[w.user_id] += 1
+
+    def _drop_watcher(self, target: str, socket_id: str) -> None:
+        ws = self.watchers[target]
+        self._unref_watching(ws.pop(socket_id).user_id)
+        if not ws:
+            del self.watchers[target]
+
+    def _unref_watching(self, user_id: str) -> None:
+        self._watching[user_id] -= 1
+        if not self._watching[user_id]:
+            del self._watching[user_id]
+
     def _referenced_users(self) -> set[str]:
-        users = set(self.accounts) | set(self.watchers)
-        users.update(w.user_id for ws in self.watchers.values() for w in ws.values())
+        users = set(self.accounts) | set(self.watchers) | self._watching.keys()
         for ch in self.channels.channels.values():
             users.update(m.user_id for m in (*ch.subscribers.values(), *ch.voice.values()))
         return users
@@ -579,7 +602,7 @@ class ShardState:
         watcher_rel = self.relations[watcher]
         answer: list[tuple[str, Status]] = []
         for target in dict.fromkeys(targets):
-            self.watchers.setdefault(target, {})[socket_id] = w
+            self._set_watcher(target, socket_id, w)
             self.edge_watches.setdefault(edge_id, set()).add((target, socket_id))
             if in_audience(target, self.relations[target], watcher, watcher_rel):
                 status = self.status_for(target, watcher)
@@ -596,9 +619,7 @@ class ShardState:
     def _unwatch_one(self, target: str, socket_id: str, edge_id: str) -> None:
         ws = self.watchers.get(target)
         if ws is not None and socket_id in ws and ws[socket_id].edge_id == edge_id:
-            del ws[socket_id]
-            if not ws:
-                del self.watchers[target]
+            self._drop_watcher(target, socket_id)
 
     # ------------------------------------------------------------------ querying
 
@@ -736,6 +757,7 @@ class ShardState:
             watchers = self.watchers.pop(target)
             out.watchers[target] = watchers
             for socket_id, w in watchers.items():
+                self._unref_watching(w.user_id)
                 self.edge_watches.get(w.edge_id, set()).discard((target, socket_id))
                 out.edges.setdefault(w.edge_id, self.edges.get(w.edge_id, 0.0))
         out.publications = self.publications.export([u for u in self.publications if slot_of(u) in slots])
@@ -771,8 +793,8 @@ class ShardState:
         for user_id, ts in export.pending_last_seen.items():
             self.pending_last_seen[user_id] = max(ts, self.pending_last_seen.get(user_id, 0.0))
         for target, watchers in export.watchers.items():
-            self.watchers.setdefault(target, {}).update(watchers)
             for socket_id, w in watchers.items():
+                self._set_watcher(target, socket_id, w)
                 self.edge_watches.setdefault(w.edge_id, set()).add((target, socket_id))
         for ch in export.channels:
             self.channels.channels[ch.channel_id] = ch

@@ -41,6 +41,12 @@ TIMEOUT = 90.0
 # ---------------------------------------------------------------------------- helpers
 
 
+def assert_watching_index(state: ShardState) -> None:
+    """The relations sweep's index of watching accounts is exactly a count of the watchers."""
+    counted = Counter(w.user_id for ws in state.watchers.values() for w in ws.values())
+    assert state._watching == counted
+
+
 def rel(friends: Iterable[str] = (), servers: Iterable[str] = (), vis: str = "everyone") -> Relations:
     return Relations(frozenset(friends), frozenset(servers), vis)
 
@@ -1553,6 +1559,10 @@ class ShardMachine(RuleBasedStateMachine):
     # ---------------------------------------------------------------- invariants
 
     @invariant()
+    def watching_index_counts_the_watchers(self) -> None:
+        assert_watching_index(self.state)
+
+    @invariant()
     def statuses_follow_live_sockets(self) -> None:
         if not self.chosen or self.stale:
             return
@@ -1891,6 +1901,7 @@ class Cluster:
     def view(self, now: float) -> dict[str, Any]:
         pending: dict[str, float] = {}
         for sh in self.shards:
+            assert_watching_index(sh)
             assert not set(pending) & set(sh.pending_last_seen), "a departure pending on two shards"
             pending.update(sh.pending_last_seen)
         return {
