@@ -30,7 +30,7 @@ from websockets.asyncio.server import ServerConnection, serve
 # The edge's settings (edge/server.py, EdgeConfig.max_frame_bytes, .listen_backlog and `serve(...)`).
 MAX_FRAME_BYTES = 16 * 1024
 MAX_QUEUE = 16
-LISTEN_BACKLOG = 1024
+LISTEN_BACKLOG = 100
 
 Handler = Callable[[ServerConnection], Awaitable[None]]
 

@@ -94,9 +94,11 @@ class Settings(BaseSettings):
     max_opening_queued: int = Field(default=4_096, ge=0)
     opening_queue_s: float = Field(default=5.0, ge=0)
     # The public port's listen backlog: connections the kernel completes before the edge accepts
-    # them (capped by net.core.somaxconn). websockets' default, 100, overflowed in a reconnect
-    # storm: a client whose handshake the kernel dropped waited out its whole try (10 s).
-    listen_backlog: int = Field(default=1024, ge=1)
+    # them (capped by net.core.somaxconn). In a reconnect storm websockets' default, 100,
+    # overflows (a client whose handshake the kernel dropped waits out its whole try, 10 s); 1,024
+    # made the storm 1.3x the bare server once, but with the opening gate full it stalled
+    # identifies for 5 s at a time (cause not found yet), so the default stays 100.
+    listen_backlog: int = Field(default=100, ge=1)
 
     # Per-account budgets, kept by the account's shard so they hold across reconnects and edges
     # (over budget → `rate_limited`). Ids looked up: named in `presence.query` or newly watched

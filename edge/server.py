@@ -319,7 +319,7 @@ class EdgeConfig:
     limits: Limits = field(default_factory=Limits)
     max_frame_bytes: int = 16 * 1024
     # Connections the kernel completes for the public port before the edge accepts them.
-    listen_backlog: int = 1024
+    listen_backlog: int = 100
     send_buffer_bytes: int = 1024 * 1024
     batch_window_ms: float = 2.0
     batch_idle_window_ms: float = 0.2
