@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from cluster.config import Settings
 
 NAME = "edge"
-TARGET_RATIO = 0.6
+TARGET_RATIO = 0.9  # issue 16 (0.6 before)
 RATE_ENV = {
     "PRESENCE_SOCKET_RATE_PER_S": "1000000000",
     "PRESENCE_SOCKET_RATE_BURST": "1000000000",
@@ -233,7 +233,7 @@ def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, s
             "per CPU-s ours/bare",
             "server CPU bare/ours",
             "generator CPU",
-            "target ≥ 0.6",
+            f"target ≥ {TARGET_RATIO}",
             "runtime",
         ],
         [
