@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+import psutil
 import ray
 
 from actors.core.contract import MailChunk, ShardStats
@@ -188,6 +192,46 @@ def connect(address: str | None, namespace: str, node_ip: str | None = None, **i
 
 def gcs_address() -> str:
     return str(ray.get_runtime_context().gcs_address)
+
+
+def _ray_daemons() -> list[psutil.Process]:
+    """A local cluster's GCS and raylet: this process's children (none for a cluster of its own)."""
+    return [p for p in psutil.Process().children(recursive=True) if p.name() in ("gcs_server", "raylet")]
+
+
+def _gone(daemons: list[psutil.Process], address: str) -> bool:
+    if daemons:
+        return any(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in daemons)
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return False
+    except OSError:
+        return True
+
+
+def drain_pool(address: str, deadline_s: float = 75.0, settle_s: float = 2.0) -> int | None:
+    """`stop_pool`, unless Ray itself goes away meanwhile; None if it did (nothing drained).
+
+    A signal to the whole process group (systemd's default, `timeout`) reaches a local cluster's
+    GCS and raylet too, and a driver's calls into a Ray that has gone wait without a deadline (or
+    abort the whole process after a minute, clean-up and all). So: give such a signal `settle_s`
+    to show, then drain in a thread, watching Ray's own processes (`address`, host:port, the GCS
+    of a cluster of its own) and giving up as soon as one has gone."""
+    daemons = _ray_daemons()
+    if daemons and psutil.wait_procs(daemons, timeout=settle_s)[0]:
+        return None
+    if _gone(daemons, address):
+        return None
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: result.append(stop_pool()), daemon=True)
+    worker.start()
+    end = time.monotonic() + deadline_s
+    while worker.is_alive() and time.monotonic() < end:
+        worker.join(0.2)
+        if worker.is_alive() and _gone(daemons, address):
+            return None
+    return result[0] if result else None
 
 
 def auth_mode() -> str | None:

@@ -251,9 +251,20 @@ def _up(settings: Settings) -> int:
             ),
         )
 
+        gcs = ray_api.gcs_address()
+
         def drain() -> None:
-            left = ray_api.stop_pool()
-            if left:
+            left = ray_api.drain_pool(gcs)
+            if left is None:
+                # What the shards held and had not handed to the FlushActor yet (at most about a
+                # second of departures) is lost with them.
+                print(
+                    "  WARNING: Ray's own processes stopped (a signal to the whole process group?):"
+                    " nothing drained",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            elif left:
                 print(f"  WARNING: {left} last-seen values could not be written", file=sys.stderr, flush=True)
             else:
                 print("  last-seen drained to PostgreSQL", flush=True)

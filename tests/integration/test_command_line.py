@@ -223,3 +223,39 @@ def test_shared_conformance_suite_passes() -> None:
     print(out.stdout[-3000:])
     last = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 0 and last.endswith("0 failed"), out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_sigterm_to_the_whole_process_group_stops_everything(tmp_path: Path) -> None:
+    """systemd (KillMode=control-group) and `timeout` signal the whole group, Ray's own processes
+    too. `presence up` used to wait for ever for a GCS that had gone (draining the pool); it now
+    says so and stops the rest."""
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL")}
+    log = (tmp_path / "up.log").open("w+")
+    up = subprocess.Popen(
+        [*presence(), "up", "--ws-port", "0", "--internal-port", "0", "--data-dir", str(data_dir)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while "presence is up" not in (tmp_path / "up.log").read_text():
+            assert up.poll() is None, (tmp_path / "up.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.1)
+        os.killpg(up.pid, signal.SIGTERM)
+        code = up.wait(60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    output = (tmp_path / "up.log").read_text()
+    assert code in (0, 130), output
+    assert "stopping PostgreSQL" in output, output
+    deadline = time.monotonic() + 15
+    while processes_using(data_dir):
+        assert time.monotonic() < deadline, (
+            f"left behind: {[p.info['cmdline'] for p in processes_using(data_dir)]}"
+        )
+        time.sleep(0.2)
