@@ -201,7 +201,10 @@ def _ray_daemons() -> list[psutil.Process]:
 
 def _gone(daemons: list[psutil.Process], address: str) -> bool:
     if daemons:
-        return any(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in daemons)
+        try:
+            return any(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in daemons)
+        except psutil.Error:  # reaped meanwhile
+            return True
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=1.0):
@@ -211,7 +214,8 @@ def _gone(daemons: list[psutil.Process], address: str) -> bool:
 
 
 def drain_pool(address: str, deadline_s: float = 75.0, settle_s: float = 2.0) -> int | None:
-    """`stop_pool`, unless Ray itself goes away meanwhile; None if it did (nothing drained).
+    """`stop_pool`, unless Ray itself goes away meanwhile or it takes past `deadline_s`; None
+    then (nothing drained).
 
     A signal to the whole process group (systemd's default, `timeout`) reaches a local cluster's
     GCS and raylet too, and a driver's calls into a Ray that has gone wait without a deadline (or

@@ -259,8 +259,8 @@ def _up(settings: Settings) -> int:
                 # What the shards held and had not handed to the FlushActor yet (at most about a
                 # second of departures) is lost with them.
                 print(
-                    "  WARNING: Ray's own processes stopped (a signal to the whole process group?):"
-                    " nothing drained",
+                    "  WARNING: Ray's own processes stopped (a signal to the whole process group?)"
+                    " or the pool did not answer in time: nothing drained",
                     file=sys.stderr,
                     flush=True,
                 )
