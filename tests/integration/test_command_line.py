@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
@@ -53,33 +54,33 @@ def processes_using(data_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_sigterm_during_start_up_stops_what_was_started(tmp_path: Path) -> None:
-    """A supervisor's (or `timeout`'s) SIGTERM while `presence up` is still starting: the
-    servers started so far are stopped, like Ctrl-C. Before, the process died on the spot and
-    left the embedded PostgreSQL running."""
+def signal_up_when(
+    tmp_path: Path, ready: Callable[[Path, str], bool], send: Callable[[subprocess.Popen[bytes]], None]
+) -> None:
+    """Start `presence up` (a process group of its own), `send` it a signal once `ready(data
+    directory, its output so far)`, and check that it stopped everything it had started."""
     data_dir = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL")}
-    log = (tmp_path / "up.log").open("w+")
+    log_path = tmp_path / "up.log"
     up = subprocess.Popen(
         [*presence(), "up", "--ws-port", "0", "--internal-port", "0", "--data-dir", str(data_dir)],
-        stdout=log,
+        stdout=log_path.open("w+"),
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
     )
     try:
-        # PostgreSQL is the first server it starts: signal as soon as it exists.
-        deadline = time.monotonic() + 60
-        while not (data_dir / "pg" / "postmaster.pid").exists():
-            assert up.poll() is None, (tmp_path / "up.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+        deadline = time.monotonic() + 90
+        while not ready(data_dir, log_path.read_text()):
+            assert up.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.02)
-        up.send_signal(signal.SIGTERM)
+        send(up)
         code = up.wait(60)
     finally:
         if up.poll() is None:
             up.kill()
-    output = (tmp_path / "up.log").read_text()
+    output = log_path.read_text()
     assert code in (0, 130), output  # 0 only if it got all the way up before the signal landed
     assert "stopping PostgreSQL" in output, output
     deadline = time.monotonic() + 15
@@ -88,6 +89,29 @@ def test_sigterm_during_start_up_stops_what_was_started(tmp_path: Path) -> None:
             f"left behind: {[p.info['cmdline'] for p in processes_using(data_dir)]}"
         )
         time.sleep(0.2)
+
+
+def test_sigterm_during_start_up_stops_what_was_started(tmp_path: Path) -> None:
+    """A supervisor's (or `timeout`'s) SIGTERM while `presence up` is still starting: the
+    servers started so far are stopped, like Ctrl-C. Before, the process died on the spot and
+    left the embedded PostgreSQL running."""
+    # PostgreSQL is the first server it starts: signal as soon as it exists.
+    signal_up_when(
+        tmp_path,
+        lambda data_dir, _: (data_dir / "pg" / "postmaster.pid").exists(),
+        lambda up: up.send_signal(signal.SIGTERM),
+    )
+
+
+def test_sigterm_to_the_whole_process_group_stops_everything(tmp_path: Path) -> None:
+    """systemd (KillMode=control-group) and `timeout` signal the whole group, Ray's own processes
+    too. `presence up` used to wait for ever for a GCS that had gone (draining the pool); it now
+    says so and stops the rest."""
+    signal_up_when(
+        tmp_path,
+        lambda _, output: "presence is up" in output,
+        lambda up: os.killpg(up.pid, signal.SIGTERM),
+    )
 
 
 def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
@@ -223,39 +247,3 @@ def test_shared_conformance_suite_passes() -> None:
     print(out.stdout[-3000:])
     last = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 0 and last.endswith("0 failed"), out.stdout[-3000:] + out.stderr[-2000:]
-
-
-def test_sigterm_to_the_whole_process_group_stops_everything(tmp_path: Path) -> None:
-    """systemd (KillMode=control-group) and `timeout` signal the whole group, Ray's own processes
-    too. `presence up` used to wait for ever for a GCS that had gone (draining the pool); it now
-    says so and stops the rest."""
-    data_dir = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL")}
-    log = (tmp_path / "up.log").open("w+")
-    up = subprocess.Popen(
-        [*presence(), "up", "--ws-port", "0", "--internal-port", "0", "--data-dir", str(data_dir)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while "presence is up" not in (tmp_path / "up.log").read_text():
-            assert up.poll() is None, (tmp_path / "up.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
-            time.sleep(0.1)
-        os.killpg(up.pid, signal.SIGTERM)
-        code = up.wait(60)
-    finally:
-        if up.poll() is None:
-            up.kill()
-    output = (tmp_path / "up.log").read_text()
-    assert code in (0, 130), output
-    assert "stopping PostgreSQL" in output, output
-    deadline = time.monotonic() + 15
-    while processes_using(data_dir):
-        assert time.monotonic() < deadline, (
-            f"left behind: {[p.info['cmdline'] for p in processes_using(data_dir)]}"
-        )
-        time.sleep(0.2)
