@@ -93,6 +93,11 @@ def _channel_op(kind: ChannelKind, channel: str, user: str, sid: str) -> ops.Op:
             return ops.VoiceLeave(channel, sid)
 
 
+def _peer_ip(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if peer else "unknown"
+
+
 def _about(payload: str) -> tuple[str, str] | None:
     """(account, status) of a `presence.changed` payload, else None."""
     if not payload.startswith(CHANGED_PREFIX):
@@ -120,10 +125,9 @@ class CountedConnection(ServerConnection):
         super().connection_made(transport)
         if self.gate_key is not None:  # built on its turn (`_Waiting`): counted and let in already
             return
-        if self.edge.config.client_ip_header is None:  # else counted once the header is read
-            peer = transport.get_extra_info("peername")
-            if not self.begin_handshake(str(peer[0]) if peer else "unknown"):
-                return
+        # With a client address header, counted once the header is read instead.
+        if self.edge.config.client_ip_header is None and not self.begin_handshake(_peer_ip(transport)):
+            return
         self.gate_key = self
         self.edge.opening_begin(self)
 
@@ -156,12 +160,8 @@ class CountedConnection(ServerConnection):
         transport.resume_reading()
 
     def begin_handshake(self, ip: str) -> bool:
-        refused = self.edge.admission.handshake_begin(ip, time.time())
-        if refused is not None:
-            self.edge.metrics.inc("handshakes_refused_total")
-            log.debug("dropping a connection from %s: %s", ip, refused)
-            assert self.transport is not None
-            self.transport.abort()
+        assert self.transport is not None
+        if not self.edge.handshake_begin(self.transport, ip):
             return False
         self.handshake_ip = ip
         return True
@@ -196,11 +196,8 @@ class _Waiting(asyncio.Protocol):
         self.transport = t = cast(asyncio.Transport, transport)
         edge = self.edge
         if edge.config.client_ip_header is None:  # else counted once the header is read
-            peer = t.get_extra_info("peername")
-            ip = str(peer[0]) if peer else "unknown"
-            if edge.admission.handshake_begin(ip, time.time()) is not None:
-                edge.metrics.inc("handshakes_refused_total")
-                t.abort()
+            ip = _peer_ip(t)
+            if not edge.handshake_begin(t, ip):
                 return
             self.handshake_ip = ip
         edge.opening_begin(self)
@@ -459,6 +456,17 @@ class Edge:
             return conn
 
         return build() if self.opening.has_place() else _Waiting(self, build)
+
+    def handshake_begin(self, transport: asyncio.BaseTransport, ip: str) -> bool:
+        """Count a connection still opening against its address (`Admission.handshake_begin`);
+        False: over the address's cap, and the connection is dropped."""
+        refused = self.admission.handshake_begin(ip, time.time())
+        if refused is None:
+            return True
+        self.metrics.inc("handshakes_refused_total")
+        log.debug("dropping a connection from %s: %s", ip, refused)
+        cast(asyncio.Transport, transport).abort()
+        return False
 
     def opening_begin(self, ws: Opening) -> None:
         """A connection was accepted: open it now, let it wait its turn unread, or drop it."""
