@@ -97,6 +97,9 @@ class ShardConfig:
     voice_allowance: tuple[float, float] = (30.0, 10.0)
     # How often held-back status changes are checked for being due (cheap when none is held).
     publish_tick_s: float = 0.05
+    # Where the shard's direct lane for the edges listens (actors/lane.py): an address, or
+    # "node" for the address its Ray node has (a cluster: edges on other nodes connect to it).
+    lane_host: str = "127.0.0.1"
 
 
 class PresenceShard:

@@ -26,6 +26,7 @@ from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
 from actors.directory import SlotDirectory
 from actors.flush import FlushActor
+from actors.lane import LaneBroken, LaneClient, LaneServer
 from actors.pgstore import PostgresStore
 from actors.presence import PresenceShard, ShardConfig
 
@@ -86,6 +87,9 @@ class _PresenceActor:
         )
         self._started: asyncio.Task[None] | None = None
         self._flush: Any = None
+        # The direct lane (actors/lane.py) serves the edges' two hot calls.
+        self._lane = LaneServer({"apply_and_collect": self.apply_and_collect, "pull": self.pull})
+        self._lane_address: tuple[str, int] | None = None
 
     async def _flush_write(self, entries: list[tuple[str, float]]) -> None:
         if self._flush is None:
@@ -111,6 +115,15 @@ class _PresenceActor:
         self.impl.set_owned(set(slot_map.slots_of(self.impl.config.shard_index)))
         self.impl.node_id = ray.get_runtime_context().get_node_id()
         await self.impl.start()
+        host = self.impl.config.lane_host
+        host = ray.util.get_node_ip_address() if host == "node" else host
+        self._lane_address = await self._lane.start(host)
+
+    async def lane_address(self) -> tuple[str, int, bytes]:
+        """Where the direct lane listens and its secret (only Ray's admitted callers learn it)."""
+        await self._ready()
+        assert self._lane_address is not None
+        return (*self._lane_address, self._lane.secret)
 
     async def export_slots(self, slots: list[int]) -> SlotExport:
         return await (await self._ready()).export_slots(slots)
@@ -153,6 +166,7 @@ class _PresenceActor:
         return await (await self._ready()).drain(timeout_s)
 
     async def stop(self) -> None:
+        await self._lane.close()
         await (await self._ready()).stop()
 
 
@@ -313,7 +327,8 @@ def _directory() -> Any:
     return ray.get_actor(DIRECTORY)
 
 
-ActorDied = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+# What a call to an actor that died (or restarts) fails with, by either road.
+ActorDied = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, LaneBroken)
 
 
 class _Client:
@@ -344,11 +359,46 @@ class _Client:
 
 
 class ShardClient(_Client):
-    """One shard, by index."""
+    """One shard, by index. With `direct`, the two hot calls (`apply_and_collect`, `pull`) take
+    the shard's direct lane (actors/lane.py) instead of a Ray call each."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, direct: bool = False) -> None:
         super().__init__(shard_name(index))
         self.index = index
+        self.direct = direct
+        self._lane: LaneClient | None = None
+        self._opening: asyncio.Lock | None = None
+
+    async def _hot(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        if not self.direct:
+            return await self._call(method, *args, timeout_s=timeout_s)
+        lane = self._lane
+        if lane is None or lane.broken:
+            lane = await self._open_lane()
+        try:
+            return await lane.call(method, *args, timeout_s=timeout_s)
+        except LaneBroken:
+            self._handle = None  # a restarted shard: find it again, and its new lane
+            raise
+
+    async def _open_lane(self) -> LaneClient:
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:  # the batches and the pull racing to open it open one lane
+            if self._lane is None or self._lane.broken:
+                host, port, secret = await self._call("lane_address", timeout_s=30.0)
+                self._lane = await LaneClient.open(host, port, secret)
+            return self._lane
+
+    async def lane_endpoint(self) -> tuple[str, int]:
+        """Where the shard's direct lane listens (its secret stays inside this client)."""
+        host, port, _ = await self._call("lane_address", timeout_s=30.0)
+        return host, port
+
+    def close_lane(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
 
     async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[Any]]:
         return await self._call("apply", edge_id, ops)  # type: ignore[no-any-return]
@@ -356,12 +406,12 @@ class ShardClient(_Client):
     async def apply_and_collect(
         self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
     ) -> tuple[str, list[Any], MailChunk]:
-        return await self._call("apply_and_collect", edge_id, ops, incarnation, acked_seq)  # type: ignore[no-any-return]
+        return await self._hot("apply_and_collect", edge_id, ops, incarnation, acked_seq)  # type: ignore[no-any-return]
 
     async def pull(
         self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
     ) -> Mail:
-        mail: Mail = await self._call(
+        mail: Mail = await self._hot(
             "pull", edge_id, incarnation, acked_seq, wait_s, resend, timeout_s=wait_s + 30
         )
         return mail

@@ -124,6 +124,14 @@ class Settings(BaseSettings):
     batch_max_ops: int = 500
     # At most this many batches per shard in flight from one edge; more wait and leave together.
     batch_max_in_flight: int = Field(default=2, ge=1)
+    # The road of the edges' batches and long-polls to the shards (actors/lane.py): "direct", one
+    # TCP connection per edge and shard (~0.1 ms of CPU a call), or "ray", a Ray actor call each
+    # (~1.5 ms). Either way Ray places, restarts and finds the shards.
+    shard_lane: Literal["direct", "ray"] = "direct"
+    # Where each shard's direct lane listens. Unset: 127.0.0.1 when this process starts its own
+    # local Ray (`presence up` without RAY_ADDRESS), else the address of the shard's Ray node
+    # (the edges of other nodes must reach it; only callers Ray admits learn its secret).
+    shard_lane_host: str | None = None
     # Shard → edge: after a pull that brought mail, the edge waits this long before the next one,
     # so under load each Ray call carries the mail of several changes (a quiet edge's pending
     # long-poll still answers at once). Each Ray call costs ~1 ms of CPU over both ends.

@@ -82,6 +82,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         batch_connect_window_ms=settings.batch_connect_window_ms,
         batch_max_ops=settings.batch_max_ops,
         batch_max_in_flight=settings.batch_max_in_flight,
+        shard_lane_direct=settings.shard_lane == "direct",
         pull_gather_ms=settings.pull_gather_ms,
         count_ttl_s=settings.count_ttl_s,
         pull_wait_s=settings.edge_lease_refresh_s,
@@ -108,6 +109,7 @@ def shard_config(settings: Settings, database_url: str, redis_url: str | None) -
             max(settings.query_ids_burst, float(settings.max_subscriptions_per_socket)),
         ),
         voice_allowance=(settings.voice_joins_per_min, settings.voice_joins_burst),
+        lane_host=settings.shard_lane_host or ("127.0.0.1" if settings.ray_address is None else "node"),
     )
 
 

@@ -123,6 +123,7 @@ class Router:
         max_in_flight: int = 2,
         idle_window_ms: float = 0.2,
         connect_window_ms: float = 0.0,
+        direct: bool = True,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
@@ -136,6 +137,7 @@ class Router:
         self.pull_gather_s = pull_gather_ms / 1000
         self.call_retry_s = call_retry_s
         self.max_in_flight = max_in_flight
+        self.direct = direct
         self.directory = DirectoryClient()
         self.map: SlotMap | None = None
         self.shards: dict[int, ShardClient] = {}
@@ -162,7 +164,7 @@ class Router:
             return
         self.map = SlotMap(version, tuple(owners), count)
         for i in range(count):
-            self.shards.setdefault(i, ShardClient(i))
+            self.shards.setdefault(i, ShardClient(i, direct=self.direct))
             puller = self._pullers.get(i)
             # A shard index may come back after a shrink retired it (its puller has ended).
             if puller is None or puller.done():
@@ -176,6 +178,8 @@ class Router:
             t.cancel()
         for timer in self._timers.values():
             timer.cancel()
+        for shard in self.shards.values():
+            shard.close_lane()
 
     # ------------------------------------------------------------------ addressing
 

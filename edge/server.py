@@ -323,6 +323,8 @@ class EdgeConfig:
     batch_connect_window_ms: float = 20.0
     batch_max_ops: int = 500
     batch_max_in_flight: int = 2
+    # The batches and long-polls take each shard's direct lane (actors/lane.py), not Ray calls.
+    shard_lane_direct: bool = True
     pull_gather_ms: float = 0.0
     count_ttl_s: float = 90.0
     # Demo mode: serve the demo page at / and mint tokens for the demo accounts only.
@@ -360,6 +362,7 @@ class Edge:
             connect_window_ms=config.batch_connect_window_ms,
             max_ops=config.batch_max_ops,
             max_in_flight=config.batch_max_in_flight,
+            direct=config.shard_lane_direct,
             pull_wait_s=config.pull_wait_s,
             pull_gather_ms=config.pull_gather_ms,
             call_retry_s=config.call_retry_s,

@@ -109,6 +109,7 @@ def main() -> int:
             database_url=os.environ["MN_DATABASE_URL"],
             redis_url=os.environ["MN_REDIS_URL"],
             socket_timeout_s=8.0,
+            lane_host="node",  # as in a real cluster: each shard's lane on its node's address
         )
         ray_api.start_pool(2, config, 0.2, 1000, shard_resources=[{"node_a": 0.01}, {"node_b": 0.01}])
         asyncio.run(scenario(result))

@@ -1,0 +1,215 @@
+"""The direct lane: an edge's hot calls to a shard over one TCP connection instead of Ray calls.
+
+A Ray actor call costs ~1.5 ms of CPU over both ends here (bench/profiles/README.md "lane"),
+however small: a submission through the core worker, gRPC both ways, the task's bookkeeping.
+An edge sends each shard a batch (`apply_and_collect`) every few ms and keeps a long-poll
+(`pull`) open; at 800 changes/s that overhead was most of the shards' CPU. The lane carries just
+those two calls as length-prefixed pickled frames over a connection the edge opens to the shard:
+~0.1 ms of CPU a call. Ray still places, restarts and finds the actors, and carries everything
+else (resizes, stats, drains); the lane's address and its secret come through a Ray call, so
+only a process the Ray cluster admits can learn them.
+
+Wire (both ways): a 4-byte big-endian length, then that many bytes of pickle. The first frame
+from the edge is the shard's secret (raw bytes, not pickled: nothing is unpickled before it
+matched). Then requests `(id, method, args)` and replies `(id, ok, result)`, where a failed call's
+result is `(exception type name, message)`. Replies may come in any order (a pull waits); the
+shard starts the requests in the order they arrived, so one edge's batches are applied in order,
+as with Ray's calls to an async actor.
+
+Failure semantics match a Ray call to an actor that died: when the connection goes (the shard's
+process died, or its node), every call on it fails with `LaneBroken`, and the next call asks Ray
+for the address again (a restarted shard listens on a new port with a new secret). TCP keepalive
+notices a node that vanished without closing anything within ~30 s, like Ray's own health checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import pickle
+import secrets
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+log = logging.getLogger("presence.lane")
+
+_LENGTH = struct.Struct("!I")
+# A batch of 500 operations or a chunk of mail is tens of KiB; anything near this is a bug or an
+# attack, and the connection is dropped rather than the memory taken.
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+SECRET_BYTES = 32
+# Keepalive: first probe after 10 s idle, then every 5 s, 4 unanswered → the connection is dead.
+_KEEPALIVE = (10, 5, 4)
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+class LaneBroken(ConnectionError):
+    """The connection to the shard went away: the call may or may not have been applied, as with
+    a Ray call to an actor that died (the shard lost its memory, or the reply was lost)."""
+
+
+class LaneRemoteError(RuntimeError):
+    """The shard raised while carrying out the call (the message names the exception's type)."""
+
+
+def encode(payload: bytes) -> bytes:
+    return _LENGTH.pack(len(payload)) + payload
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if length > MAX_FRAME_BYTES:
+        raise ValueError(f"lane frame of {length} bytes")
+    return await reader.readexactly(length)
+
+
+def _keepalive(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle, interval, count = _KEEPALIVE
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+class LaneServer:
+    """The shard's end: serves `handlers` (method name → coroutine function) to whoever proves
+    it knows the secret."""
+
+    def __init__(self, handlers: dict[str, Handler]) -> None:
+        self.handlers = handlers
+        self.secret = secrets.token_bytes(SECRET_BYTES)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._connections: set[asyncio.StreamWriter] = set()
+
+    async def start(self, host: str) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, host, 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return host, int(port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for writer in list(self._connections):  # Server.close leaves open connections open
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _keepalive(writer)
+        self._connections.add(writer)
+        try:
+            offered = await asyncio.wait_for(read_frame(reader), 10.0)
+            if not hmac.compare_digest(offered, self.secret):
+                log.warning("lane: a connection offered a wrong secret; closed")
+                return
+            while True:
+                request_id, method, args = pickle.loads(await read_frame(reader))
+                # One task per request, started in arrival order (see the module's docstring).
+                task = asyncio.get_running_loop().create_task(self._answer(writer, request_id, method, args))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ValueError, pickle.PickleError):
+            pass
+        finally:
+            self._connections.discard(writer)
+            writer.close()
+
+    async def _answer(
+        self, writer: asyncio.StreamWriter, request_id: int, method: str, args: tuple[Any, ...]
+    ) -> None:
+        handler = self.handlers.get(method)
+        try:
+            if handler is None:
+                raise LookupError(f"no lane method {method!r}")
+            reply: tuple[int, bool, Any] = (request_id, True, await handler(*args))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the edge sees it as it would see a failed Ray call
+            log.exception("lane: %s failed", method)
+            reply = (request_id, False, (type(e).__name__, str(e)))
+        if writer.is_closing():
+            return
+        writer.write(encode(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)))
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+
+class LaneClient:
+    """The edge's end of one lane: calls multiplexed over one connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._broken: BaseException | None = None
+        self._reading = asyncio.get_running_loop().create_task(self._read_replies())
+
+    @classmethod
+    async def open(cls, host: str, port: int, secret: bytes, timeout_s: float = 5.0) -> LaneClient:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        except (OSError, TimeoutError) as e:
+            raise LaneBroken(f"lane to {host}:{port}: {type(e).__name__}") from e
+        _keepalive(writer)
+        writer.write(encode(secret))
+        return cls(reader, writer)
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    async def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        if self._broken is not None:
+            raise LaneBroken(str(self._broken))
+        request_id = next(self._ids)
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = reply
+        try:
+            request = pickle.dumps((request_id, method, args), protocol=pickle.HIGHEST_PROTOCOL)
+            self._writer.write(encode(request))
+            ok, result = await (reply if timeout_s is None else asyncio.wait_for(reply, timeout_s))
+        finally:
+            self._waiting.pop(request_id, None)
+        if not ok:
+            kind, message = result
+            raise LaneRemoteError(f"{kind}: {message}")
+        return result
+
+    def close(self) -> None:
+        self._fail(LaneBroken("closed"))
+        self._writer.close()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._broken is None:
+            self._broken = error
+        for reply in self._waiting.values():
+            if not reply.done():
+                reply.set_exception(LaneBroken(str(error)))
+        self._waiting.clear()
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                request_id, ok, result = pickle.loads(await read_frame(self._reader))
+                reply = self._waiting.get(request_id)
+                if reply is not None and not reply.done():
+                    reply.set_result((ok, result))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError, pickle.PickleError) as e:
+            self._fail(e if str(e) else LaneBroken(type(e).__name__))
+        except asyncio.CancelledError:
+            self._fail(LaneBroken("cancelled"))
+            raise
+        finally:
+            self._writer.close()

@@ -1,0 +1,152 @@
+"""The direct lane (actors/lane.py) on loopback, no Ray: calls and their replies, order, the
+secret, failures as an edge must see them (a shard that dies mid-call, a wrong secret, a frame too
+big, a handler that raises, a pull that times out)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from typing import Any
+
+import pytest
+
+from actors import lane
+from actors.lane import LaneBroken, LaneClient, LaneRemoteError, LaneServer
+
+
+class Shard:
+    """Handlers that record what they were asked, in order, and can be held back."""
+
+    def __init__(self) -> None:
+        self.applied: list[Any] = []
+        self.release = asyncio.Event()
+        self.unpickled = 0
+
+    async def apply_and_collect(self, edge_id: str, ops: list[Any], incarnation: Any, acked: int) -> Any:
+        self.applied.append(ops)
+        return "inc-1", [f"ok:{op}" for op in ops], (0, 0, [])
+
+    async def pull(self, edge_id: str, incarnation: Any, acked: int, wait_s: float, resend: bool) -> Any:
+        await asyncio.wait_for(self.release.wait(), wait_s)
+        return "inc-1", (0, 1, [(("s1",), "frame")])
+
+    async def fail(self) -> None:
+        raise KeyError("secret-free message")
+
+
+async def _serve(shard: Shard) -> tuple[LaneServer, str, int]:
+    server = LaneServer(
+        {"apply_and_collect": shard.apply_and_collect, "pull": shard.pull, "fail": shard.fail}
+    )
+    host, port = await server.start("127.0.0.1")
+    return server, host, port
+
+
+async def test_a_call_returns_what_the_shard_answered() -> None:
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    client = await LaneClient.open(host, port, server.secret)
+    incarnation, results, chunk = await client.call("apply_and_collect", "edge-1", ["a", "b"], None, 0)
+    assert (incarnation, results, chunk) == ("inc-1", ["ok:a", "ok:b"], (0, 0, []))
+    client.close()
+    await server.close()
+
+
+async def test_batches_are_applied_in_the_order_sent_and_a_waiting_pull_does_not_block_them() -> (
+    None
+):
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    client = await LaneClient.open(host, port, server.secret)
+    pull = asyncio.ensure_future(client.call("pull", "edge-1", None, 0, 5.0, False))
+    batches = [client.call("apply_and_collect", "edge-1", [i], None, 0) for i in range(50)]
+    answers = await asyncio.gather(*batches)
+    assert shard.applied == [[i] for i in range(50)]
+    assert [a[1] for a in answers] == [[f"ok:{i}"] for i in range(50)]
+    assert not pull.done()  # replies come back out of order: the pull still waits
+    shard.release.set()
+    assert await pull == ("inc-1", (0, 1, [(("s1",), "frame")]))
+    client.close()
+    await server.close()
+
+
+async def test_a_timeout_fails_that_call_only_and_the_lane_stays_open() -> None:
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    client = await LaneClient.open(host, port, server.secret)
+    with pytest.raises(TimeoutError):
+        await client.call("pull", "edge-1", None, 0, 5.0, False, timeout_s=0.05)
+    assert not client.broken
+    assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
+    client.close()
+    await server.close()
+
+
+async def test_an_exception_in_the_shard_reaches_the_caller_by_type_and_keeps_the_lane() -> None:
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    client = await LaneClient.open(host, port, server.secret)
+    with pytest.raises(LaneRemoteError, match="KeyError"):
+        await client.call("fail")
+    with pytest.raises(LaneRemoteError, match="LookupError: no lane method 'drop_tables'"):
+        await client.call("drop_tables")
+    assert not client.broken
+    client.close()
+    await server.close()
+
+
+async def test_a_shard_that_goes_away_fails_every_call_in_flight_and_every_later_one() -> None:
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    client = await LaneClient.open(host, port, server.secret)
+    pulls = [asyncio.ensure_future(client.call("pull", "e", None, 0, 30.0, False)) for _ in range(3)]
+    await asyncio.sleep(0)
+    await server.close()  # the shard's process died: its connections close with it
+    for pull in pulls:
+        with pytest.raises(LaneBroken):
+            await asyncio.wait_for(pull, 5.0)
+    assert client.broken
+    with pytest.raises(LaneBroken):
+        await client.call("apply_and_collect", "e", ["x"], None, 0)
+
+
+async def test_nothing_is_unpickled_from_a_connection_without_the_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    loads = pickle.loads
+    calls: list[bytes] = []
+
+    def counting_loads(data: bytes, /, **kwargs: Any) -> Any:
+        calls.append(data)
+        return loads(data, **kwargs)
+
+    monkeypatch.setattr(lane.pickle, "loads", counting_loads)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(lane.encode(b"x" * lane.SECRET_BYTES))
+    writer.write(lane.encode(pickle.dumps((1, "apply_and_collect", ("e", ["evil"], None, 0)))))
+    assert await asyncio.wait_for(reader.read(), 5.0) == b""  # closed, nothing answered
+    assert calls == [] and shard.applied == []
+    writer.close()
+    await server.close()
+
+
+async def test_a_frame_longer_than_the_limit_closes_the_connection_before_reading_it() -> None:
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(lane.encode(server.secret))
+    writer.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
+    assert await asyncio.wait_for(reader.read(), 5.0) == b""
+    writer.close()
+    await server.close()
+
+
+async def test_a_shard_that_does_not_listen_is_a_broken_lane() -> None:
+    server, host, port = await _serve(Shard())
+    await server.close()
+    await asyncio.sleep(0.05)
+    with pytest.raises(LaneBroken):
+        await LaneClient.open(host, port, server.secret, timeout_s=2.0)
