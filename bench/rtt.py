@@ -1,11 +1,14 @@
-"""`presence bench rtt`: the round trip of one Ray call from a driver to a shard, nothing else.
+"""`presence bench rtt`: the round trip of one call from a driver to a shard, nothing else.
 
 Every edge → shard hop pays it (a status change pays two: `apply` up, `pull` down; a query one),
 so it is the floor under the fanout and query latencies. Measured in this process (a Ray driver,
 as an edge is) against the pool `bench_env` starts, idle: `stats` (the shard does almost
 nothing) and `apply([ping])` (the edge's batched call with one no-op), awaited from asyncio as
 the edge does, then `stats` through a blocking `ray.get`; each back to back and with a 10 ms pause
-between calls (a quiet edge's calls find the processes asleep, which costs wake-ups).
+between calls (a quiet edge's calls find the processes asleep, which costs wake-ups). Beside
+them, the edge's batched call by its real road, the shard's direct lane (actors/lane.py), and
+the CPU one call costs by each road, back to back: this process's (the caller's) and the whole
+machine's (both ends and Ray's daemons; run it on a quiet machine).
 
     presence bench rtt [--calls 300] [--quick] [--no-record]
 """
@@ -81,7 +84,55 @@ def measure(calls: int) -> dict[str, dict[str, Any]]:
         kinds[f"stats, ray.get, {gap}"] = lg.summary_ms(
             _timed_sync(lambda: ray.get(shard.stats.remote()), calls, pause)
         )
+    lane = ray_api.ShardClient(0, direct=True)
+    lane_apply = lambda: lane.apply_and_collect("bench-rtt", [ops.PING], None, 0)  # noqa: E731
+    for pause in (0.0, 0.01):
+        gap = "back to back" if not pause else "10 ms apart"
+        kinds[f"apply_and_collect([ping]), direct lane, {gap}"] = lg.summary_ms(
+            asyncio.run(_timed(lane_apply, calls, pause))
+        )
     return kinds
+
+
+def cpu_per_call(calls: int) -> dict[str, dict[str, float]]:
+    """CPU µs per call, back to back, of the edge's batched call by each road."""
+    import psutil
+    import ray
+
+    from actors import ray_api
+    from actors.core import ops
+
+    shard = ray.get_actor(ray_api.shard_name(0))
+
+    async def by_ray() -> None:
+        await shard.apply_and_collect.remote("bench-rtt-cpu", [ops.PING], None, 0)
+
+    lane = ray_api.ShardClient(0, direct=True)
+
+    async def by_lane() -> None:
+        await lane.apply_and_collect("bench-rtt-cpu", [ops.PING], None, 0)
+
+    me = psutil.Process()
+    out: dict[str, dict[str, float]] = {}
+    for road, call in (("Ray call", by_ray), ("direct lane", by_lane)):
+
+        async def timed(call: Callable[[], Awaitable[None]] = call) -> tuple[float, float, float]:
+            for _ in range(50):  # warm up: the lane's connection, Ray's leases
+                await call()
+            mine, machine, wall = me.cpu_times(), psutil.cpu_times(), time.perf_counter()
+            for _ in range(calls):
+                await call()
+            mine2, machine2, wall2 = me.cpu_times(), psutil.cpu_times(), time.perf_counter()
+            busy = sum(getattr(machine2, f) - getattr(machine, f) for f in ("user", "system", "nice"))
+            return (mine2.user + mine2.system - mine.user - mine.system), busy, wall2 - wall
+
+        caller, machine, wall = asyncio.run(timed())
+        out[road] = {
+            "caller_us": caller / calls * 1e6,
+            "machine_us": machine / calls * 1e6,
+            "wall_us": wall / calls * 1e6,
+        }
+    return out
 
 
 def main(argv: list[str], settings: Settings) -> int:
@@ -90,17 +141,30 @@ def main(argv: list[str], settings: Settings) -> int:
 
 def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
     stage.log(f"timing {args.calls} calls of each kind against shard 0 of {env.shards}")
-    return measure(args.calls)
+    kinds = measure(args.calls)
+    stage.log(f"CPU of {args.calls * 10} calls back to back by each road")
+    return {"latency": kinds, "cpu": cpu_per_call(args.calls * 10)}
 
 
-def report(args: argparse.Namespace, kinds: dict[str, Any], runtime: float, started_at: str) -> int:
+def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, started_at: str) -> int:
+    kinds, cpu = measured["latency"], measured["cpu"]
     machine = machine_info()
     print(f"\npresence bench rtt on {machine_summary(machine)} (commit {machine['commit']}), idle pool\n")
     rows = [
         [k, f"{v['p50']:.2f}", f"{v['p90']:.2f}", f"{v['p99']:.2f}", f"{v['max']:.2f}"]
         for k, v in kinds.items()
     ]
-    lg.print_table(["Ray call to a shard", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows)
+    lg.print_table(["call to a shard", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows)
+    print()
+    lg.print_table(
+        ["apply_and_collect([ping]), back to back", "wall µs", "caller CPU µs", "machine CPU µs"],
+        [
+            [road, f"{c['wall_us']:.0f}", f"{c['caller_us']:.0f}", f"{c['machine_us']:.0f}"]
+            for road, c in cpu.items()
+        ],
+    )
+    ray_cpu, lane_cpu = cpu["Ray call"]["machine_us"], cpu["direct lane"]["machine_us"]
+    print(f"\nthe direct lane costs {lane_cpu / ray_cpu:.2f}x the CPU of a Ray call (whole machine)")
     out = write_json(
         NAME,
         {
@@ -110,16 +174,18 @@ def report(args: argparse.Namespace, kinds: dict[str, Any], runtime: float, star
             "machine": machine,
             "calls": args.calls,
             "latency_ms": kinds,
+            "cpu_per_call_us": cpu,
         },
         args.output,
     )
     print(f"\nresults: {out}")
     if not args.no_record and not args.quick:
         cell = {k: f"{v['p50']:.2f} / {v['p99']:.2f}" for k, v in kinds.items()}
+        cell |= {f"{road}: machine CPU µs per call": f"{c['machine_us']:.0f}" for road, c in cpu.items()}
         append_row(
             NAME,
-            "Round trip of one Ray call from a driver (as an edge is) to an idle shard: the floor under "
-            "every edge → shard hop. p50 / p99 ms.",
+            "Round trip of one call from a driver (as an edge is) to an idle shard, by Ray and by the "
+            "direct lane: the floor under every edge → shard hop. p50 / p99 ms; CPU µs per call.",
             ["date", "machine", "commit", *cell],
             [lg.info_date(), machine_summary(machine), machine["commit"], *cell.values()],
         )

@@ -42,7 +42,10 @@ def test_bench_rtt_quick(tmp_path: Path, migrated_pg_url: str, redis_url: str) -
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     result = json.loads(output.read_text())
     assert result["benchmark"] == "rtt" and result["calls"] == 20
-    assert len(result["latency_ms"]) == 6
+    assert len(result["latency_ms"]) == 8
+    assert set(result["cpu_per_call_us"]) == {"Ray call", "direct lane"}
+    for cpu in result["cpu_per_call_us"].values():
+        assert cpu["caller_us"] > 0 and cpu["wall_us"] > 0
     for summary in result["latency_ms"].values():
         assert summary["n"] == 20
         assert 0 < summary["p50"] <= summary["max"] and not math.isnan(summary["p99"])

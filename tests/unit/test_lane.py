@@ -53,9 +53,7 @@ async def test_a_call_returns_what_the_shard_answered() -> None:
     await server.close()
 
 
-async def test_batches_are_applied_in_the_order_sent_and_a_waiting_pull_does_not_block_them() -> (
-    None
-):
+async def test_batches_are_applied_in_the_order_sent_and_a_waiting_pull_does_not_block_them() -> None:
     shard = Shard()
     server, host, port = await _serve(shard)
     client = await LaneClient.open(host, port, server.secret)
