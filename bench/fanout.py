@@ -371,7 +371,7 @@ def _setup_summary(setup: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _ray_calls(env: lg.BenchEnv) -> dict[str, float]:
-    """Ray calls the shards have answered so far: `apply` batches and `pull`s (their metrics)."""
+    """Calls the shards have answered so far (direct lane or Ray): `apply` batches and `pull`s (their metrics)."""
     calls = {"apply": 0.0, "pull": 0.0}
     with contextlib.suppress(Exception):  # figures for the report, never a reason to fail the run
         for st in env.shard_stats():
@@ -650,7 +650,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
     )
     lg.print_table(
         ["window", "deliveries/s", "delivered", "p50 ms", "p90 ms", "p99 ms", "max ms",
-         "edge µs/deliv.", "shard µs/deliv.", "total µs/deliv.", "Ray calls/1,000 deliv."],
+         "edge µs/deliv.", "shard µs/deliv.", "total µs/deliv.", "shard calls/1,000 deliv."],
         [_row(w, args.subscriptions) for w in windows],
     )  # fmt: skip
     print("\nCPU during each window (cores), and at rest before the first:")
@@ -787,7 +787,7 @@ def _record_bare(
             "ours µs/delivery edge + shard = total",
             "bare µs/delivery",
             "ours/bare",
-            "Ray calls/1,000 deliveries",
+            "shard calls/1,000 deliveries",
             f"target p99 < {TARGET_FAST_P99_MS:g} ms",
             f"target ≤ {TARGET_CPU_RATIO:g}x bare",
             "runtime",

@@ -248,7 +248,7 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
         "shards",
         "frames/s",
         "vs 1 shard",
-        "Ray calls / 1,000 frames",
+        "shard calls / 1,000 frames",
         "edge CPU µs/frame",
         "resize under load",
     )
@@ -287,7 +287,7 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
                 "commit",
                 "generators (CPU), in flight",
                 *[f"{p['shards']} shards" for p in phases],
-                "Ray calls / 1,000 frames",
+                "shard calls / 1,000 frames",
                 "edge CPU µs/frame",
                 "resize times",
             ],

@@ -45,7 +45,7 @@ def test_bench_scale_quick(tmp_path: Path, migrated_pg_url: str, redis_url: str)
     assert [p["shards"] for p in result["phases"]] == [1, 2]
     assert all(isinstance(p["ops_per_s"], float) and p["ops_per_s"] > 0 for p in result["phases"])
     assert result["phases"][1]["resize_s"] > 0
-    # The sharding overhead, per pool size: Ray calls per 1,000 frames and the router's CPU per frame.
+    # The sharding overhead, per pool size: shard calls per 1,000 frames and the router's CPU per frame.
     for p in result["phases"]:
         assert 0 < p["calls_per_1000"] <= 1000 and p["router_cpu_us_per_frame"] > 0, p
     if importlib.util.find_spec("matplotlib") is not None:  # the `dev` extra, not `test`
