@@ -17,7 +17,9 @@ ids). Per node, CPU is spent on:
 - each status change, routed by the edge and applied by its shard;
 - each delivery, the shard choosing its sockets and the edge writing it;
 - connects (identify + subscribe);
-- Ray calls: a call costs `call_us` of CPU over both ends, whatever it carries. An edge's line to
+- calls between edges and shards: a call costs `call_us` of CPU over both ends, whatever it
+  carries (`--road direct`, the default: the shards' direct lanes, actors/lane.py; `--road ray`:
+  a Ray actor call each, the road before c3413d8). An edge's line to
   a shard sends a call per operation while the line is quiet and batches once operations arrive
   faster than a round trip (`rtt_ms`); the same for a shard's mail to an edge. With N nodes there
   are 2N shards per edge and 2N x N lines in the mesh, so the calls per change grow with N until
@@ -37,6 +39,10 @@ from dataclasses import dataclass, replace
 # 3.8 ms, so the figures below are the optimistic end); the per-operation costs are the measured
 # ones less their share of the calls that carried them.
 CALL_US = 1_500.0
+# A call on a shard's direct lane: bench rtt b5130a4 measured both roads side by side (whole
+# machine, back to back): 227 µs against 2,433 µs for a Ray call on that (slow) hour, 0.093x;
+# scaled to the Ray call's 1.5 ms above.
+LANE_CALL_US = CALL_US * 227 / 2_433
 HEARTBEAT_US = 24.0  # bench edge 1d16161: ~42,000 heartbeats/s per core, ours 1.08x the bare server
 # bench scale b81985d, 1 shard: router 12.4 µs/frame, shard (2 - 0.98 cores) / 74,798 frames/s =
 # 13.6, with 2.1 calls per 1,000 frames.
@@ -59,10 +65,16 @@ class Workload:
     shards_per_node: int = 2
     usable_cores: float = 1.4  # of 2: 70 % busy at the planned load
     memory_gib: float = 20.0  # of 23.5
-    # A busy line's round trip, fitted to bench fanout at 800 changes/s (4 lines, 248 calls/s:
-    # one per 16 ms each). A quiet line sends one call per operation whatever this is.
-    rtt_ms: float = 16.0
-    call_us: float = CALL_US
+    # A busy line's round trip, fitted to bench fanout at 800 changes/s: 4 lines (one edge, two
+    # shards, both directions), 768 calls/s on the direct lanes (67328d7), one per 5.2 ms each. A
+    # quiet line sends one call per operation whatever this is.
+    rtt_ms: float = 5.2
+    call_us: float = LANE_CALL_US
+
+
+# The road before the direct lanes: Ray calls, and their busy round trip fitted to bench fanout
+# de3d3fb (4 lines, 248 calls/s: one per 16 ms each).
+RAY_ROAD = {"rtt_ms": 16.0, "call_us": CALL_US}
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,7 @@ def node_load(w: Workload, nodes: int, accounts: float) -> NodeLoad:
         "changes": changes * APPLY_US / 1e6,
         "deliveries": deliveries * DELIVERY_US / 1e6,
         "connects": connects * (CONNECT_US + w.watchers * DELIVERY_US / 2) / 1e6,
-        "ray calls": (apply_calls + mail_calls) * w.call_us / 1e6,
+        "calls": (apply_calls + mail_calls) * w.call_us / 1e6,
     }
     return NodeLoad(accounts, changes, deliveries, apply_calls + mail_calls, cores)
 
@@ -121,7 +133,7 @@ def capacity(w: Workload, nodes: int) -> tuple[NodeLoad, str]:
 def table(w: Workload, sizes: list[int]) -> str:
     head = (
         "| nodes | accounts per node | cluster accounts | changes/s per node | deliveries/s per node"
-        " | Ray calls/s per node | CPU share of Ray calls | runs out first |"
+        " | calls/s per node | CPU share of the calls | runs out first |"
     )
     rows = [head, "| " + " | ".join(["---"] * 8) + " |"]
     for n in sizes:
@@ -130,7 +142,7 @@ def table(w: Workload, sizes: list[int]) -> str:
         rows.append(
             f"| {n} | {load.accounts:,.0f} | {load.accounts * n:,.0f} | {load.changes_per_s:,.0f}"
             f" | {load.deliveries_per_s:,.0f} | {load.calls_per_s:,.0f}"
-            f" | {load.cores['ray calls'] / total:.0%} | {limit} |"
+            f" | {load.cores['calls'] / total:.0%} | {limit} |"
         )
     return "\n".join(rows)
 
@@ -141,13 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--watchers", type=int, default=Workload.watchers)
     p.add_argument("--heartbeat-s", type=float, default=Workload.heartbeat_s)
     p.add_argument("--nodes", default="1,2,4,8,16,32,64")
+    p.add_argument("--road", choices=("direct", "ray"), default="direct", help="edge ↔ shard calls")
     p.add_argument("--check", action="store_true", help="the model at the fanout benchmark's measured load")
     args = p.parse_args(argv)
     w = Workload(heartbeat_s=args.heartbeat_s, changes_per_h=args.changes_per_h, watchers=args.watchers)
+    if args.road == "ray":
+        w = replace(w, **RAY_ROAD)
     if args.check:
         # bench fanout: 10,000 accounts x 50 watchers on one node, 800 changes/s (no heartbeats
-        # or churn in its window): measured 1.16 cores for the edge and shards (de3d3fb). The
-        # round trip was fitted there, so this checks the arithmetic, not the prediction.
+        # or churn in its window): measured 1.16 cores for the edge and shards by the Ray road
+        # (de3d3fb), 0.80 by the direct lanes (67328d7). The round trips were fitted there, so
+        # this checks the arithmetic, not the prediction.
         fan = replace(w, changes_per_h=800 / 10_000 * 3600, heartbeat_s=1e12, churn_per_min=0.0)
         load = node_load(fan, 1, 10_000)
         print(f"model at bench fanout's load: {sum(load.cores.values()):.2f} cores ({load.cores})")
