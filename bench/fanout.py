@@ -371,7 +371,7 @@ def _setup_summary(setup: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _ray_calls(env: lg.BenchEnv) -> dict[str, float]:
-    """Calls the shards have answered so far (direct lane or Ray): `apply` batches and `pull`s (their metrics)."""
+    """Calls the shards have answered so far (lane or Ray): `apply` batches and `pull`s (their metrics)."""
     calls = {"apply": 0.0, "pull": 0.0}
     with contextlib.suppress(Exception):  # figures for the report, never a reason to fail the run
         for st in env.shard_stats():
