@@ -9,23 +9,31 @@ those two calls as length-prefixed pickled frames over a connection the edge ope
 else (resizes, stats, drains); the lane's address and its secret come through a Ray call, so
 only a process the Ray cluster admits can learn them.
 
-Wire (both ways): a 4-byte big-endian length, then that many bytes of pickle. The first frame
-from the edge is the shard's secret (raw bytes, not pickled: nothing is unpickled before it
-matched). Then requests `(id, method, args)` and replies `(id, ok, result)`, where a failed call's
-result is `(exception type name, message)`. Replies may come in any order (a pull waits); the
-shard starts the requests in the order they arrived, so one edge's batches are applied in order,
-as with Ray's calls to an async actor.
+Wire: first a handshake of fixed-size fields in which each end proves it knows the shard's secret
+without sending it (the edge's 16-byte nonce; the shard's nonce and HMAC-SHA256(secret, "shard" +
+both nonces); the edge's HMAC(secret, "edge" + both nonces)), so nothing is unpickled by either end
+before the other proved itself: not by the shard from a stranger, not by the edge from whatever
+listens on a port the shard gave up. Then, both ways, a 4-byte big-endian length and that many
+bytes of pickle: requests `(id, method, args)` and replies `(id, ok, result)`, where a failed
+call's result is `(exception type name, message)`. Replies may come in any order (a pull waits);
+the shard starts the requests in the order they arrived, so one edge's batches are applied in
+order, as with Ray's calls to an async actor.
 
 Failure semantics match a Ray call to an actor that died: when the connection goes (the shard's
 process died, or its node), every call on it fails with `LaneBroken`, and the next call asks Ray
-for the address again (a restarted shard listens on a new port with a new secret). TCP keepalive
-notices a node that vanished without closing anything within ~30 s, like Ray's own health checks.
+for the address again (a restarted shard listens on a new port with a new secret). A node that
+vanished without closing anything is noticed within ~30 s (TCP keepalive while idle, a user
+timeout on unacknowledged data while busy), like Ray's own health checks. As with a Ray call that
+fails with ActorUnavailableError, a batch on a connection that broke while its shard lived may or
+may not have been applied; the shard cancels that connection's waiting pulls, so their mail stays
+for the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import itertools
 import logging
@@ -39,12 +47,21 @@ from typing import Any
 log = logging.getLogger("presence.lane")
 
 _LENGTH = struct.Struct("!I")
-# A batch of 500 operations or a chunk of mail is tens of KiB; anything near this is a bug or an
-# attack, and the connection is dropped rather than the memory taken.
-MAX_FRAME_BYTES = 64 * 1024 * 1024
+# After the handshake: a batch of 500 operations is tens of KiB, a chunk of 5,000 mail items a few
+# MiB; a frame announcing more is a bug, and the connection is dropped rather than the memory taken.
+MAX_FRAME_BYTES = 512 * 1024 * 1024
 SECRET_BYTES = 32
-# Keepalive: first probe after 10 s idle, then every 5 s, 4 unanswered → the connection is dead.
+NONCE_BYTES = 16
+_PROOF_BYTES = hashlib.sha256().digest_size
+# A handshake not finished in this long is dropped; at most this many at once per shard.
+HANDSHAKE_S = 2.0
+MAX_HANDSHAKES = 64
+# Keepalive: first probe after 10 s idle, then every 5 s, 4 unanswered → the connection is dead;
+# data left unacknowledged for 30 s (a busy connection to a vanished node) → dead too.
 _KEEPALIVE = (10, 5, 4)
+_USER_TIMEOUT_MS = 30_000
+# Exceptions whose type the edge's retry rules know (a Ray call re-raised them as their own type).
+_KNOWN_REMOTE: dict[str, type[Exception]] = {"ValueError": ValueError, "TimeoutError": TimeoutError}
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -56,6 +73,10 @@ class LaneBroken(ConnectionError):
 
 class LaneRemoteError(RuntimeError):
     """The shard raised while carrying out the call (the message names the exception's type)."""
+
+
+def _proof(secret: bytes, role: bytes, edge_nonce: bytes, shard_nonce: bytes) -> bytes:
+    return hmac.new(secret, role + edge_nonce + shard_nonce, hashlib.sha256).digest()
 
 
 def encode(payload: bytes) -> bytes:
@@ -75,6 +96,8 @@ def _keepalive(writer: asyncio.StreamWriter) -> None:
         return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _USER_TIMEOUT_MS)
     idle, interval, count = _KEEPALIVE
     for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
         if hasattr(socket, name):
@@ -91,6 +114,8 @@ class LaneServer:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[asyncio.StreamWriter] = set()
+        self._handshakes = 0
+        self.refused = 0  # connections that failed the handshake or found too many at once
 
     async def start(self, host: str) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._serve, host, 0)
@@ -108,10 +133,9 @@ class LaneServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _keepalive(writer)
         self._connections.add(writer)
+        pulls: set[asyncio.Task[None]] = set()
         try:
-            offered = await asyncio.wait_for(read_frame(reader), 10.0)
-            if not hmac.compare_digest(offered, self.secret):
-                log.warning("lane: a connection offered a wrong secret; closed")
+            if not await self._handshake(reader, writer):
                 return
             while True:
                 request_id, method, args = pickle.loads(await read_frame(reader))
@@ -119,11 +143,39 @@ class LaneServer:
                 task = asyncio.get_running_loop().create_task(self._answer(writer, request_id, method, args))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                if method == "pull":
+                    pulls.add(task)
+                    task.add_done_callback(pulls.discard)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ValueError, pickle.PickleError):
             pass
+        except Exception:
+            log.exception("lane: a request could not be read; connection closed")
         finally:
+            # A pull still waiting would hand its mail to nobody: cancelled, the mail stays.
+            for pull in pulls:
+                pull.cancel()
             self._connections.discard(writer)
             writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """The edge proves it knows the secret, after the shard proved it (module docstring)."""
+        if self._handshakes >= MAX_HANDSHAKES:
+            self.refused += 1
+            return False
+        self._handshakes += 1
+        try:
+            edge_nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), HANDSHAKE_S)
+            shard_nonce = secrets.token_bytes(NONCE_BYTES)
+            writer.write(shard_nonce + _proof(self.secret, b"shard", edge_nonce, shard_nonce))
+            offered = await asyncio.wait_for(reader.readexactly(_PROOF_BYTES), HANDSHAKE_S)
+        finally:
+            self._handshakes -= 1
+        if hmac.compare_digest(offered, _proof(self.secret, b"edge", edge_nonce, shard_nonce)):
+            return True
+        self.refused += 1
+        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:  # never a flood of lines
+            log.warning("lane: %d connection(s) refused so far (no proof of the secret)", self.refused)
+        return False
 
     async def _answer(
         self, writer: asyncio.StreamWriter, request_id: int, method: str, args: tuple[Any, ...]
@@ -140,7 +192,12 @@ class LaneServer:
             reply = (request_id, False, (type(e).__name__, str(e)))
         if writer.is_closing():
             return
-        writer.write(encode(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)))
+        try:
+            frame = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            log.exception("lane: the answer to %s could not be pickled", method)
+            frame = pickle.dumps((request_id, False, (type(e).__name__, str(e))))
+        writer.write(encode(frame))
         with contextlib.suppress(ConnectionError):
             await writer.drain()
 
@@ -163,7 +220,20 @@ class LaneClient:
         except (OSError, TimeoutError) as e:
             raise LaneBroken(f"lane to {host}:{port}: {type(e).__name__}") from e
         _keepalive(writer)
-        writer.write(encode(secret))
+        try:
+            edge_nonce = secrets.token_bytes(NONCE_BYTES)
+            writer.write(edge_nonce)
+            answer = await asyncio.wait_for(reader.readexactly(NONCE_BYTES + _PROOF_BYTES), timeout_s)
+            shard_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
+            if not hmac.compare_digest(proof, _proof(secret, b"shard", edge_nonce, shard_nonce)):
+                raise LaneBroken(f"lane to {host}:{port}: the listener does not know the shard's secret")
+            writer.write(_proof(secret, b"edge", edge_nonce, shard_nonce))
+        except LaneBroken:  # before OSError: it is one
+            writer.close()
+            raise
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            writer.close()
+            raise LaneBroken(f"lane to {host}:{port}: handshake {type(e).__name__}") from e
         return cls(reader, writer)
 
     @property
@@ -184,7 +254,7 @@ class LaneClient:
             self._waiting.pop(request_id, None)
         if not ok:
             kind, message = result
-            raise LaneRemoteError(f"{kind}: {message}")
+            raise _KNOWN_REMOTE.get(kind, LaneRemoteError)(f"{kind}: {message}")
         return result
 
     def close(self) -> None:
@@ -206,10 +276,11 @@ class LaneClient:
                 reply = self._waiting.get(request_id)
                 if reply is not None and not reply.done():
                     reply.set_result((ok, result))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError, pickle.PickleError) as e:
-            self._fail(e if str(e) else LaneBroken(type(e).__name__))
         except asyncio.CancelledError:
             self._fail(LaneBroken("cancelled"))
             raise
+        except Exception as e:  # gone, or a reply this process cannot read: either way, broken
+            self._fail(LaneBroken(f"{type(e).__name__}: {e}"))
         finally:
+            self._fail(LaneBroken("closed"))
             self._writer.close()

@@ -116,8 +116,10 @@ class _PresenceActor:
         self.impl.node_id = ray.get_runtime_context().get_node_id()
         await self.impl.start()
         host = self.impl.config.lane_host
-        host = ray.util.get_node_ip_address() if host == "node" else host
-        self._lane_address = await self._lane.start(host)
+        node_ip = ray.util.get_node_ip_address()
+        _, port = await self._lane.start(node_ip if host == "node" else host)
+        # Listening on every interface: the edges are told the node's address, not the wildcard.
+        self._lane_address = (node_ip if host in ("node", "0.0.0.0", "::", "") else host, port)
 
     async def lane_address(self) -> tuple[str, int, bytes]:
         """Where the direct lane listens and its secret (only Ray's admitted callers learn it)."""
@@ -368,6 +370,7 @@ class ShardClient(_Client):
         self.direct = direct
         self._lane: LaneClient | None = None
         self._opening: asyncio.Lock | None = None
+        self._lane_closed = False
 
     async def _hot(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         if not self.direct:
@@ -387,7 +390,11 @@ class ShardClient(_Client):
         async with self._opening:  # the batches and the pull racing to open it open one lane
             if self._lane is None or self._lane.broken:
                 host, port, secret = await self._call("lane_address", timeout_s=30.0)
-                self._lane = await LaneClient.open(host, port, secret)
+                lane = await LaneClient.open(host, port, secret)
+                if self._lane_closed:  # the edge stopped meanwhile: open nothing that outlives it
+                    lane.close()
+                    raise LaneBroken("the edge's lanes are closed")
+                self._lane = lane
             return self._lane
 
     async def lane_endpoint(self) -> tuple[str, int]:
@@ -396,6 +403,7 @@ class ShardClient(_Client):
         return host, port
 
     def close_lane(self) -> None:
+        self._lane_closed = True
         if self._lane is not None:
             self._lane.close()
             self._lane = None

@@ -109,7 +109,7 @@ async def test_a_shard_that_goes_away_fails_every_call_in_flight_and_every_later
         await client.call("apply_and_collect", "e", ["x"], None, 0)
 
 
-async def test_nothing_is_unpickled_from_a_connection_without_the_secret(
+async def test_nothing_is_unpickled_from_a_connection_that_cannot_prove_the_secret(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     shard = Shard()
@@ -123,10 +123,73 @@ async def test_nothing_is_unpickled_from_a_connection_without_the_secret(
 
     monkeypatch.setattr(lane.pickle, "loads", counting_loads)
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(lane.encode(b"x" * lane.SECRET_BYTES))
+    writer.write(b"n" * lane.NONCE_BYTES)
+    await reader.readexactly(lane.NONCE_BYTES + 32)  # the shard's nonce and proof
+    writer.write(b"x" * 32)  # not the proof
     writer.write(lane.encode(pickle.dumps((1, "apply_and_collect", ("e", ["evil"], None, 0)))))
     assert await asyncio.wait_for(reader.read(), 5.0) == b""  # closed, nothing answered
     assert calls == [] and shard.applied == []
+    assert server.refused == 1
+    writer.close()
+    await server.close()
+
+
+async def test_the_secret_never_crosses_the_wire() -> None:
+    server, host, port = await _serve(Shard())
+    seen = bytearray()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                seen.extend(data)
+                dst.write(data)
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+    spy = await asyncio.start_server(relay, "127.0.0.1", 0)
+    client = await LaneClient.open("127.0.0.1", spy.sockets[0].getsockname()[1], server.secret)
+    assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
+    assert server.secret not in bytes(seen)
+    client.close()
+    spy.close()
+    await server.close()
+
+
+async def test_an_edge_sends_nothing_to_a_listener_that_does_not_know_the_secret() -> None:
+    received = bytearray()
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.extend(await reader.readexactly(lane.NONCE_BYTES))
+        writer.write(b"s" * (lane.NONCE_BYTES + 32))
+        received.extend(await reader.read())
+
+    squatter = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    with pytest.raises(LaneBroken, match="does not know the shard's secret"):
+        await LaneClient.open("127.0.0.1", squatter.sockets[0].getsockname()[1], b"k" * 32)
+    await asyncio.sleep(0.05)
+    assert len(received) == lane.NONCE_BYTES  # its nonce, then nothing: no proof, no call
+    squatter.close()
+
+
+async def test_a_silent_connection_is_dropped_and_handshakes_at_once_are_capped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lane, "HANDSHAKE_S", 0.3)
+    monkeypatch.setattr(lane, "MAX_HANDSHAKES", 3)
+    server, host, port = await _serve(Shard())
+    silent = [await asyncio.open_connection(host, port) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    reader, writer = await asyncio.open_connection(host, port)  # the fourth at once: refused
+    assert await asyncio.wait_for(reader.read(), 5.0) == b""
+    for r, w in silent:  # each dropped once its handshake time ran out
+        assert await asyncio.wait_for(r.read(), 5.0) == b""
+        w.close()
+    client = await LaneClient.open(host, port, server.secret)  # room again
+    assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
+    client.close()
     writer.close()
     await server.close()
 
@@ -134,11 +197,56 @@ async def test_nothing_is_unpickled_from_a_connection_without_the_secret(
 async def test_a_frame_longer_than_the_limit_closes_the_connection_before_reading_it() -> None:
     shard = Shard()
     server, host, port = await _serve(shard)
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(lane.encode(server.secret))
-    writer.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
-    assert await asyncio.wait_for(reader.read(), 5.0) == b""
-    writer.close()
+    client = await LaneClient.open(host, port, server.secret)
+    client._writer.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
+    with pytest.raises(LaneBroken):
+        await asyncio.wait_for(client.call("pull", "e", None, 0, 5.0, False), 5.0)
+    await server.close()
+
+
+async def test_errors_the_edge_retries_keep_their_type_and_an_answer_that_cannot_be_sent_fails_its_call() -> (
+    None
+):
+    class Local:  # defined in a function: pickle cannot name it
+        pass
+
+    async def value_error() -> None:
+        raise ValueError("not registered yet")
+
+    async def unpicklable() -> Any:
+        return Local()
+
+    server = LaneServer({"value_error": value_error, "unpicklable": unpicklable})
+    host, port = await server.start("127.0.0.1")
+    client = await LaneClient.open(host, port, server.secret)
+    with pytest.raises(ValueError, match="not registered yet"):
+        await client.call("value_error")
+    with pytest.raises(LaneRemoteError):
+        await asyncio.wait_for(client.call("unpicklable"), 5.0)
+    assert not client.broken
+    client.close()
+    await server.close()
+
+
+async def test_a_connection_that_goes_cancels_its_waiting_pulls_so_their_mail_stays() -> None:
+    cancelled = asyncio.Event()
+
+    async def pull(*_args: Any) -> Any:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    server = LaneServer({"pull": pull})
+    host, port = await server.start("127.0.0.1")
+    client = await LaneClient.open(host, port, server.secret)
+    waiting = asyncio.ensure_future(client.call("pull"))
+    await asyncio.sleep(0.05)
+    client.close()
+    await asyncio.wait_for(cancelled.wait(), 5.0)
+    with pytest.raises(LaneBroken):
+        await waiting
     await server.close()
 
 
