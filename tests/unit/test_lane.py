@@ -5,14 +5,16 @@ big, a handler that raises, a pull that times out)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import struct
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from actors import lane
-from actors.lane import LaneBroken, LaneClient, LaneRemoteError, LaneServer
+from actors.lane import Handler, LaneBroken, LaneClient, LaneRemoteError, LaneServer
 
 
 class Shard:
@@ -35,78 +37,79 @@ class Shard:
         raise KeyError("secret-free message")
 
 
+def _handlers(shard: Shard) -> dict[str, Handler]:
+    return {"apply_and_collect": shard.apply_and_collect, "pull": shard.pull, "fail": shard.fail}
+
+
 async def _serve(shard: Shard) -> tuple[LaneServer, str, int]:
-    server = LaneServer(
-        {"apply_and_collect": shard.apply_and_collect, "pull": shard.pull, "fail": shard.fail}
-    )
+    server = LaneServer(_handlers(shard))
     host, port = await server.start("127.0.0.1")
     return server, host, port
 
 
+@contextlib.asynccontextmanager
+async def _lane(handlers: dict[str, Handler]) -> AsyncIterator[tuple[LaneServer, LaneClient]]:
+    """A shard's lane serving `handlers` on loopback and an edge connected to it; both closed after."""
+    server = LaneServer(handlers)
+    host, port = await server.start("127.0.0.1")
+    client = await LaneClient.open(host, port, server.secret)
+    try:
+        yield server, client
+    finally:
+        client.close()
+        await server.close()
+
+
 async def test_a_call_returns_what_the_shard_answered() -> None:
     shard = Shard()
-    server, host, port = await _serve(shard)
-    client = await LaneClient.open(host, port, server.secret)
-    incarnation, results, chunk = await client.call("apply_and_collect", "edge-1", ["a", "b"], None, 0)
-    assert (incarnation, results, chunk) == ("inc-1", ["ok:a", "ok:b"], (0, 0, []))
-    client.close()
-    await server.close()
+    async with _lane(_handlers(shard)) as (_, client):
+        incarnation, results, chunk = await client.call("apply_and_collect", "edge-1", ["a", "b"], None, 0)
+        assert (incarnation, results, chunk) == ("inc-1", ["ok:a", "ok:b"], (0, 0, []))
 
 
 async def test_batches_are_applied_in_the_order_sent_and_a_waiting_pull_does_not_block_them() -> None:
     shard = Shard()
-    server, host, port = await _serve(shard)
-    client = await LaneClient.open(host, port, server.secret)
-    pull = asyncio.ensure_future(client.call("pull", "edge-1", None, 0, 5.0, False))
-    batches = [client.call("apply_and_collect", "edge-1", [i], None, 0) for i in range(50)]
-    answers = await asyncio.gather(*batches)
-    assert shard.applied == [[i] for i in range(50)]
-    assert [a[1] for a in answers] == [[f"ok:{i}"] for i in range(50)]
-    assert not pull.done()  # replies come back out of order: the pull still waits
-    shard.release.set()
-    assert await pull == ("inc-1", (0, 1, [(("s1",), "frame")]))
-    client.close()
-    await server.close()
+    async with _lane(_handlers(shard)) as (_, client):
+        pull = asyncio.ensure_future(client.call("pull", "edge-1", None, 0, 5.0, False))
+        batches = [client.call("apply_and_collect", "edge-1", [i], None, 0) for i in range(50)]
+        answers = await asyncio.gather(*batches)
+        assert shard.applied == [[i] for i in range(50)]
+        assert [a[1] for a in answers] == [[f"ok:{i}"] for i in range(50)]
+        assert not pull.done()  # replies come back out of order: the pull still waits
+        shard.release.set()
+        assert await pull == ("inc-1", (0, 1, [(("s1",), "frame")]))
 
 
 async def test_a_timeout_fails_that_call_only_and_the_lane_stays_open() -> None:
     shard = Shard()
-    server, host, port = await _serve(shard)
-    client = await LaneClient.open(host, port, server.secret)
-    with pytest.raises(TimeoutError):
-        await client.call("pull", "edge-1", None, 0, 5.0, False, timeout_s=0.05)
-    assert not client.broken
-    assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
-    client.close()
-    await server.close()
+    async with _lane(_handlers(shard)) as (_, client):
+        with pytest.raises(TimeoutError):
+            await client.call("pull", "edge-1", None, 0, 5.0, False, timeout_s=0.05)
+        assert not client.broken
+        assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
 
 
 async def test_an_exception_in_the_shard_reaches_the_caller_by_type_and_keeps_the_lane() -> None:
     shard = Shard()
-    server, host, port = await _serve(shard)
-    client = await LaneClient.open(host, port, server.secret)
-    with pytest.raises(LaneRemoteError, match="KeyError"):
-        await client.call("fail")
-    with pytest.raises(LaneRemoteError, match="LookupError: no lane method 'drop_tables'"):
-        await client.call("drop_tables")
-    assert not client.broken
-    client.close()
-    await server.close()
+    async with _lane(_handlers(shard)) as (_, client):
+        with pytest.raises(LaneRemoteError, match="KeyError"):
+            await client.call("fail")
+        with pytest.raises(LaneRemoteError, match="LookupError: no lane method 'drop_tables'"):
+            await client.call("drop_tables")
+        assert not client.broken
 
 
 async def test_a_shard_that_goes_away_fails_every_call_in_flight_and_every_later_one() -> None:
-    shard = Shard()
-    server, host, port = await _serve(shard)
-    client = await LaneClient.open(host, port, server.secret)
-    pulls = [asyncio.ensure_future(client.call("pull", "e", None, 0, 30.0, False)) for _ in range(3)]
-    await asyncio.sleep(0)
-    await server.close()  # the shard's process died: its connections close with it
-    for pull in pulls:
+    async with _lane(_handlers(Shard())) as (server, client):
+        pulls = [asyncio.ensure_future(client.call("pull", "e", None, 0, 30.0, False)) for _ in range(3)]
+        await asyncio.sleep(0)
+        await server.close()  # the shard's process died: its connections close with it
+        for pull in pulls:
+            with pytest.raises(LaneBroken):
+                await asyncio.wait_for(pull, 5.0)
+        assert client.broken
         with pytest.raises(LaneBroken):
-            await asyncio.wait_for(pull, 5.0)
-    assert client.broken
-    with pytest.raises(LaneBroken):
-        await client.call("apply_and_collect", "e", ["x"], None, 0)
+            await client.call("apply_and_collect", "e", ["x"], None, 0)
 
 
 async def test_nothing_is_unpickled_from_a_connection_that_cannot_prove_the_secret(
@@ -121,7 +124,7 @@ async def test_nothing_is_unpickled_from_a_connection_that_cannot_prove_the_secr
         calls.append(data)
         return loads(data, **kwargs)
 
-    monkeypatch.setattr(lane.pickle, "loads", counting_loads)
+    monkeypatch.setattr(pickle, "loads", counting_loads)  # the module the lane unpickles with
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"n" * lane.NONCE_BYTES)
     await reader.readexactly(lane.NONCE_BYTES + 32)  # the shard's nonce and proof
@@ -195,13 +198,10 @@ async def test_a_silent_connection_is_dropped_and_handshakes_at_once_are_capped(
 
 
 async def test_a_frame_longer_than_the_limit_closes_the_connection_before_reading_it() -> None:
-    shard = Shard()
-    server, host, port = await _serve(shard)
-    client = await LaneClient.open(host, port, server.secret)
-    client._writer.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
-    with pytest.raises(LaneBroken):
-        await asyncio.wait_for(client.call("pull", "e", None, 0, 5.0, False), 5.0)
-    await server.close()
+    async with _lane(_handlers(Shard())) as (_, client):
+        client._writer.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
+        with pytest.raises(LaneBroken):
+            await asyncio.wait_for(client.call("pull", "e", None, 0, 5.0, False), 5.0)
 
 
 async def test_errors_the_edge_retries_keep_their_type_and_an_answer_that_cannot_be_sent_fails_its_call() -> (
@@ -216,16 +216,12 @@ async def test_errors_the_edge_retries_keep_their_type_and_an_answer_that_cannot
     async def unpicklable() -> Any:
         return Local()
 
-    server = LaneServer({"value_error": value_error, "unpicklable": unpicklable})
-    host, port = await server.start("127.0.0.1")
-    client = await LaneClient.open(host, port, server.secret)
-    with pytest.raises(ValueError, match="not registered yet"):
-        await client.call("value_error")
-    with pytest.raises(LaneRemoteError):
-        await asyncio.wait_for(client.call("unpicklable"), 5.0)
-    assert not client.broken
-    client.close()
-    await server.close()
+    async with _lane({"value_error": value_error, "unpicklable": unpicklable}) as (_, client):
+        with pytest.raises(ValueError, match="not registered yet"):
+            await client.call("value_error")
+        with pytest.raises(LaneRemoteError):
+            await asyncio.wait_for(client.call("unpicklable"), 5.0)
+        assert not client.broken
 
 
 async def test_a_connection_that_goes_cancels_its_waiting_pulls_so_their_mail_stays() -> None:
@@ -238,16 +234,13 @@ async def test_a_connection_that_goes_cancels_its_waiting_pulls_so_their_mail_st
             cancelled.set()
             raise
 
-    server = LaneServer({"pull": pull})
-    host, port = await server.start("127.0.0.1")
-    client = await LaneClient.open(host, port, server.secret)
-    waiting = asyncio.ensure_future(client.call("pull"))
-    await asyncio.sleep(0.05)
-    client.close()
-    await asyncio.wait_for(cancelled.wait(), 5.0)
-    with pytest.raises(LaneBroken):
-        await waiting
-    await server.close()
+    async with _lane({"pull": pull}) as (_, client):
+        waiting = asyncio.ensure_future(client.call("pull"))
+        await asyncio.sleep(0.05)
+        client.close()
+        await asyncio.wait_for(cancelled.wait(), 5.0)
+        with pytest.raises(LaneBroken):
+            await waiting
 
 
 async def test_a_shard_that_does_not_listen_is_a_broken_lane() -> None:
