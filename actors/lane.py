@@ -276,11 +276,8 @@ class LaneClient:
                 reply = self._waiting.get(request_id)
                 if reply is not None and not reply.done():
                     reply.set_result((ok, result))
-        except asyncio.CancelledError:
-            self._fail(LaneBroken("cancelled"))
-            raise
         except Exception as e:  # gone, or a reply this process cannot read: either way, broken
             self._fail(LaneBroken(f"{type(e).__name__}: {e}"))
-        finally:
+        finally:  # cancelled, or after the above (`_fail` keeps the first reason)
             self._fail(LaneBroken("closed"))
             self._writer.close()
