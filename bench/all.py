@@ -186,17 +186,6 @@ def _targets_of(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
                 t["met"],
             )
         ]
-    if name == "scale":
-        best = max(report["phases"], key=lambda ph: ph["ops_per_s"])
-        return [
-            {
-                "name": f"frames/s absorbed (best: {best['shards']} shards)",
-                "figure": best["ops_per_s"],
-                "unit": "frames/s",
-                "target": "no target",
-                "met": None,
-            }
-        ]
     return []
 
 

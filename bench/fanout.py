@@ -74,6 +74,27 @@ class Queries:
     timeout_s: float = 5.0
     # A bare server answering the same queries (bench.query_server), asked beside ours.
     bare_target: tuple[str, int] | None = None
+    # The queriers in a generator process of their own: a querier timed in a process that also
+    # receives thousands of deliveries a second waits for that process's loop as well as for the
+    # servers (both designs alike), which no client of a real deployment does. Off by default:
+    # the recorded runs measured them with the load, and two runs each way showed no difference
+    # beyond the run-to-run noise (bench/profiles/README.md).
+    own_process: bool = False
+
+
+def generator_shares(generators: int, queries: Queries | None) -> list[dict[str, Any]]:
+    """What each generator process of `run_load` connects: the fan-out accounts spread over
+    `generators` processes, the queriers over the same ones, or all in one more process of their
+    own (`Queries.own_process`)."""
+    queriers = queries.queriers if queries is not None else 0
+    own = queries is not None and queries.own_process
+    shares: list[dict[str, Any]] = [
+        {"account_share": (i, generators), "my_queriers": [] if own else list(range(i, queriers, generators))}
+        for i in range(generators)
+    ]
+    if own:
+        shares.append({"account_share": (0, 0), "my_queriers": list(range(queriers))})
+    return shares
 
 
 def _rates(text: str) -> list[float]:
@@ -265,21 +286,26 @@ def run_load(
     bare = env.start_server("bare fanout server", ["-m", "bench.fanout_server", "--secret", env.secret]) if (
         getattr(args, "bare", False)
     ) else None  # fmt: skip
-    with lg.Workers(args.generators, {"secret": env.secret}) as workers:
+    shares = generator_shares(args.generators, queries)
+    with lg.Workers(len(shares), {"secret": env.secret}) as workers:
         total = args.accounts + (queries.queriers if queries else 0)
         stage.log(f"connecting {total:,} sockets and subscribing each account to {args.subscriptions}")
         setup = workers.call(
             "fanout_setup",
-            {
-                "targets": targets,
-                "prefix": prefix,
-                "accounts": args.accounts,
-                "subscriptions": args.subscriptions,
-                "concurrency": max(1, args.concurrency // args.generators),
-                "queriers": queries.queriers if queries else 0,
-                "query_prefix": q_prefix,
-                "bare_query_target": queries.bare_target if queries else None,
-            },
+            [
+                {
+                    "targets": targets,
+                    "prefix": prefix,
+                    "accounts": args.accounts,
+                    "subscriptions": args.subscriptions,
+                    "concurrency": max(1, args.concurrency // args.generators),
+                    "queriers": queries.queriers if queries else 0,
+                    "query_prefix": q_prefix,
+                    "bare_query_target": queries.bare_target if queries else None,
+                    **share,
+                }
+                for share in shares
+            ],
             on_progress=stage.progress("connect + subscribe", args.accounts),
         )
         out["setup"] = _setup_summary(setup)
@@ -295,13 +321,17 @@ def run_load(
             )
             bare_setup = workers.call(
                 "fanout_bare_setup",
-                {
-                    "target": ("127.0.0.1", bare.port),
-                    "prefix": prefix,
-                    "accounts": args.accounts,
-                    "subscriptions": args.subscriptions,
-                    "concurrency": max(1, args.concurrency // args.generators),
-                },
+                [
+                    {
+                        "target": ("127.0.0.1", bare.port),
+                        "prefix": prefix,
+                        "accounts": args.accounts,
+                        "subscriptions": args.subscriptions,
+                        "concurrency": max(1, args.concurrency // args.generators),
+                        "account_share": share["account_share"],
+                    }
+                    for share in shares
+                ],
                 on_progress=stage.progress("bare connect + subscribe", args.accounts),
             )
             out["bare_setup"] = _setup_summary(bare_setup)
@@ -422,21 +452,28 @@ def _window(
         for who, pid in watched:
             path = args.profile / f"{name}-{who}-pyspy.txt"
             spies.append((lg.start_profile(path, pid, args.seconds), path))
-    per_gen = rate / args.generators
+    # Each generator changes its accounts' statuses at its share of `rate` and asks its queriers'
+    # share of the queries (a generator of queriers only asks them all).
+    shares = generator_shares(args.generators, queries)
     ticker = _Ticker(stage, start_at, args.seconds)
     res = workers.call(
         "fanout_run",
-        {
-            "start_at": start_at,
-            "seconds": args.seconds,
-            "rate": per_gen,
-            "drain_s": args.drain_s,
-            "query_rate": (queries.rate / args.generators) if queries else 0.0,
-            "query_ids": queries.ids if queries else 0,
-            "accounts": args.accounts,
-            "query_timeout_s": queries.timeout_s if queries else 5.0,
-            "group": group,
-        },
+        [
+            {
+                "start_at": start_at,
+                "seconds": args.seconds,
+                "rate": rate / args.generators if share["account_share"][1] else 0.0,
+                "drain_s": args.drain_s,
+                "query_rate": queries.rate * len(share["my_queriers"]) / queries.queriers
+                if queries and queries.queriers
+                else 0.0,
+                "query_ids": queries.ids if queries else 0,
+                "accounts": args.accounts,
+                "query_timeout_s": queries.timeout_s if queries else 5.0,
+                "group": group,
+            }
+            for share in shares
+        ],
         timeout=args.seconds + args.drain_s + 120,
         on_progress=None,
         tick=ticker,

@@ -963,18 +963,23 @@ class Generator:
         query_prefix: str = "",
         timeout: float = 120.0,
         bare_query_target: tuple[str, int] | None = None,
+        account_share: tuple[int, int] | None = None,
+        my_queriers: list[int] | None = None,
     ) -> dict[str, Any]:
-        """Connect this generator's share of the accounts (i ≡ index mod generators) and of the
-        queriers, then subscribe every account to its `subscriptions` targets. With
-        `bare_query_target`, each querier also gets a socket to that server (bench.query_server),
-        group "queriers_bare", asking the same ids."""
+        """Connect this generator's share of the accounts and of the queriers, then subscribe every
+        account to its `subscriptions` targets. The share: accounts i ≡ k mod n for
+        `account_share` (k, n) (none when n is 0; default: this generator's index and count), the
+        queriers `my_queriers` (default: j ≡ index mod count). With `bare_query_target`, each
+        querier also gets a socket to that server (bench.query_server), group "queriers_bare",
+        asking the same ids."""
         self.prefix = prefix
         self.query_prefix = query_prefix
         # Idle clients heartbeat (every 30 s, the contract's interval): a long set-up must not let
         # the edge close the first sockets as silent.
         await self.heartbeats("fanout", 30.0)
         await self.heartbeats("queriers", 30.0)
-        mine = list(range(self.index, accounts, self.count))
+        k, n = account_share if account_share is not None else (self.index, self.count)
+        mine = list(range(k, accounts, n)) if n else []  # (k, 0): a generator of queriers only
         # Account i goes to edge i % edges, so its watchers sit on every edge.
         per_edge: dict[int, list[int]] = {}
         for i in mine:
@@ -991,7 +996,7 @@ class Generator:
             result["failed"] += r["failed"]
             for k, v in r["errors"].items():
                 result["errors"][k] = result["errors"].get(k, 0) + v
-        mine_q = list(range(self.index, queriers, self.count))
+        mine_q = list(range(self.index, queriers, self.count)) if my_queriers is None else my_queriers
         if mine_q:
             r = await self.connect(
                 "queriers", [targets[j % len(targets)] for j in range(len(targets))], len(mine_q),
@@ -1056,11 +1061,13 @@ class Generator:
         subscriptions: int,
         concurrency: int,
         timeout: float = 120.0,
+        account_share: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
-        """The same accounts as `fanout_setup`, each with a second socket, to the bare server
-        (bench.fanout_server), group "fanout_bare", subscribed to the same targets: the same
-        fan-out graph on the same clients."""
-        mine = list(range(self.index, accounts, self.count))
+        """The same accounts as `fanout_setup` (the same `account_share`), each with a second
+        socket, to the bare server (bench.fanout_server), group "fanout_bare", subscribed to the
+        same targets: the same fan-out graph on the same clients."""
+        k, n = account_share if account_share is not None else (self.index, self.count)
+        mine = list(range(k, accounts, n)) if n else []
         r = await self.connect(
             "fanout_bare", [target], len(mine), self.index * 100_000 + 60_000,
             [f"{prefix}{i}" for i in mine], path="/", concurrency=concurrency, timeout=timeout,
@@ -1192,7 +1199,7 @@ class Generator:
             if running:
                 await asyncio.wait(list(running), timeout=query_timeout_s + 1)
 
-        jobs = [changer()]
+        jobs = [changer()] if rate > 0 else []  # a generator of queriers only changes nothing
         if query_rate > 0 and queriers:
             jobs.append(querier())
         await asyncio.gather(*jobs)

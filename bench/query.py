@@ -23,8 +23,8 @@ server reads), and `are_online(ids)` is timed for the same id lists at the same 
 process of its own with redis-py, as the seed's service would. Its latency is the Redis call alone
 (no client hop, no JSON): a lower bound for that design, kept for comparison with earlier rows.
 
-    presence bench query [--queriers 300] [--ids 100] [--query-rate 20] [fanout load options]
-                         [--quick] [--no-record]
+    presence bench query [--queriers 300] [--ids 100] [--query-rate 20] [--queriers-apart]
+                         [fanout load options] [--quick] [--no-record]
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--queriers", type=int, default=300, help="querying accounts (default 300)")
     p.add_argument("--ids", type=int, default=100, help="ids per query (default 100, the contract's most)")
     p.add_argument("--query-rate", type=float, default=20.0, help="queries per second in all (default 20)")
+    p.add_argument(
+        "--queriers-apart",
+        action="store_true",
+        help="put the queriers in a generator process of their own instead of the fanout load's (where "
+        "they also wait for those processes' loops, busy with thousands of deliveries a second)",
+    )
     lg.add_common_args(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -88,7 +94,9 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
 def _run(
     args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage, bare: tuple[str, int]
 ) -> dict[str, Any]:
-    queries = fanout.Queries(args.queriers, args.ids, args.query_rate, bare_target=bare)
+    queries = fanout.Queries(
+        args.queriers, args.ids, args.query_rate, bare_target=bare, own_process=args.queriers_apart
+    )
     tag: dict[str, str] = {}
 
     def beside(start_at: float, seconds: float) -> Callable[[], dict[str, Any]]:
