@@ -34,6 +34,7 @@ from actors.core.shard import Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
 from edge import protocol as p
+from edge.deadlines import Deadlines
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.opening import Entry, OpeningGate, Turns
@@ -368,6 +369,8 @@ class Edge:
             call_retry_s=config.call_retry_s,
         )
         self.conns: dict[str, Conn] = {}
+        # When to look at each socket for the liveness rule (`_liveness_loop`).
+        self.deadlines: Deadlines[str] = Deadlines()
         self.admission = Admission(config.limits)
         self.opening: OpeningGate[Opening] = OpeningGate(
             config.limits.max_opening, config.limits.max_opening_queued, config.limits.opening_queue_s
@@ -540,6 +543,7 @@ class Edge:
         )
         conn = Conn(ws, session)
         self.conns[session.socket_id] = conn
+        self.deadlines.add(session.socket_id, session.deadline())
         ws.connection_lost_waiter.add_done_callback(lambda _: conn.went(time.time()))
         self.metrics.inc("connections_total")
         try:
@@ -557,6 +561,9 @@ class Edge:
                     commands = session.receive(raw, time.time())
             if not await self._run(conn, commands):
                 return
+            # Authenticated: its deadline is now the liveness timeout's (later than the identify
+            # timeout's unless configured shorter, when the entry made at open would be too late).
+            self.deadlines.add(session.socket_id, session.deadline())
             if isinstance(ws, CountedConnection):
                 ws.end_handshake()  # authenticated: from now on it counts as a socket
             async for raw in ws:
@@ -843,9 +850,14 @@ class Edge:
         while True:
             await asyncio.sleep(1.0)
             now = time.time()
-            for conn in list(self.conns.values()):
+            for socket_id in self.deadlines.due(now):
+                conn = self.conns.get(socket_id)
+                if conn is None:
+                    continue  # gone since
                 close = conn.session.expired(now)
-                if close is not None:
+                if close is None:
+                    self.deadlines.add(socket_id, conn.session.deadline())
+                else:
                     if close.code == p.CLOSE_SILENT:
                         # Per the contract, a silent socket departs when it was last heard.
                         conn.went(conn.session.last_frame_at)

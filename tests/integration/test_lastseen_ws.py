@@ -249,3 +249,29 @@ async def test_a_silent_socket_departs_when_it_was_last_heard(
         assert last_heard - 0.5 <= got <= last_heard + 0.5, (got - last_heard, noticed - last_heard)
     finally:
         await e.stop()
+
+
+async def test_a_socket_that_talks_past_its_first_deadlines_is_still_closed_once_silent(
+    cluster: Cluster, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """The edge looks at a socket again at each deadline it lived through (edge/deadlines.py), not
+    at every socket every second: one that talks through several timeouts stays open, and once
+    it goes silent it is closed one timeout later (plus the once-a-second look)."""
+    from edge.session import Limits
+
+    e = Edge(cluster.edge_config(limits=Limits(socket_timeout_s=2.0)))
+    await e.start()
+    try:
+        user = ids("chatty")
+        await load(conn, {"users": [{"id": user}]})
+        c = await Client.connect(f"ws://127.0.0.1:{e.ws_port}/ws/presence", cluster.token(user))
+        talked_until = time.monotonic() + 5.0  # two and a half timeouts
+        while time.monotonic() < talked_until:
+            await c.roundtrip()  # fails if the edge closed the socket meanwhile
+            await asyncio.sleep(0.4)  # the client's pace, well within the timeout
+        await c.roundtrip()
+        last_heard = time.monotonic()
+        assert await c.closed(timeout=15) == 4000
+        assert time.monotonic() - last_heard < 2.0 + 1.0 + 1.0
+    finally:
+        await e.stop()
