@@ -4,8 +4,8 @@ Pure: no I/O, the clock is an argument.
 
 Why: the edge closes a socket that has not identified in time or has been silent past its
 timeout (`Session.expired`). Looking at every socket once a second cost a walk over all of them
-in one step of the event loop (10,000 sockets: ~2 ms on an idle 2-core machine, several times
-that under load, 50,000 per edge five times more), and every frame in flight waited behind it.
+in one step of the event loop (10,000 sessions: 2-4 ms on the 2-core machine, 50,000 per edge
+five times that), and every frame in flight waited behind it.
 A socket's deadline only moves later (a frame arrives, or it identifies), so each socket is put
 in the heap at a time it cannot expire before; when that time comes it is looked at again, and
 either closed or put back at its new deadline. A socket is then looked at about once per
