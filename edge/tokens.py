@@ -96,18 +96,23 @@ def _segment(segment: str, name: str) -> bytes:
     return binascii.a2b_base64(stripped.encode().translate(_TO_STANDARD) + _PADDING[tail])
 
 
+def _json_object(data: bytes, what: str) -> dict[str, object]:
+    """A JSON object as PyJWT's parser (json) reads it, or TokenError in PyJWT's words."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise TokenError(f"bad token: Invalid {what} string: {e}") from None
+    if not isinstance(value, dict):
+        raise TokenError(f"bad token: Invalid {what} string: must be a json object")
+    return value
+
+
 def _check_header(segment: str) -> None:
     """The rules PyJWT applies to a header before it looks at the signature; all of them refuse,
     none lets the demo key be tried."""
-    data = _segment(segment, "header")
-    try:
-        # json, not orjson: a header other than the plain one is rare, and json.loads is the very
-        # parser PyJWT used (it reads UTF-16/32, NaN, big integers), so the decision is the same.
-        header = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise TokenError(f"bad token: Invalid header string: {e}") from None
-    if not isinstance(header, dict):
-        raise TokenError("bad token: Invalid header string: must be a json object")
+    # json, not orjson: a header other than the plain one is rare, and json.loads is the very
+    # parser PyJWT used (it reads UTF-16/32, NaN, big integers), so the decision is the same.
+    header = _json_object(_segment(segment, "header"), "header")
     if "kid" in header and not isinstance(header["kid"], str):
         raise TokenError("bad token: Key ID header parameter must be a string")
     if "crit" in header:
@@ -186,10 +191,7 @@ def _claims(token: str, secret: str, demo_key: str | None) -> tuple[dict[str, ob
         # surrogates, a BOM, UTF-16/32) and PyJWT used json: ask json, so the decision stays
         # PyJWT's. orjson reads integers beyond 64 bits as floats, which no claim check below
         # tells apart from the integer (both are far beyond any clock).
-        try:
-            claims = json.loads(payload)
-        except (ValueError, RecursionError) as e:
-            raise TokenError(f"bad token: Invalid payload string: {e}") from None
+        claims = _json_object(payload, "payload")
     if not isinstance(claims, dict):
         raise TokenError("bad token: Invalid payload string: must be a json object")
     for claim in ("sub", "exp"):
