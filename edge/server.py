@@ -561,8 +561,8 @@ class Edge:
                     commands = session.receive(raw, time.time())
             if not await self._run(conn, commands):
                 return
-            # Authenticated: its deadline is now the liveness timeout's (later than the identify
-            # timeout's unless configured shorter, when the entry made at open would be too late).
+            # Authenticated: its deadline is now the liveness timeout's instead of the identify
+            # timeout's (which may be the later one, when configured so).
             self.deadlines.add(session.socket_id, session.deadline())
             if isinstance(ws, CountedConnection):
                 ws.end_handshake()  # authenticated: from now on it counts as a socket
