@@ -978,8 +978,7 @@ class Generator:
         # the edge close the first sockets as silent.
         await self.heartbeats("fanout", 30.0)
         await self.heartbeats("queriers", 30.0)
-        k, n = account_share if account_share is not None else (self.index, self.count)
-        mine = list(range(k, accounts, n)) if n else []  # (k, 0): a generator of queriers only
+        mine = self._my_accounts(accounts, account_share)
         # Account i goes to edge i % edges, so its watchers sit on every edge.
         per_edge: dict[int, list[int]] = {}
         for i in mine:
@@ -1016,6 +1015,12 @@ class Generator:
         r = await self._subscribe_all("fanout", prefix, accounts, subscriptions, concurrency, timeout)
         result["subscribe_s"], result["subscribed"], result["subscribe_errors"] = r
         return result
+
+    def _my_accounts(self, accounts: int, share: tuple[int, int] | None) -> list[int]:
+        """Accounts i ≡ k mod n of `share` (k, n), none when n is 0 (a generator of queriers
+        only); by default this generator's index and count."""
+        k, n = share if share is not None else (self.index, self.count)
+        return list(range(k, accounts, n)) if n else []
 
     async def _subscribe_all(
         self, group: str, prefix: str, accounts: int, subscriptions: int, concurrency: int, timeout: float
@@ -1066,8 +1071,7 @@ class Generator:
         """The same accounts as `fanout_setup` (the same `account_share`), each with a second
         socket, to the bare server (bench.fanout_server), group "fanout_bare", subscribed to the
         same targets: the same fan-out graph on the same clients."""
-        k, n = account_share if account_share is not None else (self.index, self.count)
-        mine = list(range(k, accounts, n)) if n else []
+        mine = self._my_accounts(accounts, account_share)
         r = await self.connect(
             "fanout_bare", [target], len(mine), self.index * 100_000 + 60_000,
             [f"{prefix}{i}" for i in mine], path="/", concurrency=concurrency, timeout=timeout,

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import loadgen as lg
 from bench.results import Progress, append_row, machine_info, machine_summary, write_json
 
 if TYPE_CHECKING:
@@ -68,9 +69,8 @@ def _generator(
     if auth_mode:
         os.environ.setdefault("RAY_AUTH_MODE", auth_mode)
     from actors import gc_policy, ray_api
-    from bench.loadgen import install_uvloop
 
-    install_uvloop()
+    lg.install_uvloop()
     ray_api.connect(address, NAMESPACE)
     gc_policy.apply(gc_thresholds)
     try:
@@ -321,13 +321,9 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
         f"{TARGET_RATIO:g}x at 8 shards against 1: {_met_text(met)}"
     )
     targets = [
-        {
-            "name": f"pool frames/s at {largest} shards / {sizes[0]}",
-            "figure": ratio,
-            "unit": "ratio",
-            "target": f"≥ {TARGET_RATIO:g}",
-            "met": met,
-        }
+        lg.target(
+            f"pool frames/s at {largest} shards / {sizes[0]}", ratio, "ratio", f"≥ {TARGET_RATIO:g}", met
+        )
     ]
     payload = {
         "benchmark": "scale",
