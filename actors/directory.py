@@ -1,5 +1,5 @@
 """The slot directory: which shard owns which slot, and which edges are alive. A plain class;
-`actors.ray_api` runs it as the named actor every edge asks."""
+`actors.pool` runs it as the named actor every edge asks."""
 
 from __future__ import annotations
 

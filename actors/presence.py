@@ -3,7 +3,7 @@
 It loads what the state needs from PostgreSQL before feeding it operations, then carries out the
 effects the state leaves: frames into per-edge mailboxes (edges long-poll them), last-seen values
 to the FlushActor, chosen statuses and settings to PostgreSQL, online counts to Redis. Nothing
-here decides presence; `actors.core.shard` does. No Ray either: `actors.ray_api` wraps this class.
+here decides presence; `actors.core.shard` does. No Ray either: `actors.pool` hosts this class.
 """
 
 from __future__ import annotations

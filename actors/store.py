@@ -1,7 +1,7 @@
 """What a shard needs from its durable store, as an interface.
 
 The shard shell (`actors.presence.PresenceShard`) is given a `ShardStore` the way it is given
-`flush_write` and `clock`: `actors.ray_api` builds the PostgreSQL one (`actors.pgstore`), and the
+`flush_write` and `clock`: `actors.pool` builds the PostgreSQL one (`actors.pgstore`), and the
 unit tests a fake whose every load waits on a gate they open (`tests/unit/test_shard_shell.py`),
 so the shell's ordering and failure rules are tested without PostgreSQL and without timing.
 

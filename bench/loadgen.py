@@ -518,10 +518,10 @@ class BenchEnv:
             self.servers.remove(server)
 
     def shard_stats(self) -> list[ShardStats]:
-        from actors import ray_api
+        from actors import clients
 
         async def all_stats() -> list[ShardStats]:
-            return list(await asyncio.gather(*(ray_api.ShardClient(i).stats(30) for i in range(self.shards))))
+            return list(await asyncio.gather(*(clients.ShardClient(i).stats(30) for i in range(self.shards))))
 
         return asyncio.run(all_stats())
 
@@ -550,7 +550,8 @@ def bench_env(
 ) -> Iterator[BenchEnv]:
     """PostgreSQL, Redis, Ray and the actor pool (`shards`, default the settings'), plus a data
     directory `presence edge` can join. Everything it started is stopped on the way out."""
-    from actors import ray_api
+    from actors import clients
+    from actors.pool import start_pool, stop_pool
     from cluster import db
     from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
     from cluster.runtime import CLUSTER_FILE, SECRET_FILE, ClusterInfo, write_info
@@ -577,9 +578,9 @@ def bench_env(
             started.append(rd)
         asyncio.run(db.migrate(database_url))
         log(f"starting Ray and {shards} shards")
-        ray_api.connect(None, namespace)
+        clients.connect(None, namespace)
         try:
-            ray_api.start_pool(
+            start_pool(
                 shards,
                 shard_config(settings, database_url, redis_url),
                 settings.flush_interval_s,
@@ -594,12 +595,12 @@ def bench_env(
                 ClusterInfo(
                     database_url,
                     redis_url,
-                    ray_api.gcs_address(),
+                    clients.gcs_address(),
                     namespace,
                     "",
                     "",
                     os.getpid(),
-                    ray_api.auth_mode(),
+                    clients.auth_mode(),
                 ),
             )
             assert (data_dir / CLUSTER_FILE).exists()
@@ -611,8 +612,8 @@ def bench_env(
                     with contextlib.suppress(Exception):
                         server.stop()
             with contextlib.suppress(Exception):
-                ray_api.stop_pool(drain_timeout_s=10)
-            ray_api.shutdown()
+                stop_pool(drain_timeout_s=10)
+            clients.shutdown()
     finally:
         for server in reversed(started):
             with contextlib.suppress(Exception):

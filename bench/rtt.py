@@ -67,11 +67,11 @@ def _timed_sync(call: Callable[[], Any], n: int, pause_s: float) -> list[float]:
 def measure(calls: int) -> dict[str, dict[str, Any]]:
     import ray
 
-    from actors import ray_api
+    from actors import clients
     from actors.core import ops
 
     # Raw handles on purpose: this measures Ray's own round trip, under the clients' layer.
-    shard = ray.get_actor(ray_api.shard_name(0))
+    shard = ray.get_actor(clients.shard_name(0))
     kinds: dict[str, dict[str, Any]] = {}
     for pause in (0.0, 0.01):
         gap = "back to back" if not pause else "10 ms apart"
@@ -84,7 +84,7 @@ def measure(calls: int) -> dict[str, dict[str, Any]]:
         kinds[f"stats, ray.get, {gap}"] = lg.summary_ms(
             _timed_sync(lambda: ray.get(shard.stats.remote()), calls, pause)
         )
-    lane = ray_api.ShardClient(0, direct=True)
+    lane = clients.ShardClient(0, direct=True)
     lane_apply = lambda: lane.apply_and_collect("bench-rtt", [ops.PING], None, 0)  # noqa: E731
     for pause in (0.0, 0.01):
         gap = "back to back" if not pause else "10 ms apart"
@@ -99,15 +99,15 @@ def cpu_per_call(calls: int) -> dict[str, dict[str, float]]:
     import psutil
     import ray
 
-    from actors import ray_api
+    from actors import clients
     from actors.core import ops
 
-    shard = ray.get_actor(ray_api.shard_name(0))
+    shard = ray.get_actor(clients.shard_name(0))
 
     async def by_ray() -> None:
         await shard.apply_and_collect.remote("bench-rtt-cpu", [ops.PING], None, 0)
 
-    lane = ray_api.ShardClient(0, direct=True)
+    lane = clients.ShardClient(0, direct=True)
 
     async def by_lane() -> None:
         await lane.apply_and_collect("bench-rtt-cpu", [ops.PING], None, 0)

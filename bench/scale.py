@@ -68,18 +68,19 @@ def _generator(
     loop with CPython's default collector, and measured the router slower than any edge runs it)."""
     if auth_mode:
         os.environ.setdefault("RAY_AUTH_MODE", auth_mode)
-    from actors import gc_policy, ray_api
+    from actors import clients, gc_policy
 
     lg.install_uvloop()
-    ray_api.connect(address, NAMESPACE)
+    clients.connect(address, NAMESPACE)
     gc_policy.apply(gc_thresholds)
     try:
         out.put(asyncio.run(_generate(index, accounts, stop, in_flight)))
     finally:
-        ray_api.shutdown()
+        clients.shutdown()
 
 
 async def _generate(index: int, accounts: int, stop: Any, in_flight: int) -> dict[str, Any]:
+    from actors.clients import ShardClients
     from actors.core import ops
     from actors.metrics import Metrics
     from edge.router import Router
@@ -93,6 +94,7 @@ async def _generate(index: int, accounts: int, stop: Any, in_flight: int) -> dic
         lambda _ids, _p: None,
         no_restart,
         Metrics(),
+        ShardClients(direct=True),
         pull_wait_s=1.0,
         call_retry_s=30.0,
     )
@@ -182,7 +184,8 @@ def main(argv: list[str], settings: Settings) -> int:
 
 
 def _run(args: argparse.Namespace, sizes: list[int], tmp: Path, settings: Settings) -> int:
-    from actors import ray_api
+    from actors import clients
+    from actors.pool import start_pool, stop_pool
     from cluster import db
     from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
     from cluster.up import shard_config
@@ -200,14 +203,14 @@ def _run(args: argparse.Namespace, sizes: list[int], tmp: Path, settings: Settin
         servers.append(rd)
     try:
         asyncio.run(db.migrate(database_url))
-        ray_api.connect(None, NAMESPACE)
+        clients.connect(None, NAMESPACE)
         try:
             # The shards as `presence up` configures them (the collector policy among the rest).
-            ray_api.start_pool(sizes[0], shard_config(settings, database_url, redis_url), 1.0, 1000)
+            start_pool(sizes[0], shard_config(settings, database_url, redis_url), 1.0, 1000)
             report = _measure(args, sizes, settings.gc_thresholds)
-            ray_api.stop_pool(drain_timeout_s=10)
+            stop_pool(drain_timeout_s=10)
         finally:
-            ray_api.shutdown()
+            clients.shutdown()
     finally:
         for server in reversed(servers):
             server.stop()
@@ -217,7 +220,7 @@ def _run(args: argparse.Namespace, sizes: list[int], tmp: Path, settings: Settin
 def _measure(
     args: argparse.Namespace, sizes: list[int], gc_thresholds: tuple[int, int, int]
 ) -> dict[str, Any]:
-    from actors import ray_api
+    from actors import clients
     from cluster.scale import resize
 
     warmup_s = 3.0 if not args.quick else 1.0
@@ -229,8 +232,8 @@ def _measure(
             target=_generator,
             args=(
                 i,
-                ray_api.gcs_address(),
-                ray_api.auth_mode(),
+                clients.gcs_address(),
+                clients.auth_mode(),
                 args.accounts,
                 stop,
                 args.in_flight,

@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from actors import ray_api
+from actors import clients
 from actors.core.activity import REPORT_WINDOWS_H, window_start
 from actors.counts import CountReader
 from cluster.config import Settings
@@ -61,14 +61,14 @@ async def _stored(database_url: str) -> dict[str, Any] | None:
 async def _pending() -> dict[str, Any]:
     shards: int | None = 0
     try:
-        _version, _owners, count = await ray_api.DirectoryClient().get_map()
+        _version, _owners, count = await clients.DirectoryClient().get_map()
         for i in range(count):
-            st = await ray_api.ShardClient(i).stats(timeout_s=5)
+            st = await clients.ShardClient(i).stats(timeout_s=5)
             shards = None if shards is None else shards + st.pending_last_seen
     except Exception:
         shards = None
     try:
-        fl = await ray_api.flush_stats(timeout_s=5)
+        fl = await clients.flush_stats(timeout_s=5)
         flusher: int | None = int(fl["pending_rows"]) + int(fl["in_flight_rows"])
     except Exception:
         flusher = None
@@ -115,10 +115,10 @@ def render(report: dict[str, Any]) -> str:
 
 def report(settings: Settings, as_json: bool = False) -> int:
     info = cluster_info_or_exit(settings)
-    ray_api.connect(info.ray_address, info.ray_namespace)
+    clients.connect(info.ray_address, info.ray_namespace)
     try:
         result = asyncio.run(gather(info.database_url, info.redis_url))
     finally:
-        ray_api.shutdown()
+        clients.shutdown()
     print(json.dumps(result, indent=2) if as_json else render(result))
     return 0

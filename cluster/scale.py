@@ -6,8 +6,8 @@ wait for the flip and send the operation again, so every socket's frames still a
 No socket, status, subscription, roster entry or unflushed last-seen is lost, and nobody is told
 anything, because nothing changed but the address.
 
-`resize` is written against the clients of `actors.ray_api` (the `Directory`, `Shard` and `Pool`
-protocols below), so tests/unit/test_scale.py runs it against fakes. From Python, for
+`resize` is written against the clients of `actors.clients` and `actors.pool` (the `Directory`,
+`Shard` and `Pool` protocols below), so tests/unit/test_scale.py runs it against fakes. From Python, for
 experiments (a driver already joined to the cluster):
 
     from cluster.scale import resize
@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypedDict
 
-from actors import ray_api
+from actors import clients
 from actors.core.shard import SlotExport
 from actors.core.slots import moves, rebalance
 from cluster.config import Settings
@@ -75,8 +75,8 @@ async def resize(
     passed) and its last-seen values are handed on."""
     if shards < 1:
         raise ValueError("a pool needs at least one shard")
-    d: Directory = directory if directory is not None else ray_api.DirectoryClient()
-    p: Pool = pool if pool is not None else ray_api.PoolClient()
+    d: Directory = directory if directory is not None else clients.DirectoryClient()
+    p: Pool = pool if pool is not None else _pool_client()
     started = clock()
     _, owners, count = await d.get_map()
     if shards == count:
@@ -115,16 +115,23 @@ async def resize(
     return {"from": count, "to": shards, "moved_slots": moved, "seconds": clock() - started}
 
 
+def _pool_client() -> Pool:
+    # Only a resize creates shards: the pool's module (the shard shell, asyncpg) is loaded then.
+    from actors.pool import PoolClient
+
+    return PoolClient()
+
+
 def scale(settings: Settings, shards: int) -> int:
     if shards < 1:
         print("presence scale: a pool needs at least one shard", file=sys.stderr)
         return 2
     info = cluster_info_or_exit(settings)
-    ray_api.connect(info.ray_address, info.ray_namespace)
+    clients.connect(info.ray_address, info.ray_namespace)
     try:
         summary = asyncio.run(resize(shards, progress=lambda line: print(f"  {line}", flush=True)))
     finally:
-        ray_api.shutdown()
+        clients.shutdown()
     print(
         f"pool resized from {summary['from']} to {summary['to']} shards: "
         f"{summary['moved_slots']} slots moved in {summary['seconds']:.2f} s"

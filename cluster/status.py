@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from actors import ray_api
+from actors import clients
 from actors.counts import CountReader
 from cluster.config import Settings
 from cluster.runtime import cluster_info_or_exit
@@ -18,16 +18,16 @@ STATUS_SCHEMA = 1
 
 
 async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
-    directory = ray_api.DirectoryClient()
+    directory = clients.DirectoryClient()
     version, _owners, count = await directory.get_map()
     shards: list[Any] = []
     for i in range(count):
         try:
-            shards.append((await ray_api.ShardClient(i).stats(timeout_s=5)).as_dict())
+            shards.append((await clients.ShardClient(i).stats(timeout_s=5)).as_dict())
         except Exception as e:
             shards.append({"shard": i, "error": type(e).__name__})
     try:
-        flush = await ray_api.flush_stats(timeout_s=5)
+        flush = await clients.flush_stats(timeout_s=5)
     except Exception as e:
         flush = {"error": type(e).__name__}
     edges = await directory.list_edges()
@@ -58,11 +58,11 @@ async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
 
 def status(settings: Settings, as_json: bool = False) -> int:
     info = cluster_info_or_exit(settings)
-    ray_api.connect(info.ray_address, info.ray_namespace)
+    clients.connect(info.ray_address, info.ray_namespace)
     try:
         report = asyncio.run(_gather(info.database_url, info.redis_url))
     finally:
-        ray_api.shutdown()
+        clients.shutdown()
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return 0

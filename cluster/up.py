@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from actors import ray_api
+from actors import clients
+from actors.pool import drain_pool, start_pool
 from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings, redact_url
@@ -233,10 +234,10 @@ def _up(settings: Settings) -> int:
 
             step("loading the demo accounts", lambda: asyncio.run(_load_fixture(database_url, DEMO_GRAPH)))
         secret = token_secret(settings)
-        stack.enter_context(_cleanup("Ray", ray_api.shutdown))
+        stack.enter_context(_cleanup("Ray", clients.shutdown))
         step(
             "starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
-            lambda: ray_api.connect(
+            lambda: clients.connect(
                 settings.ray_address,
                 settings.ray_namespace,
                 settings.ray_node_ip,
@@ -245,7 +246,7 @@ def _up(settings: Settings) -> int:
         )
         step(
             f"starting {settings.shards} PresenceActor shards and the FlushActor",
-            lambda: ray_api.start_pool(
+            lambda: start_pool(
                 settings.shards,
                 shard_config(settings, database_url, redis_url),
                 settings.flush_interval_s,
@@ -253,10 +254,10 @@ def _up(settings: Settings) -> int:
             ),
         )
 
-        gcs = ray_api.gcs_address()
+        gcs = clients.gcs_address()
 
         def drain() -> None:
-            left = ray_api.drain_pool(gcs)
+            left = drain_pool(gcs)
             if left is None:
                 # What the shards held and had not handed to the FlushActor yet (at most about a
                 # second of departures) is lost with them.
@@ -283,12 +284,12 @@ def _up(settings: Settings) -> int:
                 ClusterInfo(
                     database_url,
                     redis_url,
-                    ray_api.gcs_address(),
+                    clients.gcs_address(),
                     settings.ray_namespace,
                     ws_url,
                     internal_url,
                     os.getpid(),
-                    ray_api.auth_mode(),
+                    clients.auth_mode(),
                     os.environ.get("RAY_AUTH_TOKEN_PATH"),
                 ),
             )
@@ -321,7 +322,7 @@ def edge(settings: Settings) -> int:
     stop_like_ctrl_c_on_sigterm()
     step(
         f"joining Ray at {info.ray_address}",
-        lambda: ray_api.connect(info.ray_address, info.ray_namespace, settings.ray_node_ip),
+        lambda: clients.connect(info.ray_address, info.ray_namespace, settings.ray_node_ip),
     )
 
     def announce(e: Edge) -> None:
@@ -334,5 +335,5 @@ def edge(settings: Settings) -> int:
     try:
         asyncio.run(_serve_edge(edge_config(settings, secret, info.redis_url), announce))
     finally:
-        ray_api.shutdown()
+        clients.shutdown()
     return 0

@@ -34,11 +34,11 @@ import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from actors.clients import DirectoryClient, flush_stats
 from actors.core.activity import REPORT_WINDOWS_H, BadWindow, parse_hours, window_start
 from actors.core.contract import ShardStats
 from actors.core.ids import id_problem
 from actors.metrics import render
-from actors.ray_api import DirectoryClient, flush_stats
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection

@@ -22,14 +22,23 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from actors.clients import ActorDied, MapTuple
 from actors.core import ops
 from actors.core.backoff import Backoff, retry
-from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE, MailChunk, MailItem
+from actors.core.contract import (
+    MOVED,
+    PULL_BATCH,
+    UNAVAILABLE,
+    ApplyReply,
+    Mail,
+    MailChunk,
+    MailItem,
+    ShardStats,
+)
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
-from actors.ray_api import ActorDied, DirectoryClient, Mail, ShardClient
 
 log = logging.getLogger("presence.router")
 
@@ -51,6 +60,33 @@ T = TypeVar("T")
 # A first try that applied nothing (routed's slow road takes over): the slots moved, or it failed.
 _MOVED, _FAILED = object(), object()
 MakeOp = Callable[[list[str]], ops.Op]
+
+
+class Shard(Protocol):
+    """One shard as the edge calls it: `actors.clients.ShardClient`, a fake in the unit tests."""
+
+    index: int
+
+    async def apply_and_collect(
+        self, edge_id: str, ops: list[ops.Op], incarnation: str | None, acked_seq: int
+    ) -> ApplyReply: ...
+    async def pull(
+        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
+    ) -> Mail: ...
+    async def stats(self, timeout_s: float) -> ShardStats: ...
+    async def is_focused(self, user_id: str, channel_id: str, timeout_s: float) -> bool: ...
+    async def operator_view(self, user_id: str, timeout_s: float) -> dict[str, object] | None: ...
+    async def server_members(self, server_id: str, timeout_s: float) -> list[str]: ...
+    async def postgres_ok(self, timeout_s: float) -> bool: ...
+    def close_lane(self) -> None: ...
+
+
+class Shards(Protocol):
+    """Where the router finds the pool (injected, as a Ray Serve deployment receives the handles
+    it calls): the directory's slot map and a client per shard. `actors.clients.ShardClients`."""
+
+    async def get_map(self) -> MapTuple: ...
+    def shard(self, index: int) -> Shard: ...
 
 
 class ShardUnavailable(RuntimeError):
@@ -115,6 +151,7 @@ class Router:
         deliver: Deliver,
         on_restart: OnRestart,
         metrics: Metrics,
+        pool: Shards,
         window_ms: float = 2.0,
         max_ops: int = 500,
         pull_wait_s: float = 5.0,
@@ -123,7 +160,6 @@ class Router:
         max_in_flight: int = 2,
         idle_window_ms: float = 0.2,
         connect_window_ms: float = 0.0,
-        direct: bool = True,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
@@ -137,10 +173,9 @@ class Router:
         self.pull_gather_s = pull_gather_ms / 1000
         self.call_retry_s = call_retry_s
         self.max_in_flight = max_in_flight
-        self.direct = direct
-        self.directory = DirectoryClient()
+        self.pool = pool
         self.map: SlotMap | None = None
-        self.shards: dict[int, ShardClient] = {}
+        self.shards: dict[int, Shard] = {}
         self.incarnations: dict[int, str] = {}
         self.last_contact: dict[int, float] = {}
         self._pending: dict[int, list[tuple[ops.Op, asyncio.Future[Any]]]] = {}
@@ -159,12 +194,13 @@ class Router:
         await asyncio.gather(*(self.call(i, ops.PING) for i in self.shards))
 
     async def refresh_map(self) -> None:
-        version, owners, count = await self.directory.get_map()
+        version, owners, count = await self.pool.get_map()
         if self.map is not None and self.map.version == version:
             return
         self.map = SlotMap(version, tuple(owners), count)
         for i in range(count):
-            self.shards.setdefault(i, ShardClient(i, direct=self.direct))
+            if i not in self.shards:
+                self.shards[i] = self.pool.shard(i)
             puller = self._pullers.get(i)
             # A shard index may come back after a shrink retired it (its puller has ended).
             if puller is None or puller.done():

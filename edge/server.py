@@ -28,6 +28,7 @@ from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
 from actors import gc_policy
+from actors.clients import DirectoryClient, ShardClients
 from actors.core import ops
 from actors.core.contract import ChosenNote, SettingsNote, internal_note, is_internal
 from actors.core.shard import Claim
@@ -353,17 +354,18 @@ class Edge:
         self.config = config
         self.edge_id = "edge-" + secrets.token_hex(6)
         self.metrics = Metrics()
+        self.directory = DirectoryClient()
         self.router = Router(
             self.edge_id,
             self._deliver,
             self._reregister,
             self.metrics,
+            ShardClients(direct=config.shard_lane_direct, directory=self.directory),
             window_ms=config.batch_window_ms,
             idle_window_ms=config.batch_idle_window_ms,
             connect_window_ms=config.batch_connect_window_ms,
             max_ops=config.batch_max_ops,
             max_in_flight=config.batch_max_in_flight,
-            direct=config.shard_lane_direct,
             pull_wait_s=config.pull_wait_s,
             pull_gather_ms=config.pull_gather_ms,
             call_retry_s=config.call_retry_s,
@@ -874,7 +876,7 @@ class Edge:
     async def _register_loop(self) -> None:
         while True:
             try:
-                await self.router.directory.register_edge(
+                await self.directory.register_edge(
                     self.edge_id,
                     {
                         "ws_port": self.ws_port,

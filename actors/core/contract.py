@@ -36,6 +36,10 @@ PULL_BATCH = 5_000
 # makes its next pull ask for everything after what it acknowledged again (`resend`).
 MailItem = tuple[tuple[str, ...], str]  # (socket ids of one edge, the serialised frame)
 MailChunk = tuple[int, int, list[MailItem]]
+# A shard's reply to an edge's batch: (its incarnation, an answer per operation, the edge's mail).
+ApplyReply = tuple[str, list[object], MailChunk]
+# A shard's reply to a pull: (its incarnation, a chunk of the edge's mail).
+Mail = tuple[str, MailChunk]
 
 
 # ---------------------------------------------------------------------------- internal frames

@@ -17,7 +17,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from actors import ray_api
+from actors import clients
+from actors.pool import start_pool, stop_pool
 from actors.presence import ShardConfig
 from cluster import db, rayauth
 from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -82,7 +83,7 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         rayauth.prepare_join(os.environ["RAY_ADDRESS"])
     else:
         rayauth.prepare_local()  # as `presence up` does: token authentication, token file 0600
-    ray_api.connect(os.environ.get("RAY_ADDRESS"), namespace)
+    clients.connect(os.environ.get("RAY_ADDRESS"), namespace)
     config = ShardConfig(
         shard_index=0,
         database_url=migrated_pg_url,
@@ -93,7 +94,7 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         checkpoint_interval_s=3600.0,
         sweep_interval_s=0.2,
     )
-    ray_api.start_pool(SHARDS, config, flush_interval_s=0.2, flush_max_rows=1000)
+    start_pool(SHARDS, config, flush_interval_s=0.2, flush_max_rows=1000)
     data_dir = tmp_path_factory.mktemp("presence-data")
     (data_dir / "secret").write_text(SECRET)
     write_info(
@@ -101,12 +102,12 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         ClusterInfo(
             migrated_pg_url,
             redis_url,
-            ray_api.gcs_address(),
+            clients.gcs_address(),
             namespace,
             "",
             "",
             os.getpid(),
-            ray_api.auth_mode(),
+            clients.auth_mode(),
         ),
     )
     try:
@@ -115,8 +116,8 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for server in (pg, rd):
             if server is not None and not server.running:
                 server.restart()
-        ray_api.stop_pool(drain_timeout_s=5)
-        ray_api.shutdown()
+        stop_pool(drain_timeout_s=5)
+        clients.shutdown()
         for server in (rd, pg):
             if server is not None:
                 server.stop()

@@ -10,7 +10,7 @@ import socket
 import struct
 from typing import Any
 
-from actors.ray_api import DirectoryClient, ShardClient
+from actors.clients import DirectoryClient, ShardClient
 from edge.server import Edge
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
-from actors import ray_api
+from actors import clients
+from actors.pool import start_pool, stop_pool
 from actors.presence import ShardConfig
 from edge.server import Edge, EdgeConfig
 from edge.tokens import mint_token
@@ -75,7 +76,7 @@ async def scenario(result: dict[str, object]) -> None:
         resources={"node_b": 0.01},
     )
     result["edge_nodes"] = [info_a["node_id"], info_b["node_id"]]
-    result["shard_nodes"] = [(await ray_api.ShardClient(i).stats(timeout_s=10)).node_id for i in range(2)]
+    result["shard_nodes"] = [(await clients.ShardClient(i).stats(timeout_s=10)).node_id for i in range(2)]
     alice, bob = os.environ["MN_ALICE"], os.environ["MN_BOB"]
     url_a = f"ws://127.0.0.1:{info_a['ws_port']}/ws/presence"
     url_b = f"ws://127.0.0.1:{info_b['ws_port']}/ws/presence"
@@ -103,7 +104,7 @@ def main() -> int:
         "nodes": {"head": cluster.head_node.node_id, "a": node_a.node_id, "b": node_b.node_id}
     }
     try:
-        ray_api.connect(cluster.address, "multinode")
+        clients.connect(cluster.address, "multinode")
         config = ShardConfig(
             shard_index=0,
             database_url=os.environ["MN_DATABASE_URL"],
@@ -111,9 +112,9 @@ def main() -> int:
             socket_timeout_s=8.0,
             lane_host="node",  # as in a real cluster: each shard's lane on its node's address
         )
-        ray_api.start_pool(2, config, 0.2, 1000, shard_resources=[{"node_a": 0.01}, {"node_b": 0.01}])
+        start_pool(2, config, 0.2, 1000, shard_resources=[{"node_a": 0.01}, {"node_b": 0.01}])
         asyncio.run(scenario(result))
-        ray_api.stop_pool(drain_timeout_s=5)
+        stop_pool(drain_timeout_s=5)
     finally:
         ray.shutdown()
         cluster.shutdown()

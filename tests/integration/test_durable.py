@@ -10,7 +10,7 @@ import time
 import asyncpg
 import pytest
 
-from actors import ray_api
+from actors import clients
 from actors.core.slots import slot_of
 from edge.server import Edge
 
@@ -50,8 +50,8 @@ async def test_invisible_chosen_while_postgres_is_away_survives_a_shard_kill(
         await a.expect(lambda f: f.get("type") == "presence.self" and f.get("status") == "invisible")
         await watcher.expect(changed(alice, "offline"))
         told = len(watcher.log)
-        _, owners, _ = await ray_api.DirectoryClient().get_map()
-        ray_api.ShardClient(owners[slot_of(alice)]).kill(restart=True)
+        _, owners, _ = await clients.DirectoryClient().get_map()
+        clients.ShardClient(owners[slot_of(alice)]).kill(restart=True)
         await asyncio.sleep(1.0)
     finally:
         pg.restart()
@@ -98,8 +98,8 @@ async def test_invisible_chosen_then_gone_while_postgres_is_away_survives_a_shar
         await asyncio.sleep(3.0)  # gone well after it hid
         await a.close()
         await eventually(lambda: not [c for c in edge.conns.values() if c.session.user_id == alice])
-        _, owners, _ = await ray_api.DirectoryClient().get_map()
-        ray_api.ShardClient(owners[slot_of(alice)]).kill(restart=True)
+        _, owners, _ = await clients.DirectoryClient().get_map()
+        clients.ShardClient(owners[slot_of(alice)]).kill(restart=True)
         await asyncio.sleep(1.0)
     finally:
         pg.restart()

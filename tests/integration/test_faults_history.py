@@ -27,9 +27,9 @@ import asyncpg
 import pytest
 import websockets
 
-from actors import ray_api
+from actors import clients
+from actors.clients import DirectoryClient, ShardClient
 from actors.core.slots import slot_of
-from actors.ray_api import DirectoryClient, ShardClient
 from edge.server import Edge
 
 from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
@@ -169,7 +169,7 @@ async def no_pending_last_seen() -> bool:
     for i in range(count):
         if (await ShardClient(i).stats(timeout_s=5)).pending_last_seen:
             return False
-    flush = await ray_api.flush_stats(5)
+    flush = await clients.flush_stats(5)
     return not flush["pending_rows"] and not flush["in_flight_rows"]
 
 
@@ -290,7 +290,7 @@ async def test_flush_actor_killed_with_departures_pending(
         for _ in range(2):
             await load.retire(1)
             load.recorder.fault("FlushActor killed")
-            ray_api.FlushClient().kill(restart=True)
+            clients.FlushClient().kill(restart=True)
             await load.retire(1)
             await asyncio.sleep(1.0)
         return 0.0

@@ -8,7 +8,7 @@ import asyncpg
 import psutil
 import pytest
 
-from actors import ray_api
+from actors import clients
 from actors.core import ops
 from edge.server import Edge
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 async def test_the_lane_listens_on_loopback_only_with_a_secret_of_its_own(cluster: Cluster) -> None:
-    endpoints = {await ray_api.ShardClient(i).lane_endpoint() for i in range(SHARDS)}
+    endpoints = {await clients.ShardClient(i).lane_endpoint() for i in range(SHARDS)}
     assert len(endpoints) == SHARDS
     listening = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
     for host, port in endpoints:
@@ -52,15 +52,15 @@ async def test_the_ray_road_carries_a_presence_change_end_to_end(
 async def test_a_shard_restart_breaks_its_lane_like_a_ray_call_and_the_next_call_finds_the_new_one(
     cluster: Cluster,
 ) -> None:
-    shard = ray_api.ShardClient(0, direct=True)
+    shard = clients.ShardClient(0, direct=True)
     incarnation, _, _ = await shard.apply_and_collect("lane-test-edge", [ops.PING], None, 0)
     before = await shard.lane_endpoint()
-    ray_api.ShardClient(0).kill(restart=True)
+    clients.ShardClient(0).kill(restart=True)
 
     async def failed_as_a_dead_actor() -> bool:  # ray.kill returns before the process is gone
         try:
             await shard.apply_and_collect("lane-test-edge", [ops.PING], incarnation, 0)
-        except ray_api.ActorDied:
+        except clients.ActorDied:
             return True
         return False
 
@@ -69,7 +69,7 @@ async def test_a_shard_restart_breaks_its_lane_like_a_ray_call_and_the_next_call
     async def answered_by_the_new_incarnation() -> str | None:
         try:
             now, _, _ = await shard.apply_and_collect("lane-test-edge", [ops.PING], None, 0)
-        except ray_api.ActorDied:
+        except clients.ActorDied:
             return None
         return now if now != incarnation else None
 

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 import websockets
 
-from actors import ray_api
+from actors.clients import DirectoryClient, FlushClient, ShardClient
 from actors.core.slots import slot_of
 from edge.server import Edge
 
@@ -129,7 +129,7 @@ async def test_shard_killed_edges_register_again(
 ) -> None:
     alice, bob, carol, *_ = await social(conn, ids)
     server = ids("g")
-    _, owners, _ = await ray_api.DirectoryClient().get_map()
+    _, owners, _ = await DirectoryClient().get_map()
     owner = owners[slot_of(bob)]
     watcher = await connect(cluster, edge, alice)
     await watcher.request({"type": "presence.subscribe", "userIds": [bob, carol]}, of_type("presence.sync"))
@@ -139,7 +139,7 @@ async def test_shard_killed_edges_register_again(
     await watcher.expect(changed(bob, "idle"))
     await eventually(lambda: count_is(edge, server, 3), timeout=10)
 
-    ray_api.ShardClient(owner).kill(restart=True)
+    ShardClient(owner).kill(restart=True)
 
     # Within a few seconds the restarted shard knows bob's socket again (re-registered by the
     # edge that holds it), with its idle flag; a query says so and changes flow again.
@@ -176,7 +176,7 @@ async def test_flush_actor_killed_with_departures_pending(
             departed[u] = time.time()
             await c.close()
         await asyncio.sleep(1.0)
-        ray_api.FlushClient().kill(restart=True)
+        FlushClient().kill(restart=True)
         await asyncio.sleep(1.0)
     finally:
         pg.restart()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import ray_api
+from actors import clients
 from cluster import rayauth
 
 from .conftest import Cluster
@@ -33,7 +33,7 @@ def call_shard(cluster: Cluster, **env: str) -> subprocess.CompletedProcess[str]
     # Ray retries a refused connection for ~20 s by default; two tries are enough to be refused.
     base["RAY_gcs_server_port_wait_time_s"] = "2"
     return subprocess.run(
-        [sys.executable, "-c", CALL_SHARD, ray_api.gcs_address(), cluster.namespace],
+        [sys.executable, "-c", CALL_SHARD, clients.gcs_address(), cluster.namespace],
         capture_output=True,
         text=True,
         timeout=90,
@@ -60,7 +60,7 @@ def test_a_client_without_the_token_cannot_call_a_shard(cluster: Cluster) -> Non
 
 
 def test_joining_a_token_cluster_is_detected(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    address = ray_api.gcs_address()
+    address = clients.gcs_address()
     assert rayauth.probe(address) == "auth"
     monkeypatch.delenv("RAY_AUTH_MODE")
     rayauth.prepare_join(address)  # a token is at hand (this machine's): the mode is set
@@ -74,7 +74,7 @@ def test_joining_a_token_cluster_without_a_token_is_one_line(
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token-here"))
     with pytest.raises(SystemExit) as e:
-        rayauth.prepare_join(ray_api.gcs_address())
+        rayauth.prepare_join(clients.gcs_address())
     message = str(e.value)
     assert "\n" not in message
     assert "requires token authentication: set RAY_AUTH_MODE=token" in message

@@ -12,7 +12,7 @@ import time
 import asyncpg
 import pytest
 
-from actors import ray_api
+from actors import clients
 from cluster.scale import resize
 from edge.server import Edge
 
@@ -155,7 +155,7 @@ async def test_resize_2_6_3_under_load(
         stop.set()
         await asyncio.gather(*tasks)
     assert grow["moved_slots"] == 2730 and shrink["moved_slots"] == 2047
-    _, owners, count = await ray_api.DirectoryClient().get_map()
+    _, owners, count = await clients.DirectoryClient().get_map()
     assert count == 3 and set(owners) == {0, 1, 2}
 
     async def views_settled() -> bool:

@@ -24,9 +24,9 @@ import asyncpg
 import pytest
 import websockets
 
-from actors import ray_api
+from actors import clients
+from actors.clients import DirectoryClient
 from actors.core.slots import slot_of
-from actors.ray_api import DirectoryClient
 from cluster.scale import resize
 from edge.server import Edge
 
@@ -162,7 +162,7 @@ async def inject(
         _, owners, count = await DirectoryClient().get_map()
         shards = range(count) if fault == "shards" else [owners[slot_of(scene.users[0])]]
         for i in shards:
-            ray_api.ShardClient(i).kill(restart=True)
+            clients.ShardClient(i).kill(restart=True)
         await asyncio.gather(*during)
     elif fault in ("postgres", "redis"):
         pg, redis = cluster.require_servers()

@@ -4,7 +4,7 @@ contract), so neither side needs the other's shells.
 
 - nothing under `actors/` imports `edge` or `cluster` (the shard does not know who calls it, nor
   the tools that deploy it);
-- `edge/` reaches the shards only through `actors.ray_api` and shares `actors.core` and the small
+- `edge/` reaches the shards only through `actors.clients` and shares `actors.core` and the small
   helpers (`actors.metrics`, `actors.counts`, `actors.gc_policy`...), never the actor shells
   (`actors.presence`, `actors.flush`, `actors.directory`), which would drag asyncpg into every
   edge;

@@ -123,14 +123,14 @@ def test_up_starts_a_new_local_instance_never_the_last_ray_start_cluster(
 ) -> None:
     import ray
 
-    from actors import ray_api
+    from actors import clients
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
-    ray_api.connect(None, "ns")
+    clients.connect(None, "ns")
     assert seen["address"] == "local"
-    ray_api.connect("10.0.0.10:6379", "ns")
+    clients.connect("10.0.0.10:6379", "ns")
     assert seen["address"] == "10.0.0.10:6379"
 
 

@@ -1,13 +1,14 @@
 """The router as the one shard-calling object (edge/router.py): routing by the slot map, MOVED
 sent again after the map flips, retries while a shard restarts, one budget for all of it, and
-departures retried until they land. The batched transport underneath (`Router.call`) and the
-directory are faked: no Ray."""
+departures retried until they land. The router is given a fake pool (tests/unit/fake_shards.py):
+its directory publishes the map the test sets, its shards answer by the test's rule. No Ray, and
+nothing of the router patched: its batching runs underneath as in an edge."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from actors.core.slots import SlotMap
 from actors.metrics import Metrics
 from edge import router as router_module
 from edge.router import Router, ShardUnavailable
+from tests.unit.fake_shards import FakeShards
 
 Answer = Callable[[int, ops.Op], Any]  # (shard, op) -> answer, or an exception to raise
 
@@ -30,31 +32,48 @@ class Fake:
         async def no_restart(_: int) -> None:
             return None
 
-        self.router = Router(
-            "edge-t", lambda _ids, _p: None, no_restart, Metrics(), call_retry_s=call_retry_s
-        )
-        self.published = SlotMap.even(shards)
-        self.router.map = self.published
         self.answer = answer
         self.sent: list[tuple[int, ops.Op]] = []
-        self.router.call = self.call  # type: ignore[method-assign]
-        self.router.refresh_map = self.refresh_map  # type: ignore[method-assign]
+        self.pool = FakeShards(shards, self.apply)
+        self.router = Router(
+            "edge-t", lambda _ids, _p: None, no_restart, Metrics(), self.pool, call_retry_s=call_retry_s
+        )
 
-    def call(self, shard: int, op: ops.Op) -> asyncio.Future[Any]:
-        self.sent.append((shard, op))
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        result = self.answer(shard, op)
-        if isinstance(result, BaseException):
-            fut.set_exception(result)
-        else:
-            fut.set_result(result)
-        return fut
+    async def apply(self, shard: int, batch: list[ops.Op]) -> list[object]:
+        answers = []
+        for op in batch:
+            self.sent.append((shard, op))
+            answer = self.answer(shard, op)
+            if isinstance(answer, BaseException):
+                raise answer
+            answers.append(answer)
+        return answers
 
-    async def refresh_map(self) -> None:
-        self.router.map = self.published
+    @property
+    def published(self) -> SlotMap:
+        return self.pool.published
 
     def flip(self, owners: tuple[int, ...], count: int) -> None:
-        self.published = SlotMap(self.published.version + 1, owners, count)
+        self.pool.flip(owners, count)
+
+
+MakeFake = Callable[..., Awaitable[Fake]]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[MakeFake]:
+    """`await fake(answer, ...)`: a router on a fake pool that has read its map; closed after."""
+    made: list[Fake] = []
+
+    async def make(answer: Answer, shards: int = 2, call_retry_s: float = 10.0) -> Fake:
+        f = Fake(answer, shards, call_retry_s)
+        await f.router.refresh_map()
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        await f.router.close()
 
 
 def counter(r: Router, name: str) -> float:
@@ -66,8 +85,8 @@ def user_on(m: SlotMap, shard: int, n: int = 1) -> list[str]:
     return out[:n]
 
 
-async def test_operations_go_to_the_owning_shards_grouped() -> None:
-    f = Fake(lambda shard, op: f"from {shard}")
+async def test_operations_go_to_the_owning_shards_grouped(fake: MakeFake) -> None:
+    f = await fake(lambda shard, op: f"from {shard}")
     a, b = user_on(f.published, 0, 2)
     c = user_on(f.published, 1)[0]
     answers = await f.router.to_users([a, c, b], lambda us: ops.Unwatch("s1", tuple(us)))
@@ -75,7 +94,7 @@ async def test_operations_go_to_the_owning_shards_grouped() -> None:
     assert sorted(f.sent) == [(0, ops.Unwatch("s1", (a, b))), (1, ops.Unwatch("s1", (c,)))]
 
 
-async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips() -> None:
+async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips(fake: MakeFake) -> None:
     """A shard exporting its slots answers MOVED; the keys go again, to the owner the next map
     names, and the answer is the new owner's."""
 
@@ -85,33 +104,37 @@ async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips() -> None
             return MOVED
         return "applied"
 
-    f = Fake(answer)
+    f = await fake(answer)
     user = user_on(f.published, 0)[0]
     assert await f.router.to_user(user, ops.Settings(user, "friends")) == "applied"
     assert [s for s, _ in f.sent] == [0, 1]
     assert counter(f.router, "edge_moved_total") == 1
 
 
-async def test_a_restarting_shard_is_retried_until_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_restarting_shard_is_retried_until_it_answers(
+    monkeypatch: pytest.MonkeyPatch, fake: MakeFake
+) -> None:
     monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.001, 0.002))
     failures = [TimeoutError(), ValueError("not registered yet"), UNAVAILABLE]
 
     def answer(shard: int, op: ops.Op) -> Any:
         return failures.pop(0) if failures else "back"
 
-    f = Fake(answer)
+    f = await fake(answer)
     assert await f.router.to_shard(0, ops.PING) == "back"
     assert len(f.sent) == 4
 
 
-async def test_a_shard_retired_by_a_shrink_answers_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_shard_retired_by_a_shrink_answers_moved(
+    monkeypatch: pytest.MonkeyPatch, fake: MakeFake
+) -> None:
     monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.001, 0.002))
-    f = Fake(lambda shard, op: TimeoutError())
+    f = await fake(lambda shard, op: TimeoutError())
     f.flip(tuple(0 for _ in f.published.owners), 1)  # shard 1 is gone; the router notices on failure
     assert await f.router.to_shard(1, ops.PING) == MOVED
 
 
-async def test_one_budget_for_a_routed_call(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_one_budget_for_a_routed_call(monkeypatch: pytest.MonkeyPatch, fake: MakeFake) -> None:
     """Slots in migration and then a shard that stays down share `call_retry_s`: the caller hears
     ShardUnavailable within it, not after a fresh window for each layer."""
 
@@ -124,7 +147,7 @@ async def test_one_budget_for_a_routed_call(monkeypatch: pytest.MonkeyPatch) -> 
 
     # Short waits, so that a retry gives up only at the very end of its window.
     monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.005, 0.005))
-    f = Fake(answer, call_retry_s=0.3)
+    f = await fake(answer, call_retry_s=0.3)
     user = user_on(f.published, 0)[0]
     started = time.monotonic()
     with pytest.raises(ShardUnavailable):
@@ -133,13 +156,15 @@ async def test_one_budget_for_a_routed_call(monkeypatch: pytest.MonkeyPatch) -> 
     assert 0.25 < time.monotonic() - started < 0.4  # two nested windows took 0.2 + 0.3
 
 
-async def test_unavailable_past_the_window_closes_nothing_silently() -> None:
-    f = Fake(lambda shard, op: UNAVAILABLE, call_retry_s=0.2)
+async def test_unavailable_past_the_window_closes_nothing_silently(fake: MakeFake) -> None:
+    f = await fake(lambda shard, op: UNAVAILABLE, call_retry_s=0.2)
     with pytest.raises(ShardUnavailable, match="shard 0 unavailable"):
         await f.router.to_shard(0, ops.Departed("u1", 1.0))
 
 
-async def test_departures_are_retried_until_they_land(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_departures_are_retried_until_they_land(
+    monkeypatch: pytest.MonkeyPatch, fake: MakeFake
+) -> None:
     monkeypatch.setattr(router_module, "DEPARTURE_RETRY", Backoff(0.001, 0.002))
     attempts = {"n": 0}
 
@@ -149,6 +174,6 @@ async def test_departures_are_retried_until_they_land(monkeypatch: pytest.Monkey
             raise ShardUnavailable("still away")
         return "recorded"
 
-    f = Fake(lambda shard, op: None)
+    f = await fake(lambda shard, op: None)
     assert await f.router.until_landed(departure, "departure of s1") == "recorded"
     assert counter(f.router, "edge_departure_retries_total") == 3

@@ -1,0 +1,327 @@
+"""The pool seen from any process: typed clients of the named actors, and joining Ray.
+
+What an edge (or `presence status`, `presence scale`, a bench) imports to reach the shards, the
+slot directory and the FlushActor. It never imports what runs inside them (`actors.pool` hosts the
+`@ray.remote` classes; `actors.presence`, `actors.flush`, `actors.pgstore` and asyncpg stay out
+of an edge's process: tests/unit/test_layers.py checks the import closure).
+
+Each call is a method with its own types. A Ray handle is untyped, so the actor's interface is
+stated once here as a protocol (`ShardActor`, `DirectoryActor`, `FlushActorCalls`) and checked
+against the actor classes of `actors.pool` by tests/unit/test_clients.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
+
+import ray
+
+from actors.core.contract import ApplyReply, Mail, ShardStats
+from actors.core.ops import Op
+from actors.core.shard import SlotExport
+from actors.lane import LaneBroken, LaneClient
+
+DIRECTORY = "directory"
+FLUSH = "flush"
+# The two hot calls' names on the direct lane (actors/lane.py): its wire format, served by
+# `actors.pool`'s shard under these names.
+LANE_APPLY = "apply_and_collect"
+LANE_PULL = "pull"
+
+# The slot map as the directory hands it out: (version, owner of each slot, shard count).
+MapTuple = tuple[int, tuple[int, ...], int]
+# What an edge tells the directory about itself (ports, sockets; the directory adds `seen_at`).
+EdgeInfo = dict[str, Any]
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index}"
+
+
+# What a call to an actor that died (or restarts) fails with, by either road.
+ActorDied = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, LaneBroken)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Remote(Protocol[P, R]):
+    """An actor method seen through a Ray handle: `.remote(...)` starts the call."""
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ray.ObjectRef[R]: ...
+
+
+class ShardActor(Protocol):
+    """What `actors.pool`'s shard serves (the arguments and answers of `actors.presence`)."""
+
+    lane_address: Remote[[], tuple[str, int, bytes]]
+    apply_and_collect: Remote[[str, list[Op], str | None, int], ApplyReply]
+    pull: Remote[[str, str | None, int, float, bool], Mail]
+    is_focused: Remote[[str, str], bool]
+    operator_view: Remote[[str], dict[str, object] | None]
+    stats: Remote[[], ShardStats]
+    server_members: Remote[[str], list[str]]
+    postgres_ok: Remote[[], bool]
+    export_slots: Remote[[list[int]], SlotExport]
+    import_slots: Remote[[SlotExport], None]
+    mail_pending: Remote[[], int]
+    drain: Remote[[float], int]
+
+
+class DirectoryActor(Protocol):
+    """What `actors.directory.SlotDirectory` serves."""
+
+    get_map: Remote[[], MapTuple]
+    set_map: Remote[[tuple[int, ...], int], int]
+    get_shard_config: Remote[[], dict[str, Any]]
+    register_edge: Remote[[str, EdgeInfo], None]
+    list_edges: Remote[[], dict[str, EdgeInfo]]
+
+
+class FlushActorCalls(Protocol):
+    """What `actors.pool`'s FlushActor serves to clients (`write`: the shards' departures)."""
+
+    write: Remote[[list[tuple[str, float]]], None]
+    stats: Remote[[], dict[str, Any]]
+
+
+H = TypeVar("H")
+
+
+class _Named(Generic[H]):
+    """A named actor seen from anywhere: the handle is looked up lazily and again after a failure.
+    The clients are the only way out of this module: no caller holds a raw Ray handle."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._handle: H | None = None
+
+    def _h(self) -> H:
+        if self._handle is None:
+            # Ray's handle is untyped; the protocol `H` states what the actor serves.
+            self._handle = cast(H, ray.get_actor(self.name))
+        return self._handle
+
+    async def _wait(self, start: Callable[[H], Awaitable[R]], timeout_s: float | None = None) -> R:
+        """One call: `start(handle)` sends it; a failure forgets the handle (a restarted or
+        replaced actor is looked up again by the next call)."""
+        try:
+            pending = start(self._h())
+            return await (pending if timeout_s is None else asyncio.wait_for(pending, timeout_s))
+        except (TimeoutError, *ActorDied, ValueError):
+            self._handle = None
+            raise
+
+    def kill(self, restart: bool = True) -> None:
+        """Kill the actor; with `restart`, Ray brings it back (a fresh incarnation: fault tests)."""
+        ray.kill(cast(ray.actor.ActorHandle[Any], self._h()), no_restart=not restart)
+        self._handle = None
+
+
+class ShardClient(_Named[ShardActor]):
+    """One shard, by index. With `direct`, the two hot calls (`apply_and_collect`, `pull`) take
+    the shard's direct lane (actors/lane.py) instead of a Ray call each."""
+
+    def __init__(self, index: int, direct: bool = False) -> None:
+        super().__init__(shard_name(index))
+        self.index = index
+        self.direct = direct
+        self._lane: LaneClient | None = None
+        self._opening: asyncio.Lock | None = None
+        self._lane_closed = False
+
+    async def _open_lane(self) -> LaneClient:
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:  # the batches and the pull racing to open it open one lane
+            if self._lane is None or self._lane.broken:
+                host, port, secret = await self._lane_address()
+                lane = await LaneClient.open(host, port, secret)
+                if self._lane_closed:  # the edge stopped meanwhile: open nothing that outlives it
+                    lane.close()
+                    raise LaneBroken("the edge's lanes are closed")
+                self._lane = lane
+            return self._lane
+
+    async def _lane_address(self) -> tuple[str, int, bytes]:
+        return await self._wait(lambda h: h.lane_address.remote(), 30.0)
+
+    async def lane_endpoint(self) -> tuple[str, int]:
+        """Where the shard's direct lane listens (its secret stays inside this client)."""
+        host, port, _ = await self._lane_address()
+        return host, port
+
+    def close_lane(self) -> None:
+        self._lane_closed = True
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
+
+    # The hot calls: one await each on the common road (no closure on the lane's).
+
+    async def apply_and_collect(
+        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+    ) -> ApplyReply:
+        if not self.direct:
+            return await self._wait(
+                lambda h: h.apply_and_collect.remote(edge_id, ops, incarnation, acked_seq)
+            )
+        lane = self._lane
+        if lane is None or lane.broken:
+            lane = await self._open_lane()
+        try:
+            reply: ApplyReply = await lane.call(LANE_APPLY, edge_id, ops, incarnation, acked_seq)
+        except LaneBroken:
+            self._handle = None  # a restarted shard: find it again, and its new lane
+            raise
+        return reply
+
+    async def pull(
+        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
+    ) -> Mail:
+        timeout_s = wait_s + 30
+        if not self.direct:
+            return await self._wait(
+                lambda h: h.pull.remote(edge_id, incarnation, acked_seq, wait_s, resend), timeout_s
+            )
+        lane = self._lane
+        if lane is None or lane.broken:
+            lane = await self._open_lane()
+        try:
+            mail: Mail = await lane.call(
+                LANE_PULL, edge_id, incarnation, acked_seq, wait_s, resend, timeout_s=timeout_s
+            )
+        except LaneBroken:
+            self._handle = None
+            raise
+        return mail
+
+    async def is_focused(self, user_id: str, channel_id: str, timeout_s: float) -> bool:
+        return await self._wait(lambda h: h.is_focused.remote(user_id, channel_id), timeout_s)
+
+    async def operator_view(self, user_id: str, timeout_s: float) -> dict[str, object] | None:
+        return await self._wait(lambda h: h.operator_view.remote(user_id), timeout_s)
+
+    async def stats(self, timeout_s: float) -> ShardStats:
+        return await self._wait(lambda h: h.stats.remote(), timeout_s)
+
+    async def server_members(self, server_id: str, timeout_s: float) -> list[str]:
+        return await self._wait(lambda h: h.server_members.remote(server_id), timeout_s)
+
+    async def postgres_ok(self, timeout_s: float) -> bool:
+        return await self._wait(lambda h: h.postgres_ok.remote(), timeout_s)
+
+    # A resize (cluster/scale.py) and stopping: no timeout, these wait as long as they take.
+
+    async def export_slots(self, slots: list[int]) -> SlotExport:
+        return await self._wait(lambda h: h.export_slots.remote(slots))
+
+    async def import_slots(self, export: SlotExport) -> None:
+        await self._wait(lambda h: h.import_slots.remote(export))
+
+    async def mail_pending(self) -> int:
+        return await self._wait(lambda h: h.mail_pending.remote())
+
+    async def drain(self, timeout_s: float) -> int:
+        return await self._wait(lambda h: h.drain.remote(timeout_s))
+
+
+class DirectoryClient(_Named[DirectoryActor]):
+    """The slot directory: the slot map, the edges alive, the configuration of new shards."""
+
+    def __init__(self) -> None:
+        super().__init__(DIRECTORY)
+
+    async def get_map(self) -> MapTuple:
+        return await self._wait(lambda h: h.get_map.remote())
+
+    async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int:
+        return await self._wait(lambda h: h.set_map.remote(owners, shard_count))
+
+    async def get_shard_config(self) -> dict[str, Any]:
+        return await self._wait(lambda h: h.get_shard_config.remote())
+
+    async def register_edge(self, edge_id: str, info: EdgeInfo) -> None:
+        await self._wait(lambda h: h.register_edge.remote(edge_id, info))
+
+    async def list_edges(self) -> dict[str, EdgeInfo]:
+        return await self._wait(lambda h: h.list_edges.remote())
+
+
+class FlushClient(_Named[FlushActorCalls]):
+    """The FlushActor."""
+
+    def __init__(self) -> None:
+        super().__init__(FLUSH)
+
+    async def write(self, entries: list[tuple[str, float]]) -> None:
+        """Hand last-seen values over; returns once the batch holding them is committed."""
+        await self._wait(lambda h: h.write.remote(entries))
+
+    async def stats(self, timeout_s: float) -> dict[str, Any]:
+        return await self._wait(lambda h: h.stats.remote(), timeout_s)
+
+
+async def flush_stats(timeout_s: float) -> dict[str, Any]:
+    return await FlushClient().stats(timeout_s)
+
+
+class ShardClients:
+    """The pool as an edge's router reaches it (edge/router.py `Shards`): the directory's slot map
+    and a client per shard, injected into the router, as a Ray Serve deployment receives the
+    handles it calls; its unit tests inject fakes."""
+
+    def __init__(self, direct: bool, directory: DirectoryClient | None = None) -> None:
+        self.direct = direct
+        self.directory = directory if directory is not None else DirectoryClient()
+
+    async def get_map(self) -> MapTuple:
+        return await self.directory.get_map()
+
+    def shard(self, index: int) -> ShardClient:
+        return ShardClient(index, direct=self.direct)
+
+
+# ---------------------------------------------------------------------------- joining Ray
+
+
+def connect(address: str | None, namespace: str, node_ip: str | None = None, **init_kwargs: Any) -> None:
+    """Start a new local Ray instance (address None) or join the one at `address`.
+
+    None means a new instance ("local"), never a cluster this machine's last `ray start` left
+    behind (what `ray.init()` without an address would join). Joining a cluster with token
+    authentication needs RAY_AUTH_MODE set before `ray` was imported: see `cluster.rayauth`.
+    """
+    if ray.is_initialized():
+        return
+    if node_ip:
+        init_kwargs["_node_ip_address"] = node_ip
+    if address is None:
+        # Ray starts its workers at nice 15 (below its own daemons); here the workers are the
+        # service's shards, which must not yield the CPU to every other process of the machine
+        # (an edge in a reconnect storm, its clients): at nice 15 a busy core gives them ~3 %.
+        init_kwargs.setdefault("_system_config", {}).setdefault("worker_niceness", 0)
+    ray.init(
+        address=address or "local",
+        namespace=namespace,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        **init_kwargs,
+    )
+
+
+def gcs_address() -> str:
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def auth_mode() -> str | None:
+    return os.environ.get("RAY_AUTH_MODE")
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()

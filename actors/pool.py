@@ -1,0 +1,335 @@
+"""The actor pool: the `@ray.remote` classes around the plain shells, starting and stopping them.
+
+`PresenceShard`, `FlushActor` and `SlotDirectory` are plain Python; this module turns them into
+named Ray actors and is what `presence up` (and a resize) imports to create them. Processes that
+only call the actors import `actors.clients` instead, which never loads this module's imports
+(asyncpg, the shard shell): an edge stays small (tests/unit/test_layers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any, Protocol, cast
+
+import psutil
+import ray
+
+from actors.clients import (
+    DIRECTORY,
+    FLUSH,
+    LANE_APPLY,
+    LANE_PULL,
+    DirectoryActor,
+    DirectoryClient,
+    FlushActorCalls,
+    FlushClient,
+    Remote,
+    ShardActor,
+    ShardClient,
+    shard_name,
+)
+from actors.core.contract import ApplyReply, Mail, ShardStats
+from actors.core.ops import Op
+from actors.core.shard import SlotExport
+from actors.core.slots import SlotMap
+from actors.directory import SlotDirectory
+from actors.flush import FlushActor
+from actors.lane import LaneServer
+from actors.pgstore import PostgresStore
+from actors.presence import PresenceShard, ShardConfig
+
+log = logging.getLogger("presence.ray")
+
+
+# Shards and the flusher are placed with num_cpus=0: they are I/O-bound asyncio processes, and a
+# two-core machine must still be able to run eight of them beside the edges.
+_ACTOR_OPTIONS: dict[str, Any] = {
+    "num_cpus": 0,
+    "max_restarts": -1,
+    "max_task_retries": 0,
+    "lifetime": "detached",
+    "max_concurrency": 10_000,
+}
+
+
+class FlushHost:
+    """The FlushActor's Ray face (`FlushActorCalls` in actors.clients)."""
+
+    def __init__(self, database_url: str, interval_s: float, max_rows: int) -> None:
+        self.impl = FlushActor(database_url, interval_s=interval_s, max_rows=max_rows)
+        self._started: asyncio.Task[None] | None = None
+
+    async def _ready(self) -> FlushActor:
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self.impl.start())
+        await self._started
+        return self.impl
+
+    async def write(self, entries: list[tuple[str, float]]) -> None:
+        await (await self._ready()).write(entries)
+
+    async def drain(self, timeout_s: float) -> int:
+        return await (await self._ready()).drain(timeout_s)
+
+    async def stats(self) -> dict[str, Any]:
+        return await (await self._ready()).stats()
+
+    async def stop(self) -> None:
+        await (await self._ready()).stop()
+
+
+class ShardHost:
+    """A PresenceActor's Ray face (`ShardActor` in actors.clients): the lazy start, the lane."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        shard_config = ShardConfig(**config)
+        self.impl = PresenceShard(
+            shard_config, flush_write=self._flush_write, store=PostgresStore(shard_config.database_url)
+        )
+        self._started: asyncio.Task[None] | None = None
+        self._flush = FlushClient()
+        # The direct lane (actors/lane.py) serves the edges' two hot calls.
+        self._lane = LaneServer({LANE_APPLY: self.apply_and_collect, LANE_PULL: self.pull})
+        self._lane_address: tuple[str, int] | None = None
+
+    async def _flush_write(self, entries: list[tuple[str, float]]) -> None:
+        # A restarted or replaced FlushActor is looked up again by the next call.
+        await self._flush.write(entries)
+
+    async def _ready(self) -> PresenceShard:
+        # Ray re-runs __init__ after a crash but never an async start; starting lazily on the
+        # first call covers both the first start and every restart.
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self._start())
+        await self._started
+        return self.impl
+
+    async def _start(self) -> None:
+        # The slots this shard serves come from the directory, also after a restart.
+        version, owners, count = await DirectoryClient().get_map()
+        slot_map = SlotMap(version, tuple(owners), count)
+        self.impl.set_owned(set(slot_map.slots_of(self.impl.config.shard_index)))
+        self.impl.node_id = ray.get_runtime_context().get_node_id()
+        await self.impl.start()
+        host = self.impl.config.lane_host
+        node_ip = _node_ip()
+        _, port = await self._lane.start(node_ip if host == "node" else host)
+        # Listening on every interface: the edges are told the node's address, not the wildcard.
+        self._lane_address = (node_ip if host in ("node", "0.0.0.0", "::", "") else host, port)
+
+    async def lane_address(self) -> tuple[str, int, bytes]:
+        """Where the direct lane listens and its secret (only Ray's admitted callers learn it)."""
+        await self._ready()
+        assert self._lane_address is not None
+        return (*self._lane_address, self._lane.secret)
+
+    async def export_slots(self, slots: list[int]) -> SlotExport:
+        return await (await self._ready()).export_slots(slots)
+
+    async def import_slots(self, export: SlotExport) -> None:
+        await (await self._ready()).import_slots(export)
+
+    async def mail_pending(self) -> int:
+        return await (await self._ready()).mail_pending()
+
+    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[object]]:
+        """Without the mail (bench/rtt.py times Ray's own round trip with it)."""
+        return await (await self._ready()).apply(edge_id, ops)
+
+    async def apply_and_collect(
+        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+    ) -> ApplyReply:
+        return await (await self._ready()).apply_and_collect(edge_id, ops, incarnation, acked_seq)
+
+    async def pull(
+        self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
+    ) -> Mail:
+        return await (await self._ready()).pull(edge_id, incarnation, acked_seq, wait_s, resend)
+
+    async def is_focused(self, user_id: str, channel_id: str) -> bool:
+        return await (await self._ready()).is_focused(user_id, channel_id)
+
+    async def operator_view(self, user_id: str) -> dict[str, object] | None:
+        return await (await self._ready()).operator_view(user_id)
+
+    async def stats(self) -> ShardStats:
+        return await (await self._ready()).stats()
+
+    async def server_members(self, server_id: str) -> list[str]:
+        return await (await self._ready()).server_members(server_id)
+
+    async def postgres_ok(self) -> bool:
+        return await (await self._ready()).postgres_ok()
+
+    async def drain(self, timeout_s: float) -> int:
+        return await (await self._ready()).drain(timeout_s)
+
+    async def stop(self) -> None:
+        await self._lane.close()
+        await (await self._ready()).stop()
+
+
+def _node_ip() -> str:
+    """This node's address as Ray knows it (Ray does not annotate the function)."""
+    get: Callable[[], str] = ray.util.get_node_ip_address
+    return get()
+
+
+_FlushActor = ray.remote(FlushHost)
+_PresenceActor = ray.remote(ShardHost)
+_Directory = ray.remote(SlotDirectory)
+
+
+# ---------------------------------------------------------------------------- the pool
+
+
+def _ray_daemons() -> list[psutil.Process]:
+    """A local cluster's GCS and raylet: this process's children (none for a cluster of its own)."""
+    return [p for p in psutil.Process().children(recursive=True) if p.name() in ("gcs_server", "raylet")]
+
+
+def _gone(daemons: list[psutil.Process], address: str) -> bool:
+    if daemons:
+        try:
+            return any(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in daemons)
+        except psutil.Error:  # reaped meanwhile
+            return True
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return False
+    except OSError:
+        return True
+
+
+def drain_pool(address: str, deadline_s: float = 75.0, settle_s: float = 2.0) -> int | None:
+    """`stop_pool`, unless Ray itself goes away meanwhile or it takes past `deadline_s`; None
+    then (nothing drained).
+
+    A signal to the whole process group (systemd's default, `timeout`) reaches a local cluster's
+    GCS and raylet too, and a driver's calls into a Ray that has gone wait without a deadline (or
+    abort the whole process after a minute, clean-up and all). So: give such a signal `settle_s`
+    to show, then drain in a thread, watching Ray's own processes (`address`, host:port, the GCS
+    of a cluster of its own) and giving up as soon as one has gone."""
+    daemons = _ray_daemons()
+    if daemons and psutil.wait_procs(daemons, timeout=settle_s)[0]:
+        return None
+    if _gone(daemons, address):
+        return None
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: result.append(stop_pool()), daemon=True)
+    worker.start()
+    end = time.monotonic() + deadline_s
+    while worker.is_alive() and time.monotonic() < end:
+        worker.join(0.2)
+        if worker.is_alive() and _gone(daemons, address):
+            return None
+    return result[0] if result else None
+
+
+def start_pool(
+    shards: int,
+    shard_config: ShardConfig,
+    flush_interval_s: float,
+    flush_max_rows: int,
+    shard_resources: list[dict[str, float]] | None = None,
+) -> None:
+    """Create the directory, the FlushActor and `shards` PresenceActors, and wait until all answer.
+
+    `shard_resources[i]`, if given, are custom Ray resources shard i asks for: the way to place
+    shards on chosen nodes (give each node a resource of its own in `ray start --resources`)."""
+    directory = cast(
+        DirectoryActor,
+        _Directory.options(name=DIRECTORY, **_ACTOR_OPTIONS).remote(shards, asdict(shard_config)),
+    )
+    flush = cast(
+        FlushActorCalls,
+        _FlushActor.options(name=FLUSH, **_ACTOR_OPTIONS).remote(
+            shard_config.database_url, flush_interval_s, flush_max_rows
+        ),
+    )
+    handles = [
+        cast(
+            ShardActor,
+            _PresenceActor.options(
+                name=shard_name(i),
+                resources=(shard_resources[i % len(shard_resources)] if shard_resources else None),
+                **_ACTOR_OPTIONS,
+            ).remote(asdict(ShardConfig(**{**asdict(shard_config), "shard_index": i}))),
+        )
+        for i in range(shards)
+    ]
+    ray.get(directory.get_map.remote())
+    ray.get(flush.stats.remote())
+    ray.get([h.stats.remote() for h in handles])
+
+
+def stop_pool(drain_timeout_s: float = 30.0) -> int:
+    """Drain last-seen (shards → FlushActor → PostgreSQL), then kill every actor of the pool.
+    Returns the number of last-seen values that could not be written."""
+    left = 0
+    try:
+        _, _, count = ray.get(cast(DirectoryActor, ray.get_actor(DIRECTORY)).get_map.remote(), timeout=10)
+    except Exception:
+        count = 0
+    shards = [cast(ShardActor, h) for h in (_find(shard_name(i)) for i in range(count)) if h is not None]
+    try:
+        left += sum(ray.get([h.drain.remote(drain_timeout_s) for h in shards], timeout=drain_timeout_s + 5))
+        flush = _find(FLUSH)
+        if flush is not None:
+            drained = cast(_FlushDrain, flush).drain.remote(drain_timeout_s)
+            left += ray.get(drained, timeout=drain_timeout_s + 5)
+    except Exception as e:
+        log.error("draining last-seen failed: %s", e)
+        left = -1
+    for name in [DIRECTORY, FLUSH, *(shard_name(i) for i in range(count))]:
+        handle = _find(name)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+    return left
+
+
+class _FlushDrain(Protocol):
+    """What stopping the pool asks of the FlushActor beyond its clients' calls."""
+
+    drain: Remote[[float], int]
+
+
+def _find(name: str) -> ray.actor.ActorHandle[Any] | None:
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------- resizing
+
+
+class PoolClient:
+    """Creating and retiring shards: what a resize (cluster/scale.py) needs beyond the clients."""
+
+    def shard(self, index: int) -> ShardClient:
+        return ShardClient(index)
+
+    async def start_shards(self, indices: Sequence[int], config: dict[str, Any]) -> None:
+        """Create these shards with `config` (the directory's), and wait until each answers."""
+        handles = [
+            cast(
+                ShardActor,
+                _PresenceActor.options(name=shard_name(i), **_ACTOR_OPTIONS).remote(
+                    {**config, "shard_index": i}
+                ),
+            )
+            for i in indices
+        ]
+        await asyncio.gather(*(h.stats.remote() for h in handles))
+
+    def retire_shard(self, index: int) -> None:
+        """Kill a shard for good (its slots and mail are elsewhere by now)."""
+        ShardClient(index).kill(restart=False)

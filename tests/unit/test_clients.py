@@ -1,0 +1,83 @@
+"""The clients of the pool (actors/clients.py): what an edge process loads, and the typed face of
+each actor checked against the class Ray runs (actors/pool.py), so a call and its actor cannot
+drift apart unnoticed (Ray's handles are untyped: the protocols are what mypy checks calls by)."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import clients, pool
+from actors.directory import SlotDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+# What runs inside the actors: an edge never loads it (asyncpg alone costs ~30 MB per process).
+SHELL_MODULES = (
+    "asyncpg",
+    "actors.presence",
+    "actors.flush",
+    "actors.pgstore",
+    "actors.directory",
+    "actors.pool",
+)
+
+
+def test_an_edge_process_loads_neither_asyncpg_nor_the_actor_shells() -> None:
+    probe = (
+        "import sys, edge.server, edge.http, edge.router, actors.clients\n"
+        f"print(','.join(m for m in {SHELL_MODULES!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def _remote_members(protocol: type) -> dict[str, tuple[list[Any], Any]]:
+    """name → (argument types, answer type) of each `Remote[[args], answer]` member."""
+    out = {}
+    for name, hint in typing.get_type_hints(protocol, vars(clients) | vars(pool) | globals()).items():
+        args, answer = typing.get_args(hint)
+        out[name] = (list(args), answer)
+    return out
+
+
+def _signature(cls: type, name: str) -> tuple[list[Any], list[bool], Any]:
+    """(argument types, whether each has a default, answer type) of `cls.name`."""
+    method = getattr(cls, name)
+    hints = typing.get_type_hints(method)
+    # Ray's tracing adds a `_ray_trace_ctx` keyword to the classes it hosts.
+    params = [p for p in inspect.signature(method).parameters.values() if p.name in hints]
+    return [hints[p.name] for p in params], [p.default is not p.empty for p in params], hints["return"]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "actor"),
+    [
+        (clients.ShardActor, pool.ShardHost),
+        (clients.DirectoryActor, SlotDirectory),
+        (clients.FlushActorCalls, pool.FlushHost),
+        (pool._FlushDrain, pool.FlushHost),
+    ],
+)
+def test_each_client_call_matches_its_actor_method(protocol: type, actor: type) -> None:
+    members = _remote_members(protocol)
+    assert members
+    for name, (args, answer) in members.items():
+        actor_args, defaults, actor_answer = _signature(actor, name)
+        # The call passes the leading arguments; the rest keep their defaults.
+        assert actor_args[: len(args)] == args, name
+        assert all(defaults[len(args) :]), name
+        assert actor_answer == answer, name
+
+
+def test_the_check_sees_a_mismatch() -> None:
+    class Drifted(typing.Protocol):
+        stats: clients.Remote[[int], int]
+
+    args, answer = _remote_members(Drifted)["stats"]
+    assert (_signature(pool.ShardHost, "stats")[0], _signature(pool.ShardHost, "stats")[2]) != (args, answer)
