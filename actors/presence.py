@@ -456,8 +456,8 @@ class PresenceShard:
                 # With its idle flag in the same step, so its watchers see no `online` in between.
                 status = s.connect(user_id, socket_id, edge_id, now, idle=idle)
                 return status, s.relations[user_id].last_seen_visibility
-            case ops_.Disconnect(user_id, socket_id, at):
-                s.disconnect(user_id, socket_id, now, at=at)
+            case ops_.Disconnect(user_id, socket_id, at, resume_s):
+                s.disconnect(user_id, socket_id, now, at=at, resume_s=resume_s)
                 return None
             case ops_.Departed(user_id, at, claim):
                 s.departed(user_id, at, now, claim)

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     # for events waits at most this long. Must stay well under socket_timeout_s.
     edge_lease_refresh_s: float = 5.0
 
+    # Drain and resume (protocol.md): a socket the server closed for its own reasons (an edge
+    # draining: 1012; a shard out of reach: 1011) keeps its account's presence this long, so a
+    # client that reconnects meanwhile, on any edge, shows its watchers nothing.
+    resume_s: float = Field(default=15.0, ge=0.0)
+
     # Per-socket limits.
     max_subscriptions_per_socket: int = 1_000
     max_query_ids: int = 100

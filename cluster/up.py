@@ -88,6 +88,7 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         count_ttl_s=settings.count_ttl_s,
         pull_wait_s=settings.edge_lease_refresh_s,
         gc_thresholds=settings.gc_thresholds,
+        resume_s=settings.resume_s,
         demo=demo,
     )
 

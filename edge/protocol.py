@@ -264,3 +264,7 @@ CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_SLOW_CLIENT = 4008  # the client did not read its frames and its send queue filled up
 CLOSE_TOO_MANY_CONNECTIONS = 4029
+# Closed by the server for its own reasons: the client reconnects at once, to any edge, and its
+# account keeps its presence meanwhile (protocol.md "Drain and resume").
+CLOSE_UNAVAILABLE = 1011  # a shard out of reach past the retry budget
+CLOSE_SERVICE_RESTART = 1012  # the edge drains

@@ -263,6 +263,9 @@ class Conn:
     phase: Phase = Phase.IDENTIFYING
     # When the connection went (LEAVING, GONE): its departure is stamped with this time.
     went_at: float | None = None
+    # Closed by the server for its own reasons (1012 drain, 1011 shard out of reach): its
+    # account keeps its presence for a resume (protocol.md "Drain and resume").
+    resumable: bool = False
     # Not part of the phase: a counter with a job of its own. Frames for this socket wait in
     # `held` while a reply that must come first (ready, a sync, a resync) is being prepared, so
     # that no change overtakes the state it changes; replies nest, hence a count (1 until ready).
@@ -283,6 +286,11 @@ class Conn:
         if self.went_at is None:
             self.went_at = at
             self.phase = Phase.LEAVING if self.phase is Phase.LIVE else Phase.GONE
+
+    def closed_by_server(self, at: float) -> None:
+        """The server is closing it for its own reasons, at `at`: its client will be back."""
+        self.resumable = True
+        self.went(at)
 
     def departed_at(self) -> float:
         return self.went_at if self.went_at is not None else time.time()
@@ -344,6 +352,9 @@ class EdgeConfig:
     # After a shard restarted and every edge registered its sockets again, each watcher is
     # brought to the truth: a fresh watch answer, and only the differences are sent.
     resync_delay_s: float = 2.0
+    # How long a socket this edge closes for its own reasons (1012, 1011) keeps its account's
+    # presence upstream, for its client to come back (protocol.md "Drain and resume").
+    resume_s: float = 15.0
     # The process's cycle-collector policy (actors/gc_policy.py); None leaves it alone (an edge
     # embedded in somebody else's process, tests).
     gc_thresholds: tuple[int, int, int] | None = None
@@ -616,7 +627,8 @@ class Edge:
                     return False
             except ShardUnavailable as e:
                 log.warning("closing %s: %s", conn.session.socket_id, e)
-                await conn.ws.close(1011, "presence is restarting; reconnect")
+                conn.closed_by_server(time.time())
+                await conn.ws.close(p.CLOSE_UNAVAILABLE, "presence is restarting; reconnect")
                 return False
         return True
 
@@ -742,11 +754,13 @@ class Edge:
             return
         sid = s.socket_id
         user, at = s.user_id, conn.departed_at()
+        resume_s = self.config.resume_s if conn.resumable else 0.0
         calls: list[Awaitable[Any]] = [
             # Until it lands: a socket left registered would keep its account online for as
             # long as this edge lives (its lease stays fresh). Repeating it is harmless.
             self.router.until_landed(
-                lambda: self.router.to_user(user, ops.Disconnect(user, sid, at)), f"departure of {sid}"
+                lambda: self.router.to_user(user, ops.Disconnect(user, sid, at, resume_s)),
+                f"departure of {sid}",
             )
         ]
         if s.subscriptions:

@@ -54,11 +54,14 @@ class Connect(NamedTuple):
 
 
 class Disconnect(NamedTuple):
-    """A socket went; `at` is when (None: now). Answer: None."""
+    """A socket went; `at` is when (None: now). `resume_s`: the server closed it for its own
+    reasons (1012, 1011), so its account keeps its presence that long from `at` (0: departs at
+    once; ShardState.disconnect). Answer: None."""
 
     user_id: str
     socket_id: str
     at: float | None = None
+    resume_s: float = 0.0
 
     def slot_keys(self) -> tuple[str, ...]:
         return (self.user_id,)

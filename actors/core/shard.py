@@ -19,6 +19,7 @@ shell rather than bad input.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -60,6 +61,18 @@ class Socket:
     focus: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A socket the server closed for its own reasons (an edge draining: 1012; a shard out of
+    reach: 1011), still counted in its account's status until `until`. A socket of the account
+    that identifies by then takes its place (with its idle flag), and nobody is told anything;
+    else the account departs as of `closed_at` (protocol.md, "Drain and resume")."""
+
+    closed_at: float
+    until: float
+    idle: bool
+
+
 @dataclass(slots=True)
 class Account:
     user_id: str
@@ -74,6 +87,15 @@ class Account:
     # 0.0 when they come from the database, whose value carries no time.
     chosen_at: float = 0.0
     visibility_at: float = 0.0
+    # Sockets the server closed, kept in the status for a resume (see Held); oldest first.
+    held: list[Held] = field(default_factory=list)
+
+    def idle_flags(self) -> list[bool]:
+        """One flag per socket the status counts: the live ones and the held ones."""
+        return [*(s.idle for s in self.sockets.values()), *(h.idle for h in self.held)]
+
+    def last_held_close(self) -> float | None:
+        return max((h.closed_at for h in self.held), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +142,9 @@ class ShardState:
         allowances: dict[str, Allowance] | None = None,
     ) -> None:
         self.socket_timeout_s = socket_timeout_s
+        # (until, account) for every account with held sockets: when to look at it again. Lazy:
+        # an entry whose account resumed, left or moved away is skipped when it comes up.
+        self._holds: list[tuple[float, str]] = []
         self.precision_s = last_seen_precision_s
         self.account_idle_evict_s = account_idle_evict_s
         self.outbox = Outbox()
@@ -280,6 +305,29 @@ class ShardState:
         for edge_id, refreshed in sorted(self.edges.items(), key=lambda kv: kv[1]):
             if now - refreshed > self.socket_timeout_s:
                 self.drop_edge(edge_id, refreshed + self.socket_timeout_s)
+        while self._holds and self._holds[0][0] <= now:
+            _, user_id = heapq.heappop(self._holds)
+            self._end_holds(user_id, now)
+
+    def _end_holds(self, user_id: str, now: float) -> None:
+        """The held sockets of the account whose window ran out by `now` go: nobody resumed them.
+        If the account has nothing left it departs, as of the moment its last one was closed."""
+        acc = self.accounts.get(user_id)
+        if acc is None:
+            return  # moved away with its slot (the new owner looks after it), or never was here
+        expired = [h for h in acc.held if h.until <= now]
+        if not expired:
+            return
+        acc.held = [h for h in acc.held if h.until > now]
+        self._watch_holds(acc)
+        at = max(h.closed_at for h in expired)
+        if not acc.sockets and not acc.held:
+            self.outbox.add(Activity(user_id, False, at))
+        self._settle(acc, now, seen_at=at)
+
+    def _watch_holds(self, acc: Account) -> None:
+        if acc.held:
+            heapq.heappush(self._holds, (min(h.until for h in acc.held), acc.user_id))
 
     def drop_edge(self, edge_id: str, now: float) -> None:
         """Everything an edge registered goes, as if each of its sockets had closed."""
@@ -308,6 +356,7 @@ class ShardState:
         for user_id, acc in list(self.accounts.items()):
             if (
                 not acc.sockets
+                and not acc.held
                 and user_id not in self.pending_last_seen
                 and user_id not in kept
                 and now - acc.touched_at > self.account_idle_evict_s
@@ -326,6 +375,14 @@ class ShardState:
         acc = self.accounts[user_id]
         acc.touched_at = now
         if socket_id not in acc.sockets:
+            if acc.held:
+                # A resume: the socket takes the place of one the server closed, idle flag and
+                # all, so the account's status is what it was and nobody hears of either. An
+                # awake one first: the status is then the same whichever of them come back.
+                taken = next((h for h in acc.held if not h.idle), acc.held[0])
+                acc.held.remove(taken)
+                idle = idle or taken.idle
+                self._watch_holds(acc)
             acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle)
             self.edge_sockets.setdefault(edge_id, set()).add((user_id, socket_id))
             self.outbox.add(SocketCount(user_id, socket_id, True))
@@ -336,9 +393,16 @@ class ShardState:
             self._held_ready.setdefault(user_id, {})[socket_id] = acc.real
         return acc.real
 
-    def disconnect(self, user_id: str, socket_id: str, now: float, at: float | None = None) -> None:
+    def disconnect(
+        self, user_id: str, socket_id: str, now: float, at: float | None = None, resume_s: float = 0.0
+    ) -> None:
         """The socket closed at `at` (default `now`): the edge may report it late, e.g. after
-        waiting for this shard to restart, and the departure keeps the time it happened."""
+        waiting for this shard to restart, and the departure keeps the time it happened.
+
+        `resume_s`: the server closed it for its own reasons (a drain, a shard out of reach), so
+        it is held in the account's status for that long from `at` (see Held; the edge says how
+        long, its `resume_s` setting). A client that closed its socket, or one that went silent,
+        departs at once (0)."""
         self._expire(now)
         acc = self.accounts.get(user_id)
         sock = acc.sockets.get(socket_id) if acc is not None else None
@@ -350,7 +414,28 @@ class ShardState:
             return
         # Never after now. Not clamped from below: a client may leave while its connect is still
         # on the way, so a departure before the shard registered the socket is real.
-        self._remove_socket(user_id, socket_id, now if at is None else min(at, now))
+        when = now if at is None else min(at, now)
+        if when + resume_s > now:
+            self._hold_socket(user_id, socket_id, when, when + resume_s, now)
+        else:
+            self._remove_socket(user_id, socket_id, when)
+
+    def _hold_socket(self, user_id: str, socket_id: str, closed_at: float, until: float, now: float) -> None:
+        """The socket is gone but its place in the status is kept until `until`:
+        the status is computed over the same idle flags as before, so nothing is told to anybody
+        and no count moves (but the socket count: the socket itself is gone)."""
+        acc = self.accounts[user_id]
+        sock = acc.sockets.pop(socket_id)
+        self.edge_sockets.get(sock.edge_id, set()).discard((user_id, socket_id))
+        self.outbox.add(SocketCount(user_id, socket_id, False))
+        acc.held.append(Held(closed_at, until, sock.idle))
+        acc.touched_at = now
+        self._watch_holds(acc)
+        if is_visibly_present(acc.real) and not acc.sockets:
+            # Written at once, like a checkpoint of a present account: should this shard die
+            # during the window, the stored last-seen is already the moment the socket closed,
+            # and should the account resume, later writes move it on (never back).
+            self.pending_last_seen[user_id] = max(closed_at, self.pending_last_seen.get(user_id, 0.0))
 
     def departed(self, user_id: str, at: float, now: float, claim: Claim | None = None) -> None:
         """An edge reports again a departure that an earlier incarnation of this shard may have
@@ -399,7 +484,7 @@ class ShardState:
         sock = acc.sockets.pop(socket_id)
         self.edge_sockets.get(sock.edge_id, set()).discard((user_id, socket_id))
         self.outbox.add(SocketCount(user_id, socket_id, False))
-        if not acc.sockets:
+        if not acc.sockets and not acc.held:
             self.outbox.add(Activity(user_id, False, now))
         acc.touched_at = now
         if is_visibly_present(acc.real):
@@ -459,7 +544,7 @@ class ShardState:
             if acc.chosen != claim.chosen:
                 acc.chosen = as_chosen(claim.chosen)
                 self.outbox.add(PersistChosen(user_id, claim.chosen, claim.chosen_at))
-                if claim.chosen == "invisible" and not acc.sockets:
+                if claim.chosen == "invisible" and not acc.sockets and not acc.held:
                     # The moment it hid (its socket was connected then): its frozen last-seen,
                     # which the dead incarnation may not have written. Never moved back.
                     hid = min(claim.chosen_at, now)
@@ -484,17 +569,21 @@ class ShardState:
         acc = self.accounts.get(user_id)
         return acc is not None and any(s.focus == channel_id for s in acc.sockets.values())
 
-    def _settle(self, acc: Account, now: float, skip_self: str | None = None) -> None:
-        """Recompute the account's status and emit whatever its change means."""
+    def _settle(
+        self, acc: Account, now: float, skip_self: str | None = None, seen_at: float | None = None
+    ) -> None:
+        """Recompute the account's status and emit whatever its change means. `seen_at`: when
+        the account was last present, if it departs now and that was earlier (a hold ran out)."""
         before = acc.real
-        after = real_status(acc.chosen, (s.idle for s in acc.sockets.values()))
+        after = real_status(acc.chosen, acc.idle_flags())
         if after == before:
             return
         acc.real = after
         was_present, is_present = is_visibly_present(before), is_visibly_present(after)
         if was_present and not is_present:
             # The moment last-seen stops moving: the last socket went, or the account hid.
-            acc.last_seen_at = max(now, acc.last_seen_at or now)
+            seen = now if seen_at is None else seen_at
+            acc.last_seen_at = max(seen, acc.last_seen_at or seen)
             self.pending_last_seen[acc.user_id] = max(
                 acc.last_seen_at, self.pending_last_seen.get(acc.user_id, 0.0)
             )
@@ -583,7 +672,9 @@ class ShardState:
         if acc is None:
             return None
         if is_visibly_present(acc.real):
-            return now
+            held = acc.last_held_close() if not acc.sockets else None
+            # Held only: when its socket closed, which is its last-seen unless it resumes.
+            return now if held is None else held
         return acc.last_seen_at
 
     # ------------------------------------------------------------------ watching
@@ -697,7 +788,7 @@ class ShardState:
             self._round_started = now
             return []
         if now - self._round_started >= self.checkpoint_interval_s:
-            self._round = [u for u, acc in self.accounts.items() if is_visibly_present(acc.real)]
+            self._round = [u for u, acc in self.accounts.items() if _checkpointed(acc)]
             self._round.sort()
             self._round_started, self._round_sent = now, 0
             self.checkpoint_rounds += 1
@@ -705,7 +796,7 @@ class ShardState:
         due = min(len(self._round), math.ceil(len(self._round) * (now - self._round_started) / spread))
         chunk = self._round[self._round_sent : due]
         self._round_sent = max(self._round_sent, due)
-        return [(u, now) for u in chunk if u in self.accounts and is_visibly_present(self.accounts[u].real)]
+        return [(u, now) for u in chunk if u in self.accounts and _checkpointed(self.accounts[u])]
 
     # ------------------------------------------------------------------ counts (Redis refresh)
 
@@ -790,6 +881,7 @@ class ShardState:
             self.accounts[acc.user_id] = acc
             for sock in acc.sockets.values():
                 self.edge_sockets.setdefault(sock.edge_id, set()).add((acc.user_id, sock.socket_id))
+            self._watch_holds(acc)  # held sockets move with their account, windows unchanged
         for user_id, ts in export.pending_last_seen.items():
             self.pending_last_seen[user_id] = max(ts, self.pending_last_seen.get(user_id, 0.0))
         for target, watchers in export.watchers.items():
@@ -808,6 +900,12 @@ class ShardState:
         for acc in export.accounts:
             if acc.sockets and acc.user_id in self.accounts:
                 self.outbox.add(Activity(acc.user_id, True, now))
+
+
+def _checkpointed(acc: Account) -> bool:
+    """Present with a live socket: an account present only through held sockets is not written
+    `now`, or a hold that runs out could not take its last-seen back to the moment it closed."""
+    return bool(acc.sockets) and is_visibly_present(acc.real)
 
 
 @dataclass
