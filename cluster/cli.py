@@ -186,6 +186,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return scale(settings, args.shards)
 
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    from cluster.drain import drain
+
+    return drain(_settings(args), args.edge, args.wait)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from bench.cli import run_bench
 
@@ -223,6 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("scale", "resize the actor pool of a running cluster, live")
     p.add_argument("shards", type=int, help="the number of PresenceActor shards to resize to")
     p.set_defaults(fn=cmd_scale)
+
+    p = add(
+        "drain",
+        "drain one edge: /healthz 503 at once, then its sockets closed with 1012 over a window "
+        "(their accounts resume elsewhere without a flicker), then it stops",
+    )
+    p.add_argument(
+        "--edge",
+        default=None,
+        metavar="URL",
+        help="the edge's internal URL, http://HOST:PORT (default: the edge of this data dir)",
+    )
+    p.add_argument("--wait", action="store_true", help="return once the edge has drained and stopped")
+    p.set_defaults(fn=cmd_drain)
 
     p = add("status", "shards, edges, sockets, accounts online, pending last-seen writes")
     p.add_argument(

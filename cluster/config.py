@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     # draining: 1012; a shard out of reach: 1011) keeps its account's presence this long, so a
     # client that reconnects meanwhile, on any edge, shows its watchers nothing.
     resume_s: float = Field(default=15.0, ge=0.0)
+    # An edge told to drain (SIGTERM, `presence drain`) answers /healthz 503 at once and keeps
+    # accepting for `drain_grace_s` (about two health-check intervals of the balancer), then
+    # closes its sockets with 1012 spread evenly over `drain_window_s`, then stops.
+    drain_grace_s: float = Field(default=4.0, ge=0.0)
+    drain_window_s: float = Field(default=10.0, ge=0.0)
 
     # Per-socket limits.
     max_subscriptions_per_socket: int = 1_000

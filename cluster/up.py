@@ -89,6 +89,8 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         pull_wait_s=settings.edge_lease_refresh_s,
         gc_thresholds=settings.gc_thresholds,
         resume_s=settings.resume_s,
+        drain_grace_s=settings.drain_grace_s,
+        drain_window_s=settings.drain_window_s,
         demo=demo,
     )
 
@@ -138,9 +140,23 @@ async def _serve_edge(config: EdgeConfig, announce: Callable[[Edge], None]) -> N
     announce(edge)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+
+    def terminate() -> None:
+        # The first SIGTERM drains (protocol.md "Drain and resume"); a second one stops at once.
+        if edge.draining:
+            print("second SIGTERM: stopping at once", flush=True)
+            stop.set()
+        else:
+            print("\nSIGTERM: draining (a second SIGTERM stops at once) …", flush=True)
+            edge.drain()
+
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    drained = asyncio.create_task(edge.drained.wait())  # after SIGTERM or `presence drain`
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait((drained, stopped), return_when=asyncio.FIRST_COMPLETED)
+    drained.cancel()
+    stopped.cancel()
     print("\nstopping: closing sockets …", flush=True)
     await edge.stop()
 

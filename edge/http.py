@@ -6,7 +6,8 @@
     GET /api/v1/internal/presence/active?hours=H[&serverId=G]  {"active": N | null}
     GET /api/v1/internal/presence/cluster                      the operator page's cluster panel
     GET /admin (+ /admin/admin.js, /admin/admin.css)           the operator page (static, no data)
-    GET /healthz                                               200 when every shard answers
+    GET /api/v1/internal/edge/drain                            start draining this edge
+    GET /healthz                                               200 when every shard answers (503 draining)
     GET /metrics                                               Prometheus text
 
 Served through websockets' `process_request` hook, so the edge needs no second HTTP stack.
@@ -159,6 +160,10 @@ class InternalApi:
                 return await self.active(query)
             if path == f"{PREFIX}/cluster":
                 return await self.cluster()
+            if path == "/api/v1/internal/edge/drain":
+                # A GET like every route here (the port answers 405 to anything else), and
+                # harmless to repeat: the drain starts once (protocol.md "Drain and resume").
+                return self.drain()
         except TimeoutError:
             return json_response(None, 503, {"error": "a shard did not answer in time"})
         except Exception:
@@ -167,11 +172,31 @@ class InternalApi:
             return json_response(None, 503, {"error": "presence could not answer; see the edge's log"})
         return json_response(None, 404, {"error": "no such route"})
 
+    def drain(self) -> Response:
+        """Start this edge's drain (once; asking again answers the same)."""
+        edge = self.edge
+        edge.drain()
+        cfg = edge.config
+        return json_response(
+            None,
+            200,
+            {
+                "edge": edge.edge_id,
+                "draining": True,
+                "sockets": len(edge.conns),
+                "graceS": cfg.drain_grace_s,
+                "windowS": cfg.drain_window_s,
+                "resumeS": cfg.resume_s,
+            },
+        )
+
     async def healthz(self) -> Response:
         router = self.edge.router
-        ok = router.healthy()
+        # A draining edge says 503 at once, so that the balancer sends it nobody new.
+        ok = router.healthy() and not self.edge.draining
         body = {
             "ok": ok,
+            "draining": self.edge.draining,
             "edge": self.edge.edge_id,
             "shards": router.map.shard_count if router.map else 0,
             "sockets": len(self.edge.conns),

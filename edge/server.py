@@ -355,6 +355,13 @@ class EdgeConfig:
     # How long a socket this edge closes for its own reasons (1012, 1011) keeps its account's
     # presence upstream, for its client to come back (protocol.md "Drain and resume").
     resume_s: float = 15.0
+    # A drain (SIGTERM, `presence drain`): /healthz answers 503 at once; connections are still
+    # accepted for `drain_grace_s` (the balancer's health checks notice meanwhile), then the
+    # sockets are closed with 1012 spread evenly over `drain_window_s`, and the edge waits up to
+    # `drain_handoff_s` for their departures to reach the shards before it stops.
+    drain_grace_s: float = 4.0
+    drain_window_s: float = 10.0
+    drain_handoff_s: float = 15.0
     # The process's cycle-collector policy (actors/gc_policy.py); None leaves it alone (an edge
     # embedded in somebody else's process, tests).
     gc_thresholds: tuple[int, int, int] | None = None
@@ -404,6 +411,9 @@ class Edge:
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
         self._closing: set[asyncio.Task[None]] = set()
+        self._drain: asyncio.Task[None] | None = None
+        # Set once a drain has handed every departure to the shards: the process may stop.
+        self.drained = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -444,8 +454,82 @@ class Edge:
     def internal_port(self) -> int:
         return int(self._servers[1].sockets[0].getsockname()[1])
 
+    @property
+    def draining(self) -> bool:
+        return self._drain is not None
+
+    def drain(self) -> asyncio.Task[None]:
+        """Start draining, once (asking again changes nothing): see `_drain_run`."""
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._drain_run())
+        return self._drain
+
+    async def _drain_run(self) -> None:
+        """/healthz says 503 from now on; after the grace, no more connections are accepted and
+        the sockets are closed with 1012 evenly over the drain window (their clients reconnect to
+        the other edges in a trickle, not a storm), each a resumable departure; once their
+        departures have landed, `drained` is set and the edge may stop."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        log.warning(
+            "edge %s draining: /healthz answers 503; accepting for %.1f s more, then closing %d sockets "
+            "with 1012 over %.1f s",
+            self.edge_id,
+            cfg.drain_grace_s,
+            len(self.conns),
+            cfg.drain_window_s,
+        )
+        await asyncio.sleep(cfg.drain_grace_s)
+        if self._servers:
+            self._servers[0].close(close_connections=False)  # stop listening; sockets stay open
+        for ws in self.opening.drain():  # never read: nothing to close gracefully
+            if ws.transport is not None:
+                ws.transport.abort()
+        conns = list(self.conns.values())
+        started = loop.time()
+        step = max(1, len(conns) // 10)
+        for i, conn in enumerate(conns):
+            delay = started + cfg.drain_window_s * i / len(conns) - loop.time()
+            if delay > 0.002:
+                await asyncio.sleep(delay)
+            self._close_for_restart(conn)
+            if (i + 1) % step == 0 and i + 1 < len(conns):
+                log.warning("edge %s draining: %d of %d sockets closed", self.edge_id, i + 1, len(conns))
+        for conn in list(self.conns.values()):  # still identifying when the list was taken
+            self._close_for_restart(conn)
+        handlers = set(self._handlers)
+        if handlers:
+            _, late = await asyncio.wait(handlers, timeout=cfg.drain_handoff_s)
+            if late:
+                log.error(
+                    "edge %s draining: %d departures not handed to the shards after %.1f s; stopping anyway",
+                    self.edge_id,
+                    len(late),
+                    cfg.drain_handoff_s,
+                )
+        log.warning(
+            "edge %s drained: %d sockets closed in %.1f s, their departures handed to the shards",
+            self.edge_id,
+            len(conns),
+            loop.time() - started + cfg.drain_grace_s,
+        )
+        self.drained.set()
+
+    def _close_for_restart(self, conn: Conn) -> None:
+        """Close one socket with 1012: its client reconnects at once, to another edge, and its
+        account keeps its presence meanwhile (a resumable departure, `resume_s`)."""
+        if conn.session.socket_id not in self.conns or conn.went_at is not None:
+            return
+        conn.closed_by_server(time.time())
+        self.metrics.inc("closes_total", code=str(p.CLOSE_SERVICE_RESTART))
+        task = asyncio.create_task(conn.ws.close(p.CLOSE_SERVICE_RESTART, "service restart; reconnect"))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def stop(self) -> None:
         """Close every socket (each one's departure is registered upstream), then stop."""
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()  # stopped at once (a second SIGTERM): whatever is left goes now
         for server in self._servers:
             server.close(close_connections=True)
         for ws in self.opening.drain():  # never read: nothing to close gracefully

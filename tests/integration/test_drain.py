@@ -1,0 +1,179 @@
+"""Drain and resume (protocol.md) through real edges, shards, PostgreSQL and Redis.
+
+An edge told to drain answers /healthz 503 before it closes any socket, closes them with 1012
+after its grace, and stops; an account whose socket it closed keeps its presence for `resume_s`:
+back within the window on another edge, nobody watching it receives anything; not back, it
+departs as of the moment its socket was closed. A socket its client closes departs at once.
+Windows are short here (a fraction of a second to 3 s) so that each test takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import pytest
+
+from cluster.drain import get_json
+from edge.server import Edge
+
+from .conftest import Cluster, Ids, internal_url, load
+from .test_presence_ws import connect
+from .wsclient import Client, changed, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+RESUME_S = 3.0
+
+
+@asynccontextmanager
+async def draining_edge(cluster: Cluster, **overrides: Any) -> AsyncIterator[Edge]:
+    settings: dict[str, Any] = {"drain_grace_s": 0.5, "drain_window_s": 0.3, "resume_s": RESUME_S}
+    e = Edge(cluster.edge_config(**{**settings, **overrides}))
+    await e.start()
+    try:
+        yield e
+    finally:
+        await e.stop()
+
+
+async def get(e: Edge, path: str) -> tuple[int, dict[str, Any]]:
+    return await asyncio.to_thread(get_json, internal_url(e) + path, None)
+
+
+async def pair(conn: asyncpg.Connection, ids: Ids) -> tuple[str, str, str]:
+    alice, bob, g = ids("alice"), ids("bob"), ids("g")
+    await load(conn, {"users": [{"id": alice}, {"id": bob}], "servers": [{"id": g, "members": [alice, bob]}]})
+    return alice, bob, g
+
+
+async def watching(cluster: Cluster, edge: Edge, bob: str, alice: str) -> Client:
+    watcher = await connect(cluster, edge, bob)
+    sync = await watcher.request(
+        {"type": "presence.subscribe", "userIds": [alice]}, of_type("presence.sync"), timeout=10
+    )
+    assert sync["users"] == [{"userId": alice, "status": "online"}]
+    return watcher
+
+
+def changes_about(c: Client, user: str) -> list[dict[str, Any]]:
+    return [f for f in c.about(user) if f.get("type") == "presence.changed"]
+
+
+def epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+async def test_drain_answers_503_before_any_socket_closes(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    alice, _, _ = await pair(conn, ids)
+    async with draining_edge(cluster, drain_grace_s=1.0) as d:
+        status, body = await get(d, "/healthz")
+        assert status == 200 and body["draining"] is False
+        a = await connect(cluster, d, alice)
+        # The command line, as an operator runs it: through the internal port.
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "drain",
+            "--edge",
+            internal_url(d),
+            "--data-dir",
+            str(cluster.data_dir),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PRESENCE_INTERNAL_TOKEN": ""},
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, err.decode()
+        assert "draining" in out.decode()
+        assert d.draining
+        status, body = await get(d, "/healthz")
+        assert status == 503 and body["draining"] is True
+        assert a.close_code is None and not a.ws.close_code  # nothing closed yet: the grace
+        # Still accepting during the grace (connections in flight when the balancer noticed).
+        late = await connect(cluster, d, ids("late"))
+        assert await a.closed(timeout=10) == 1012
+        assert await late.closed(timeout=10) == 1012
+        await asyncio.wait_for(d.drained.wait(), 15)
+        status, _ = await get(d, "/api/v1/internal/edge/drain")  # asking again changes nothing
+        assert status == 200
+
+
+async def test_drained_account_back_on_another_edge_within_resume_s_tells_nobody(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    alice, bob, g = await pair(conn, ids)
+    async with draining_edge(cluster) as d:
+        a = await connect(cluster, d, alice)
+        watcher = await watching(cluster, edge, bob, alice)
+        await eventually(lambda: get_online(edge, g, 2))  # alice and bob
+        before = len(changes_about(watcher, alice))
+        status, _ = await get(d, "/api/v1/internal/edge/drain")
+        assert status == 200
+        assert await a.closed(timeout=10) == 1012
+        back = await connect(cluster, edge, alice)  # at once, to another edge
+        assert back.ready is not None and back.ready["status"] == "online"
+        await asyncio.wait_for(d.drained.wait(), 15)
+        # Past the window (and the shards' sweeps), nothing was said about alice to anybody,
+        # and the server's online count never dipped.
+        end = time.monotonic() + RESUME_S + 1.5
+        while time.monotonic() < end:
+            assert await get_online(edge, g, 2), "the online count dipped"
+            await asyncio.sleep(0.2)
+        await watcher.roundtrip()
+        assert changes_about(watcher, alice)[before:] == []
+        status, view = await get(edge, f"/api/v1/internal/presence/users/{alice}")
+        assert status == 200 and view["status"] == "online" and view["sockets"] == 1
+
+
+async def test_drained_account_not_back_departs_at_its_close_time(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    alice, bob, _ = await pair(conn, ids)
+    async with draining_edge(cluster) as d:
+        a = await connect(cluster, d, alice)
+        watcher = await watching(cluster, edge, bob, alice)
+        asked = time.time()
+        status, _ = await get(d, "/api/v1/internal/edge/drain")
+        assert status == 200
+        assert await a.closed(timeout=10) == 1012
+        told_closed = time.time()
+        offline = await watcher.expect(changed(alice, "offline"), timeout=RESUME_S + 10)
+        assert offline is not None
+        assert time.time() - told_closed >= RESUME_S - 0.5  # not before the window ran out
+        status, view = await get(edge, f"/api/v1/internal/presence/users/{alice}")
+        assert status == 200 and view["status"] == "offline"
+        # Last seen when the edge closed its socket: after the grace, before the client heard.
+        seen = epoch(view["lastSeenAt"])
+        assert asked + 0.5 - 0.05 <= seen <= told_closed + 0.01, (asked, seen, told_closed)
+        assert [f["status"] for f in changes_about(watcher, alice)] == ["offline"]
+
+
+async def test_client_closed_socket_on_a_draining_edge_departs_at_once(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    alice, bob, _ = await pair(conn, ids)
+    async with draining_edge(cluster, drain_grace_s=5.0, resume_s=30.0) as d:
+        a = await connect(cluster, d, alice)
+        watcher = await watching(cluster, edge, bob, alice)
+        status, _ = await get(d, "/api/v1/internal/edge/drain")
+        assert status == 200
+        closed = time.monotonic()
+        await a.close()  # the client's own close, during the grace
+        await watcher.expect(changed(alice, "offline"), timeout=5)
+        assert time.monotonic() - closed < 5  # at once, not after a window of 30 s
+
+
+async def get_online(e: Edge, server: str, expected: int) -> bool:
+    status, body = await get(e, f"/api/v1/internal/presence/online?serverId={server}")
+    return status == 200 and body["online"] == expected
