@@ -138,8 +138,9 @@ CLOSE_CODES: list[tuple[int, str]] = [
     (p.CLOSE_SILENT, "no frame for 90 s"),
     (p.CLOSE_SLOW_CLIENT, "the client did not read its frames (its output queue filled up)"),
     (p.CLOSE_TOO_MANY_CONNECTIONS, "too many connections"),
-    (1011, "the account's shard stayed unreachable for 10 s; reconnect"),
-    (1001, "the edge is shutting down; reconnect"),
+    (p.CLOSE_UNAVAILABLE, "the account's shard stayed unreachable for 10 s; reconnect at once, to any edge"),
+    (p.CLOSE_SERVICE_RESTART, "the edge is draining (service restart); reconnect at once, to any edge"),
+    (1001, "the edge was stopped at once; reconnect"),
 ]
 
 DESCRIPTION = """\
