@@ -1,0 +1,373 @@
+"""The testbed's scenarios: real websocket watchers through HAProxy, faults done to whole nodes,
+every watcher's final view judged by the history checker (tests/integration/history.py).
+
+Each scenario records what it measured (seconds from the fault) into rows of one table, and the
+expectations it checked: `run_all` prints the table and says whether every expectation held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.integration.history import VIEW_CHECKS, Graph, check, departures_stored
+from tests.integration.recorder import RecordedClient, Recorder
+from tests.testbed.bed import Node, Testbed, log
+
+SERVER = "tb-g"
+# How long a watcher may take to show the truth after a node died: Ray declares a silent node dead
+# after about 65 s of failed health checks (its defaults: every 3 s, 10 s timeout, 5 failures),
+# and the dead edge's accounts must depart within AFTER_RAY_S of that.
+NODE_DEATH_BOUND_S = 75.0
+AFTER_RAY_S = 10.0
+
+# Run on the head by `ssh`: Ray's view of nodes and of where each named actor lives, one JSON line
+# a second (Ray's own state, not presence's: the observer must not depend on what it measures).
+OBSERVER = r"""
+import json, sys, time
+import ray
+ray.init(address="auto", namespace="presence", log_to_driver=False, configure_logging=False)
+from ray._private import state
+while True:
+    nodes = {n["NodeID"]: {"ip": n["NodeManagerAddress"], "alive": n["Alive"]} for n in ray.nodes()}
+    actors = {}
+    for a in state.actors().values():
+        name = a.get("Name")
+        if name and a.get("State") not in ("DEAD",):
+            node = (a.get("Address") or {}).get("NodeID")
+            actors[name] = {"state": a.get("State"), "ip": nodes.get(node, {}).get("ip")}
+    print(json.dumps({"t": time.time(), "nodes": nodes, "actors": actors}), flush=True)
+    time.sleep(1)
+"""
+
+
+@dataclass
+class Row:
+    scenario: str
+    what: str
+    value: str
+    ok: bool | None = None  # None: a measurement, not an expectation
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+
+    def measure(self, scenario: str, what: str, seconds: float | None) -> None:
+        self.rows.append(Row(scenario, what, "-" if seconds is None else f"{seconds:.1f} s"))
+
+    def expect(self, scenario: str, what: str, ok: bool, detail: str = "") -> None:
+        self.rows.append(Row(scenario, what, detail or ("yes" if ok else "NO"), ok))
+
+    def table(self) -> str:
+        width = max(len(r.what) for r in self.rows)
+        lines = [f"{'scenario':<14} {'measured / expected':<{width}}  value", "-" * (width + 40)]
+        for r in self.rows:
+            mark = "" if r.ok is None else ("  ok" if r.ok else "  FAILED")
+            lines.append(f"{r.scenario:<14} {r.what:<{width}}  {r.value}{mark}")
+        return "\n".join(lines)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok is not False for r in self.rows)
+
+
+class Observer:
+    """Ray's view from the head, read continuously in a thread."""
+
+    def __init__(self, bed: Testbed) -> None:
+        (bed.nodes[0].home / "observer.py").write_text(OBSERVER)
+        key = bed.work / "keys" / "id_ed25519"
+        self.proc = subprocess.Popen(
+            ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+             "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", f"root@{bed.nodes[0].ip}",
+             "bash --login -c 'RAY_AUTH_MODE=token exec python3 -u ~/observer.py'"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        self.samples: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.samples.append(json.loads(line))
+
+    def latest(self) -> dict[str, Any] | None:
+        return self.samples[-1] if self.samples else None
+
+    def first(self, pred: Callable[[dict[str, Any]], bool], after: float) -> float | None:
+        return next((s["t"] for s in self.samples if s["t"] >= after and pred(s)), None)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def shards_by_node(sample: dict[str, Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name, a in sorted(sample["actors"].items()):
+        if name.startswith("shard-") and a["state"] == "ALIVE":
+            out.setdefault(a["ip"], []).append(name)
+    return out
+
+
+def internal_get(bed: Testbed, node: Node, path: str) -> Any:
+    request = urllib.request.Request(
+        f"{node.edge}{path}", headers={"Authorization": f"Bearer {bed.internal_token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as r:
+        return json.loads(r.read())
+
+
+async def wait_until(check_fn: Callable[[], Any], timeout: float, interval: float = 0.1) -> float | None:
+    """The time.time() at which `check_fn()` (sync or async) first held, or None at the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check_fn()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return time.time()
+        await asyncio.sleep(interval)
+    return None
+
+
+def shows(client: RecordedClient, user: str) -> str | None:
+    """The status a watcher shows for `user` (the last sync or change about it)."""
+    status = None
+    for frame in client.log:
+        if frame.get("type") == "presence.sync":
+            for u in frame.get("users", []):
+                if u.get("userId") == user:
+                    status = u.get("status")
+        elif frame.get("type") == "presence.changed" and frame.get("userId") == user:
+            status = frame.get("status")
+    return status
+
+
+def edge_of(client: RecordedClient) -> str:
+    return str(client.ws.response.headers.get("X-Presence-Edge", "?"))
+
+
+async def load_graph(bed: Testbed, users: list[str]) -> None:
+    import asyncpg
+
+    from cluster import db
+
+    conn = await asyncpg.connect(bed.database_url)
+    try:
+        await db.load_fixture(
+            conn, {"users": [{"id": u} for u in users], "servers": [{"id": SERVER, "members": users}]}
+        )
+    finally:
+        await conn.close()
+
+
+async def connect_watcher(
+    rec: Recorder, url: str, user: str, users: list[str], secret: str
+) -> RecordedClient:
+    from edge.tokens import mint_token
+
+    client = await rec.connect(url, user, mint_token(user, secret))
+    # A client's heartbeats (the edge closes a socket silent for 90 s).
+    beat = asyncio.get_running_loop().create_task(_heartbeats(client))
+    client._reader.add_done_callback(lambda _: beat.cancel())
+    others = [u for u in users if u != user]
+    await client.send({"type": "presence.subscribe", "userIds": others})
+    await client.expect(lambda f: f.get("type") == "presence.sync", timeout=15)
+    return client
+
+
+async def _heartbeats(client: RecordedClient, every_s: float = 20.0) -> None:
+    with contextlib.suppress(Exception):
+        while True:
+            await asyncio.sleep(every_s)
+            await client.send({"type": "heartbeat"})
+
+
+async def node_death(bed: Testbed, report: Report, observer: Observer) -> None:
+    """Three nodes, watchers spread over the edges by HAProxy; a status change goes round; then a
+    worker node dies whole (its link goes silent, every process in it is killed). The dead edge's
+    clients: half reconnect through HAProxy, half never come back. Measured from the kill."""
+    name = "node death"
+    per_edge = 4
+    users = [f"tb-u{i}" for i in range(per_edge * len(bed.nodes))]
+    await load_graph(bed, users)
+    url = f"ws://127.0.0.1:{bed.lb_port}/ws/presence"
+    rec = Recorder(Graph(frozenset(users), servers={SERVER: frozenset(users)}))
+    clients = {u: await connect_watcher(rec, url, u, users, bed.secret) for u in users}
+    spread = {e: sum(1 for c in clients.values() if edge_of(c) == e) for e in (n.name for n in bed.nodes)}
+    report.expect(name, "watchers on every edge through HAProxy", all(spread.values()), json.dumps(spread))
+    # Everybody sees everybody online.
+    t0 = time.time()
+    seen = await wait_until(
+        lambda: all(shows(c, o) == "online" for u, c in clients.items() for o in users if o != u), 30
+    )
+    report.expect(name, "every watcher sees every account online", seen is not None)
+    # A status change through one edge reaches every watcher on every edge.
+    first = users[0]
+    t0 = time.time()
+    await clients[first].send({"type": "presence.update", "status": "dnd"})
+    seen = await wait_until(
+        lambda: all(shows(c, first) == "dnd" for u, c in clients.items() if u != first), 20
+    )
+    report.measure(name, "status change seen by every watcher", None if seen is None else seen - t0)
+    report.expect(name, "status change reached every watcher", seen is not None)
+
+    victim = bed.nodes[-1]
+    on_victim = [u for u, c in clients.items() if edge_of(c) == victim.name]
+    coming_back, abandoned = on_victim[: len(on_victim) // 2], on_victim[len(on_victim) // 2 :]
+    survivors = {u: c for u, c in clients.items() if u not in on_victim}
+    sample = observer.latest()
+    report.expect(
+        name,
+        "shards on every node before",
+        sample is not None and len(shards_by_node(sample)) == len(bed.nodes),
+        json.dumps({ip: len(s) for ip, s in shards_by_node(sample).items()} if sample else {}),
+    )
+
+    killed_at = time.time()
+    rec.fault(f"kill {victim.name}")
+    bed.kill(victim)
+    log(f"killed {victim.name} ({victim.ip}) with {len(on_victim)} clients on its edge")
+    rec.killed([clients[u] for u in on_victim], at=killed_at, by=killed_at)
+    closed = await wait_until(
+        lambda: all(clients[u].close_code is not None or clients[u]._reader.done() for u in on_victim), 60
+    )
+    report.measure(
+        name, "dead edge's clients closed by HAProxy", None if closed is None else closed - killed_at
+    )
+
+    async def reconnect(u: str) -> None:
+        while True:
+            try:
+                clients[u] = await connect_watcher(rec, url, u, users, bed.secret)
+                return
+            except Exception:
+                await asyncio.sleep(0.5)
+
+    t_back = None
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(reconnect(u) for u in coming_back)), 120)
+        t_back = time.time()
+    report.measure(
+        name, "its clients reconnected through HAProxy", None if t_back is None else t_back - killed_at
+    )
+
+    live = {u: clients[u] for u in [*survivors, *coming_back]}
+
+    def departed() -> bool:
+        return all(shows(c, a) == "offline" for c in live.values() for a in abandoned)
+
+    t_departed = await wait_until(departed, 150)
+    report.measure(
+        name,
+        "abandoned accounts offline to every watcher",
+        None if t_departed is None else t_departed - killed_at,
+    )
+    ray_dead = observer.first(
+        lambda s: any(n["ip"] == victim.ip and not n["alive"] for n in s["nodes"].values()), killed_at
+    )
+    report.measure(name, "Ray declared the node dead", None if ray_dead is None else ray_dead - killed_at)
+
+    def shards_back(s: dict[str, Any]) -> bool:
+        by_node = shards_by_node(s)
+        return victim.ip not in by_node and sum(len(v) for v in by_node.values()) >= 8
+
+    report.expect(
+        name,
+        f"abandoned accounts offline within {AFTER_RAY_S:.0f} s of Ray's verdict",
+        ray_dead is not None and t_departed is not None and t_departed - ray_dead <= AFTER_RAY_S,
+    )
+    back = observer.first(shards_back, killed_at)
+    report.measure(
+        name, "every shard alive on the surviving nodes", None if back is None else back - killed_at
+    )
+
+    # The truth from the operator view on a surviving edge; every live watcher must show it.
+    survivor_node = bed.nodes[0]
+    truth = (
+        {u: "online" for u in [*survivors, *coming_back]}
+        | {first: "dnd"}
+        | dict.fromkeys(abandoned, "offline")
+    )
+
+    def converged() -> bool:
+        return all(shows(c, t) == s for u, c in live.items() for t, s in truth.items() if t != u)
+
+    t_conv = await wait_until(converged, 150)
+    report.measure(
+        name, "every watcher's view equals the truth", None if t_conv is None else t_conv - killed_at
+    )
+    report.expect(
+        name,
+        f"converged within {NODE_DEATH_BOUND_S:.0f} s",
+        t_conv is not None and t_conv - killed_at <= NODE_DEATH_BOUND_S,
+    )
+    h = rec.history
+    for u in users:
+        view = await asyncio.to_thread(
+            internal_get, bed, survivor_node, f"/api/v1/internal/presence/users/{u}"
+        )
+        h.final_status[u], h.final_sockets[u] = view["status"], view["sockets"]
+    h.watchers = {c.name for c in live.values()}
+    violations = check(h, VIEW_CHECKS)
+    report.expect(name, "history checker: views, frames", not violations, f"{len(violations)} violations")
+    for v in violations[:10]:
+        log(f"violation: {v}")
+    # The abandoned accounts' last-seen: when each was last heard, not the lease's end.
+    from tests.integration.recorder import read_last_seen
+
+    await asyncio.sleep(3)
+    h.stored_after = await read_last_seen(bed.database_url, users) or {}
+    for u in abandoned:
+        life = h.sockets[next(n for n, s in h.sockets.items() if s.user == u)]
+        life.gone_after = rec.last_word.get(
+            next(n for n, s in h.sockets.items() if s.user == u), life.opened_at
+        )
+    late = [v for v in departures_stored(h) if any(v.startswith(a + ":") for a in abandoned)]
+    report.expect(name, "abandoned accounts' last-seen = last heard", not late, f"{len(late)} wrong")
+    for v in late[:5]:
+        log(f"last-seen: {v}")
+    for c in live.values():
+        await c.close()
+
+
+def run_all(bed: Testbed) -> bool:
+    report = Report()
+    for what, seconds in bed.timings.items():
+        report.measure("bring-up", what, seconds)
+    observer = Observer(bed)
+    try:
+        t = time.time()
+        got = asyncio.run(_first_sample(observer))
+        report.measure("bring-up", "observer attached", time.time() - t)
+        if got is not None:
+            spread = {ip: len(s) for ip, s in shards_by_node(got).items()}
+            report.expect(
+                "placement",
+                "shards on every node after ray up",
+                len(spread) == len(bed.nodes),
+                json.dumps(spread),
+            )
+        asyncio.run(node_death(bed, report, observer))
+    finally:
+        observer.close()
+        print(report.table(), flush=True)
+        (bed.work / "table.txt").write_text(report.table() + "\n")
+    return report.ok
+
+
+async def _first_sample(observer: Observer) -> dict[str, Any] | None:
+    if await wait_until(lambda: observer.latest() is not None, 60, 0.5) is None:
+        return None
+    return observer.latest()
