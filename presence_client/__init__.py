@@ -12,7 +12,14 @@ that must reconnect the way real clients do (benchmarks included).
 """
 
 from actors.core.lastseen_display import describe_last_seen
-from presence_client.backoff import DEFAULT_BACKOFF, THROTTLING_CLOSE_CODES, BackoffPolicy, reconnect_delay
+from presence_client.backoff import (
+    DEFAULT_BACKOFF,
+    RESTART_CLOSE_CODES,
+    THROTTLING_CLOSE_CODES,
+    BackoffPolicy,
+    reconnect_delay,
+    restart_delay,
+)
 from presence_client.client import ConnectionState, PresenceClient, TokenContext
 from presence_client.picture import (
     MAX_QUERY_IDS,
@@ -29,6 +36,7 @@ __all__ = [
     "DEFAULT_BACKOFF",
     "MAX_QUERY_IDS",
     "PRESENT",
+    "RESTART_CLOSE_CODES",
     "THROTTLING_CLOSE_CODES",
     "TYPING_LAPSE_S",
     "BackoffPolicy",
@@ -42,4 +50,5 @@ __all__ = [
     "chunk_ids",
     "describe_last_seen",
     "reconnect_delay",
+    "restart_delay",
 ]

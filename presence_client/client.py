@@ -31,7 +31,14 @@ from typing import Any, Literal
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from presence_client.backoff import DEFAULT_BACKOFF, THROTTLING_CLOSE_CODES, BackoffPolicy, reconnect_delay
+from presence_client.backoff import (
+    DEFAULT_BACKOFF,
+    RESTART_CLOSE_CODES,
+    THROTTLING_CLOSE_CODES,
+    BackoffPolicy,
+    reconnect_delay,
+    restart_delay,
+)
 from presence_client.picture import (
     PRESENT,
     TYPING_LAPSE_S,
@@ -276,7 +283,13 @@ class PresenceClient:
                     return
                 self._rejected = True  # the provider is told, so it fetches a fresh token
             throttled = code in THROTTLING_CLOSE_CODES
-            delay = reconnect_delay(self._attempt, throttled, self.backoff, self._random)
+            if code in RESTART_CLOSE_CODES:
+                # The server restarts this edge (or lost a shard) and holds our place: back at
+                # once, to any edge; a failure after that backs off from the first window.
+                self._attempt = 0
+                delay = restart_delay(self.backoff, self._random)
+            else:
+                delay = reconnect_delay(self._attempt, throttled, self.backoff, self._random)
             self.reconnect_delays.append(delay)
             attempt, self._attempt = self._attempt, self._attempt + 1
             self._set_state(

@@ -122,6 +122,33 @@ async def test_throttling_close_codes_back_off_harder(scripted: Any, code: int) 
     await client.close()
 
 
+@pytest.mark.parametrize("code", [1012, 1011])
+async def test_restart_close_codes_come_back_at_once(scripted: Any, code: int) -> None:
+    """1012 (the edge drains) and 1011: back at once, within the small jittered restart window,
+    whatever the backoff had grown to; a failure after that starts from the first window."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        if n < 2:
+            await ws.close(1001, "going away")  # young deaths: the backoff grows
+        elif n == 2:
+            await ws.close(code, "service restart; reconnect")
+        else:
+            await ws.wait_closed()
+
+    s = await scripted(script)
+    policy = BackoffPolicy(base_s=0.2, cap_s=1.0, restart_window_s=0.1)
+    client = PresenceClient(s.url, "T", backoff=policy, random=lambda: 0.5)
+    states: list[tuple[str, dict[str, Any]]] = []
+    client.on("state", lambda state, info: states.append((state, info)))
+    client.connect()
+    await until(lambda: s.count == 4)
+    assert client.reconnect_delays == [pytest.approx(0.1), pytest.approx(0.2), pytest.approx(0.05)]
+    last = [info for state, info in states if state == "reconnecting"][-1]
+    assert last["code"] == code and last["attempt"] == 0 and last["throttled"] is False
+    await client.close()
+
+
 async def test_4001_asks_the_provider_again_and_1000_stops(scripted: Any) -> None:
     asked: list[TokenContext] = []
 

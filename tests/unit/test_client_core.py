@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from presence_client.backoff import DEFAULT_BACKOFF, BackoffPolicy, reconnect_delay
+from presence_client.backoff import (
+    DEFAULT_BACKOFF,
+    RESTART_CLOSE_CODES,
+    THROTTLING_CLOSE_CODES,
+    BackoffPolicy,
+    reconnect_delay,
+    restart_delay,
+)
 from presence_client.picture import (
     Entry,
     Picture,
@@ -31,6 +38,21 @@ CASES: list[dict[str, Any]] = json.loads((HERE / "backoff_cases.json").read_text
 def test_shared_backoff_case(case: dict[str, Any]) -> None:
     got = reconnect_delay(case["attempt"], case["throttled"], DEFAULT_BACKOFF, lambda: case["random"])
     assert got * 1000 == pytest.approx(case["delay_ms"], abs=1e-6)
+
+
+RESTART_CASES: list[dict[str, Any]] = json.loads((HERE / "backoff_cases.json").read_text())["restart_cases"]
+
+
+@pytest.mark.parametrize("case", RESTART_CASES, ids=[str(c["random"]) for c in RESTART_CASES])
+def test_shared_restart_case(case: dict[str, Any]) -> None:
+    """After 1012 (a drain) or 1011: back at once, within a jittered second."""
+    got = restart_delay(DEFAULT_BACKOFF, lambda: case["random"])
+    assert got * 1000 == pytest.approx(case["delay_ms"], abs=1e-6)
+
+
+def test_restart_codes_are_not_throttling() -> None:
+    assert {1011, 1012} == RESTART_CLOSE_CODES
+    assert not RESTART_CLOSE_CODES & THROTTLING_CLOSE_CODES
 
 
 @given(st.integers(-5, 200), st.booleans(), st.floats(0, 1, exclude_max=True))

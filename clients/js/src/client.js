@@ -6,7 +6,8 @@
 //   - identify with a token or a token provider (called on every connect; told when the last
 //     token was refused), heartbeat at the server's heartbeatIntervalMs, dead-connection detection;
 //   - reconnect with capped exponential backoff and full jitter (./backoff.js), close codes
-//     honoured (4001: a fresh token; 4029/1008: back off harder; 1000: stop), the state exposed;
+//     honoured (4001: a fresh token; 4029/1008: back off harder; 1012/1011: back at once, jittered;
+//     1000: stop), the state exposed;
 //   - subscriptions (accounts, channels), idle, focus and voice remembered and restored after
 //     every reconnect; the local picture reconciled from the fresh presence.sync, so no ghost
 //     survives a reconnect;
@@ -21,7 +22,7 @@
 // is followed by a heartbeat, and its answers are what arrives between the previous heartbeat's
 // acknowledgement and its own.
 
-import { DEFAULT_BACKOFF, reconnectDelay } from "./backoff.js";
+import { DEFAULT_BACKOFF, RESTART_CLOSE_CODES, THROTTLING_CLOSE_CODES, reconnectDelay, restartDelay } from "./backoff.js";
 
 export const TYPING_LAPSE_MS = 10_000; // the contract: typing lapses after 10 s unless repeated
 export const MAX_QUERY_IDS = 100; // the contract's limit per presence.query
@@ -302,11 +303,17 @@ export class PresenceClient {
       }
       this._rejected = true; // the provider is told, so it fetches a fresh token
     }
-    this._scheduleReconnect({ code, reason, throttled: code === 4029 || code === 1008 });
+    const restart = RESTART_CLOSE_CODES.includes(code);
+    // The server restarts this edge (or lost a shard) and holds our place: back at once, to any
+    // edge; a failure after that backs off from the first window.
+    if (restart) this._attempt = 0;
+    this._scheduleReconnect({ code, reason, throttled: THROTTLING_CLOSE_CODES.includes(code), restart });
   }
 
-  _scheduleReconnect({ code, reason, throttled = false }) {
-    const delayMs = reconnectDelay(this._attempt, throttled, this._backoff, this._random);
+  _scheduleReconnect({ code, reason, throttled = false, restart = false }) {
+    const delayMs = restart
+      ? restartDelay(this._backoff, this._random)
+      : reconnectDelay(this._attempt, throttled, this._backoff, this._random);
     const attempt = this._attempt;
     this._attempt += 1;
     this._setState("reconnecting", { code, reason, attempt, delayMs, throttled });

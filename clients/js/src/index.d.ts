@@ -4,7 +4,13 @@ import type { BackoffPolicy } from "./backoff.js";
 import type { ErrorFrame, ReadyFrame, ServerFrame } from "./frames.js";
 
 export type * from "./frames.js";
-export { DEFAULT_BACKOFF, reconnectDelay } from "./backoff.js";
+export {
+  DEFAULT_BACKOFF,
+  RESTART_CLOSE_CODES,
+  THROTTLING_CLOSE_CODES,
+  reconnectDelay,
+  restartDelay,
+} from "./backoff.js";
 export type { BackoffPolicy } from "./backoff.js";
 export { describeLastSeen } from "./lastseen.js";
 export type { DescribeOptions } from "./lastseen.js";

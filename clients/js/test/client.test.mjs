@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { PresenceClient, chunkIds, reconnectDelay } from "../src/index.js";
+import { PresenceClient, chunkIds, reconnectDelay, restartDelay } from "../src/index.js";
 
 class FakeClock {
   constructor() {
@@ -191,9 +191,39 @@ test("backoff grows with full jitter and resets after a stable connection", asyn
   // One that dies young does not.
   await clock.advance(states.at(-1)[1].delayMs);
   await ready(FakeSocket.last());
-  FakeSocket.last().drop(1011);
+  FakeSocket.last().drop(1006);
   assert.equal(states.at(-1)[1].attempt, 1);
   client.close();
+});
+
+test("1012 (the edge drains) and 1011: back at once within the jittered restart window, to the next edge", async () => {
+  for (const code of [1012, 1011]) {
+    const { client, clock, states } = make({ url: ["ws://a/ws/presence", "ws://b/ws/presence"], random: () => 0.5 });
+    client.connect();
+    await flush();
+    // Young, after failures: the backoff has grown, and a drain close starts it over.
+    FakeSocket.last().drop(1006);
+    await clock.advance(states.at(-1)[1].delayMs);
+    FakeSocket.last().drop(1006);
+    await clock.advance(states.at(-1)[1].delayMs);
+    await ready(FakeSocket.last());
+    const before = FakeSocket.all.length;
+    const url = FakeSocket.last().url;
+    FakeSocket.last().drop(code, "service restart; reconnect");
+    const info = states.at(-1)[1];
+    assert.equal(info.code, code);
+    assert.equal(info.throttled, false);
+    assert.equal(info.attempt, 0);
+    assert.equal(info.delayMs, restartDelay(undefined, () => 0.5));
+    assert.equal(info.delayMs, 500);
+    await clock.advance(info.delayMs);
+    assert.equal(FakeSocket.all.length, before + 1);
+    assert.notEqual(FakeSocket.last().url, url); // the next edge of the list
+    // Should that fail too, the usual backoff takes over from its first window.
+    FakeSocket.last().drop(1006);
+    assert.equal(states.at(-1)[1].attempt, 1);
+    client.close();
+  }
 });
 
 test("close codes: 4029 and 1008 back off harder, 1000 stops, 4001 asks the provider again", async () => {
