@@ -1,0 +1,124 @@
+"""The rolling restart's order and waits (cluster/rolling.py), on fake edges and a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cluster.drain import DrainRefused, Health
+from cluster.rolling import Roll, Target, targets_of_cluster_file, token_from_env_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeEdges:
+    """Edges that drain for `stop_s`, stay down for `down_s` (the supervisor's pause and the
+    start), then answer as a new process; `never_back` ones never do."""
+
+    def __init__(self, urls: list[str], stop_s: float = 3.0, down_s: float = 5.0) -> None:
+        self.now = 0.0
+        self.ids = {u: f"{u}#0" for u in urls}
+        self.drained_at: dict[str, float] = {}
+        self.stop_s, self.down_s = stop_s, down_s
+        self.never_back: set[str] = set()
+        self.log: list[tuple[float, str, str]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+    def probe(self, url: str) -> Health:
+        at = self.drained_at.get(url)
+        if at is None:
+            return Health(200, self.ids[url])
+        if self.now < at + self.stop_s:
+            return Health(503, self.ids[url], draining=True)
+        if self.now < at + self.stop_s + self.down_s or url in self.never_back:
+            return Health(None)
+        n = int(self.ids[url].rsplit("#", 1)[1]) + 1
+        self.ids[url] = f"{url}#{n}"
+        del self.drained_at[url]
+        self.log.append((self.now, "up", url))
+        return Health(200, self.ids[url])
+
+    def drain(self, url: str, token: str | None) -> dict[str, Any]:
+        assert token == "tok"
+        # At most one edge out of the balancer at any moment.
+        assert not self.drained_at, f"{url} drained while {list(self.drained_at)} was still out"
+        self.drained_at[url] = self.now
+        self.log.append((self.now, "drain", url))
+        return {"edge": self.ids[url], "sockets": 10, "graceS": 1.0, "windowS": 2.0}
+
+
+def roll(edges: FakeEdges, **kwargs: Any) -> tuple[Roll, list[str]]:
+    said: list[str] = []
+    fakes = {"probe": edges.probe, "drain": edges.drain, "sleep": edges.sleep, "clock": edges.clock}
+    r = Roll("tok", say=said.append, **fakes, **kwargs)
+    return r, said
+
+
+def test_one_edge_at_a_time_each_back_before_the_next() -> None:
+    urls = ["http://w1:8766", "http://w2:8766", "http://h:8766"]
+    edges = FakeEdges(urls)
+    r, said = roll(edges)
+    assert r.run([Target(u, u) for u in urls]) == 0
+    assert [(kind, url) for _, kind, url in edges.log] == [
+        ("drain", urls[0]),
+        ("up", urls[0]),
+        ("drain", urls[1]),
+        ("up", urls[1]),
+        ("drain", urls[2]),
+        ("up", urls[2]),
+    ]
+    assert all(edges.ids[u].endswith("#1") for u in urls)
+    assert said[-1].startswith("rolling restart done: 3 edges")
+
+
+def test_an_edge_that_does_not_come_back_stops_the_roll() -> None:
+    urls = ["http://w1:8766", "http://w2:8766"]
+    edges = FakeEdges(urls)
+    edges.never_back.add(urls[0])
+    r, said = roll(edges, start_timeout_s=30.0)
+    assert r.run([Target(u, u) for u in urls]) == 1
+    assert [kind for _, kind, _ in edges.log] == ["drain"]  # the second one untouched
+    assert "no healthy edge after 30 s" in said[-2]
+
+
+def test_an_unhealthy_edge_is_left_alone() -> None:
+    edges = FakeEdges(["http://w1:8766"])
+    edges.drained_at["http://w1:8766"] = -100.0
+    edges.never_back.add("http://w1:8766")
+    r, said = roll(edges)
+    assert r.run([Target("w1", "http://w1:8766")]) == 1
+    assert "not healthy" in said[0]
+
+
+def test_a_refused_drain_stops_the_roll() -> None:
+    edges = FakeEdges(["http://w1:8766"])
+
+    def refuse(url: str, token: str | None) -> dict[str, Any]:
+        raise DrainRefused("the edge at http://w1:8766 refused the internal token")
+
+    r, said = roll(edges)
+    r.drain = refuse
+    assert r.run([Target("w1", "http://w1:8766")]) == 1
+    assert "refused the internal token" in said[0]
+
+
+def test_the_cluster_file_names_workers_then_the_head() -> None:
+    targets = targets_of_cluster_file(ROOT / "ray_cluster.yaml")
+    assert [t.url for t in targets] == [
+        "http://10.0.0.11:8766",
+        "http://10.0.0.12:8766",
+        "http://10.0.0.10:8766",
+    ]
+    assert targets[-1].name.startswith("head")
+
+
+def test_the_token_from_presence_env(tmp_path: Path) -> None:
+    env = tmp_path / "presence.env"
+    env.write_text("PRESENCE_DATABASE_URL=postgresql://x\nPRESENCE_INTERNAL_TOKEN='abc'\n")
+    assert token_from_env_file(env) == "abc"
+    assert token_from_env_file(tmp_path / "missing.env") is None
