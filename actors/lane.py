@@ -44,6 +44,8 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.core.handshake_gate import Entry, HandshakeGate
+
 log = logging.getLogger("presence.lane")
 
 _LENGTH = struct.Struct("!I")
@@ -53,9 +55,16 @@ MAX_FRAME_BYTES = 512 * 1024 * 1024
 SECRET_BYTES = 32
 NONCE_BYTES = 16
 _PROOF_BYTES = hashlib.sha256().digest_size
-# A handshake not finished in this long is dropped; at most this many at once per shard.
+# A handshake not finished in this long is dropped; at most this many at once per shard, and
+# at most HANDSHAKES_PER_SOURCE of them from one address (actors/core/handshake_gate.py). More wait
+# their turn unread, up to HANDSHAKE_QUEUE_S (under the edge's 5-s patience), at most
+# WAITING_PER_SOURCE per address and WAITING_HANDSHAKES in all; past those they are refused.
 HANDSHAKE_S = 2.0
 MAX_HANDSHAKES = 64
+HANDSHAKES_PER_SOURCE = 8
+HANDSHAKE_QUEUE_S = 4.0
+WAITING_PER_SOURCE = 64
+WAITING_HANDSHAKES = 1024
 # Keepalive: first probe after 10 s idle, then every 5 s, 4 unanswered → the connection is dead;
 # data left unacknowledged for 30 s (a busy connection to a vanished node) → dead too.
 _KEEPALIVE = (10, 5, 4)
@@ -114,8 +123,10 @@ class LaneServer:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[asyncio.StreamWriter] = set()
-        self._handshakes = 0
-        self.refused = 0  # connections that failed the handshake or found too many at once
+        self._gate: HandshakeGate[asyncio.Future[None]] = HandshakeGate(
+            MAX_HANDSHAKES, HANDSHAKES_PER_SOURCE, WAITING_PER_SOURCE, WAITING_HANDSHAKES
+        )
+        self.refused = 0  # connections that failed the handshake or found the line full
 
     async def start(self, host: str) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._serve, host, 0)
@@ -157,19 +168,49 @@ class LaneServer:
             self._connections.discard(writer)
             writer.close()
 
+    @property
+    def handshakes_in_progress(self) -> int:
+        return self._gate.in_progress
+
+    async def _take_turn(self, source: str) -> bool:
+        """Wait until `source` may handshake (actors/core/handshake_gate.py); False: refused or
+        waited too long. True obliges the caller to `_turn_over(source)`."""
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = self._gate.enter(source, turn)
+        if entry is Entry.GO:
+            return True
+        if entry is Entry.WAIT:
+            try:
+                await asyncio.wait({turn}, timeout=HANDSHAKE_QUEUE_S)
+            except BaseException:  # the shard is closing: give back the place or the turn
+                if turn.done():
+                    self._turn_over(source)
+                else:
+                    self._gate.withdraw(source, turn)
+                raise
+            if turn.done():
+                return True
+            self._gate.withdraw(source, turn)  # waited too long
+        self.refused += 1
+        return False
+
+    def _turn_over(self, source: str) -> None:
+        for _, turn in self._gate.leave(source):
+            turn.set_result(None)
+
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """The edge proves it knows the secret, after the shard proved it (module docstring)."""
-        if self._handshakes >= MAX_HANDSHAKES:
-            self.refused += 1
+        peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if peer else "?"
+        if not await self._take_turn(source):
             return False
-        self._handshakes += 1
         try:
             edge_nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), HANDSHAKE_S)
             shard_nonce = secrets.token_bytes(NONCE_BYTES)
             writer.write(shard_nonce + _proof(self.secret, b"shard", edge_nonce, shard_nonce))
             offered = await asyncio.wait_for(reader.readexactly(_PROOF_BYTES), HANDSHAKE_S)
         finally:
-            self._handshakes -= 1
+            self._turn_over(source)
         if hmac.compare_digest(offered, _proof(self.secret, b"edge", edge_nonce, shard_nonce)):
             return True
         self.refused += 1

@@ -48,13 +48,18 @@ def warn_unknown_settings() -> None:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    values = effective(_settings(args))
+    """What the running service uses: the environment's settings, and for those it leaves unset
+    what `presence up` in this data directory chose (its embedded URLs, generated secrets)."""
+    from cluster.runtime import running_settings
+
+    used, from_service = running_settings(_settings(args))
+    values = effective(used)
     if args.json:
         print(json.dumps({name: v["value"] for name, v in values.items()}, indent=2))
         return 0
     width = max(len(v["env"]) for v in values.values())
-    for v in values.values():
-        origin = "" if v["set"] else "  (default)"
+    for name, v in values.items():
+        origin = "  (running service)" if name in from_service else "" if v["set"] else "  (default)"
         print(f"{v['env']:<{width}}  {json.dumps(v['value'])}{origin}")
     return 0
 

@@ -52,9 +52,15 @@ class Settings(BaseSettings):
     ws_port: int = 8765
     internal_host: str = "127.0.0.1"
     internal_port: int = 8766
-    # Bearer token every internal API request but GET /healthz must carry (401 otherwise); an
-    # edge whose internal host is not a loopback address refuses to start without one.
+    # Bearer token every internal API request but GET /healthz must carry (401 otherwise). Unset:
+    # `presence up` generates one into `<data_dir>/internal-token` (0600), which our commands,
+    # pages and `presence edge` read; an edge whose internal host is not a loopback address
+    # refuses to start without one set here.
     internal_token: str | None = None
+    # More `Host` names the internal API answers, comma-separated (e.g. the name Prometheus or a
+    # balancer uses for it). Besides these only its own address (and `localhost` on loopback):
+    # any other Host is 403, so no web page can reach it through DNS rebinding.
+    internal_allowed_hosts: str | None = None
     shards: int = 4
 
     # Protocol timings (the contract fixes 10 s identify and 90 s liveness).
@@ -182,6 +188,12 @@ class Settings(BaseSettings):
 
 class SettingsError(ValueError):
     """A setting with a value it cannot take; the message is one line naming the variable."""
+
+
+def allowed_hosts(settings: Settings) -> tuple[str, ...]:
+    """`internal_allowed_hosts` as a tuple of names."""
+    given = settings.internal_allowed_hosts or ""
+    return tuple(h.strip() for h in given.split(",") if h.strip())
 
 
 def env_name(field: str) -> str:

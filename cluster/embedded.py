@@ -287,7 +287,9 @@ class EmbeddedPostgres:
         self._pgdata.mkdir(exist_ok=True)
         # PostgreSQL insists on 0700 (or 0750) for its data directory.
         self._pgdata.chmod(0o700)
-        self._log.touch(exist_ok=True)
+        # The log names the database's users and clients' addresses: its owner's only (0600).
+        self._log.touch(mode=0o600, exist_ok=True)
+        self._log.chmod(0o600)
         if self._system_user is None:
             return
         import pwd
@@ -642,7 +644,9 @@ class EmbeddedRedis:
             pg_utils.ensure_prefix_permissions(Path(executable))
             for path in (self._dir, conf, *self._dir.glob("redis.*")):
                 os.chown(path, *owner)
-        self._log_file = (self._dir / "redis.log").open("ab")
+        log_path = self._dir / "redis.log"
+        self._log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        log_path.chmod(0o600)  # its owner's only, like every file of the data directory
         # A session of its own: Ctrl-C in the terminal of `presence up` must not kill Redis
         # before the service has shut down in order.
         self._proc = subprocess.Popen(

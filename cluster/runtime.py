@@ -9,13 +9,25 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from cluster.config import Settings
 
 CLUSTER_FILE = "cluster.json"
 SECRET_FILE = "secret"
+# The internal API's token when PRESENCE_INTERNAL_TOKEN is unset: `presence up` writes a fresh
+# one at every start (0600); `presence edge`, the operator page's user and the tests read it.
+INTERNAL_TOKEN_FILE = "internal-token"
+
+
+def no_service(message: str) -> NoReturn:
+    """A command needing the running service found none: say so (one line) and exit 2, never
+    make up what the service would have (a secret of our own mints tokens it refuses)."""
+    print(f"presence: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 @dataclass
@@ -61,8 +73,9 @@ def remove_info(data_dir: Path) -> None:
     (data_dir / CLUSTER_FILE).unlink(missing_ok=True)
 
 
-def token_secret(settings: Settings, create: bool = True) -> str:
-    """`PRESENCE_TOKEN_SECRET`, or the one kept in the data directory (made on first use)."""
+def token_secret(settings: Settings, create: bool = False) -> str:
+    """`PRESENCE_TOKEN_SECRET`, or the one kept in the data directory (made by `presence up`,
+    the only caller with `create`; any other finding none exits 2)."""
     if settings.token_secret:
         return settings.token_secret
     path = settings.data_dir / SECRET_FILE
@@ -71,8 +84,9 @@ def token_secret(settings: Settings, create: bool = True) -> str:
             path.chmod(0o600)  # made by hand, or by an older version
         return path.read_text().strip()
     if not create:
-        raise SystemExit(
-            f"no token secret: set PRESENCE_TOKEN_SECRET or run `presence up --data-dir {settings.data_dir}`"
+        no_service(
+            f"no running service found in {settings.data_dir} (it holds no token secret): start one "
+            "with `presence up` there, pass its --data-dir, or set PRESENCE_TOKEN_SECRET"
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     secret = secrets.token_urlsafe(32)
@@ -82,14 +96,60 @@ def token_secret(settings: Settings, create: bool = True) -> str:
     return secret
 
 
+def new_internal_token(settings: Settings) -> str:
+    """`PRESENCE_INTERNAL_TOKEN`, or a fresh one written to `<data_dir>/internal-token` (0600)."""
+    if settings.internal_token:
+        return settings.internal_token
+    token = secrets.token_urlsafe(32)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    write_private(settings.data_dir / INTERNAL_TOKEN_FILE, token + "\n")
+    return token
+
+
+def internal_token(settings: Settings) -> str | None:
+    """The running service's internal token: `PRESENCE_INTERNAL_TOKEN`, else the one `presence up`
+    generated into the data directory, else None."""
+    if settings.internal_token:
+        return settings.internal_token
+    try:
+        return (settings.data_dir / INTERNAL_TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def remove_internal_token(settings: Settings) -> None:
+    if not settings.internal_token:
+        (settings.data_dir / INTERNAL_TOKEN_FILE).unlink(missing_ok=True)
+
+
+def running_settings(settings: Settings) -> tuple[Settings, frozenset[str]]:
+    """`settings` with what the service running from this data directory uses in place of what
+    the environment leaves unset (its database and Redis URLs, Ray's address, the token secret
+    and the internal token it made), and the names of the settings taken from it."""
+    info = read_info(settings.data_dir)
+    if info is None:
+        return settings, frozenset()
+    used: dict[str, object] = {}
+    if not settings.database_url:
+        used["database_url"] = info.database_url
+    if not settings.redis_url and info.redis_url:
+        used["redis_url"] = info.redis_url
+    if not settings.ray_address and info.ray_address:
+        used["ray_address"] = info.ray_address
+    for name, file in (("token_secret", SECRET_FILE), ("internal_token", INTERNAL_TOKEN_FILE)):
+        if not getattr(settings, name) and (settings.data_dir / file).exists():
+            used[name] = (settings.data_dir / file).read_text().strip()
+    return settings.model_copy(update=used), frozenset(used)
+
+
 def database_url(settings: Settings) -> str:
     if settings.database_url:
         return settings.database_url
     info = read_info(settings.data_dir)
     if info is None:
-        raise SystemExit(
-            "no database: set PRESENCE_DATABASE_URL or start the service with "
-            f"`presence up --data-dir {settings.data_dir}`"
+        no_service(
+            f"no running service found in {settings.data_dir}: set PRESENCE_DATABASE_URL or start "
+            f"the service with `presence up --data-dir {settings.data_dir}`"
         )
     return info.database_url
 
@@ -97,13 +157,13 @@ def database_url(settings: Settings) -> str:
 def cluster_info_or_exit(settings: Settings) -> ClusterInfo:
     info = read_info(settings.data_dir)
     if info is None and not settings.ray_address:
-        raise SystemExit(
+        no_service(
             f"no running service found in {settings.data_dir}: "
             "start one with `presence up` or set RAY_ADDRESS"
         )
     if info is None:
         if not settings.database_url:
-            raise SystemExit("RAY_ADDRESS is set but PRESENCE_DATABASE_URL is not")
+            no_service("RAY_ADDRESS is set but PRESENCE_DATABASE_URL is not")
         return ClusterInfo(
             settings.database_url,
             settings.redis_url,

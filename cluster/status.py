@@ -15,6 +15,12 @@ from cluster.runtime import cluster_info_or_exit
 
 # Version of the layout of `presence status --json`, described by docs/status.schema.json.
 STATUS_SCHEMA = 1
+# What the per-shard account column counts: a shard loads an account from PostgreSQL when it is
+# first used (a socket, a watch, a query), so right after `presence load` it says 0.
+ACCOUNTS_LEGEND = (
+    "in memory: accounts a shard holds, loaded when first used since it started "
+    "(not the accounts stored: `presence load` adds none here)"
+)
 
 
 async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
@@ -68,7 +74,7 @@ def status(settings: Settings, as_json: bool = False) -> int:
         return 0
     print(f"slot map version {report['map_version']}")
     print(
-        f"{'shard':>5} {'slots':>6} {'accounts':>9} {'online':>7} {'sockets':>8} {'edges':>6} {'pending':>8}"
+        f"{'shard':>5} {'slots':>6} {'in memory':>9} {'online':>7} {'sockets':>8} {'edges':>6} {'pending':>8}"
     )
     for st in report["shards"]:
         if "error" in st:
@@ -86,6 +92,7 @@ def status(settings: Settings, as_json: bool = False) -> int:
     total_sockets = sum(st.get("sockets", 0) for st in report["shards"])
     total_online = sum(st.get("online", 0) for st in report["shards"])
     print(f"sockets: {total_sockets}   accounts online: {total_online}")
+    print(ACCOUNTS_LEGEND)
     fl = report["flush"]
     in_shards = sum(st.get("pending_last_seen", 0) for st in report["shards"])
     in_flusher = fl["error"] if "error" in fl else fl.get("pending_rows", 0) + fl.get("in_flight_rows", 0)

@@ -22,9 +22,20 @@ from actors import clients
 from actors.pool import drain_pool, start_pool
 from actors.presence import ShardConfig
 from cluster import db
-from cluster.config import Settings, redact_url
+from cluster.config import Settings, allowed_hosts, redact_url
 from cluster.logs import ray_logging_config
-from cluster.runtime import ClusterInfo, cluster_info_or_exit, remove_info, token_secret, write_info
+from cluster.runtime import (
+    INTERNAL_TOKEN_FILE,
+    ClusterInfo,
+    cluster_info_or_exit,
+    internal_token,
+    new_internal_token,
+    no_service,
+    remove_info,
+    remove_internal_token,
+    token_secret,
+    write_info,
+)
 from edge.http import internal_exposure_problem, is_loopback
 from edge.server import Edge, EdgeConfig
 from edge.session import Limits
@@ -46,7 +57,13 @@ def step(label: str, fn: Callable[[], T]) -> T:
     return result
 
 
-def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bool = False) -> EdgeConfig:
+def edge_config(
+    settings: Settings,
+    secret: str,
+    redis_url: str | None,
+    demo: bool = False,
+    internal_token: str | None = None,
+) -> EdgeConfig:
     return EdgeConfig(
         secret=secret,
         redis_url=redis_url,
@@ -54,7 +71,8 @@ def edge_config(settings: Settings, secret: str, redis_url: str | None, demo: bo
         ws_port=settings.ws_port,
         internal_host=settings.internal_host,
         internal_port=settings.internal_port,
-        internal_token=settings.internal_token,
+        internal_token=internal_token or settings.internal_token,
+        internal_allowed_hosts=allowed_hosts(settings),
         limits=Limits(
             identify_timeout_s=settings.identify_timeout_s,
             socket_timeout_s=settings.socket_timeout_s,
@@ -250,7 +268,7 @@ def _up(settings: Settings) -> int:
             from edge.demo import DEMO_GRAPH
 
             step("loading the demo accounts", lambda: asyncio.run(_load_fixture(database_url, DEMO_GRAPH)))
-        secret = token_secret(settings)
+        secret = token_secret(settings, create=True)
         stack.enter_context(_cleanup("Ray", clients.shutdown))
         step(
             "starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
@@ -290,7 +308,13 @@ def _up(settings: Settings) -> int:
                 print("  last-seen drained to PostgreSQL", flush=True)
 
         stack.enter_context(_cleanup("the actor pool (draining last-seen first)", drain))
-        stack.enter_context(_cleanup("cluster.json", lambda: remove_info(data_dir)))
+        api_token = new_internal_token(settings)
+
+        def forget() -> None:
+            remove_info(data_dir)
+            remove_internal_token(settings)
+
+        stack.enter_context(_cleanup("cluster.json", forget))
 
         def announce(edge: Edge) -> None:
             host = "127.0.0.1" if settings.ws_host in ("0.0.0.0", "::") else settings.ws_host
@@ -315,6 +339,10 @@ def _up(settings: Settings) -> int:
             print(
                 f"  internal    {internal_url}  (/healthz, /metrics, /api/v1/internal/presence/…)", flush=True
             )
+            token_from = (
+                "PRESENCE_INTERNAL_TOKEN" if settings.internal_token else str(data_dir / INTERNAL_TOKEN_FILE)
+            )
+            print(f"  operator    {internal_url}/admin  (asks for the token: {token_from})", flush=True)
             if demo:
                 print(f"  demo        http://{host}:{edge.ws_port}/  (off with --no-demo)", flush=True)
             elif no_demo is not None:
@@ -325,7 +353,8 @@ def _up(settings: Settings) -> int:
             print("Ctrl-C stops everything (pending last-seen writes are drained first).", flush=True)
 
         _install_loop()
-        asyncio.run(_serve_edge(edge_config(settings, secret, redis_url, demo=demo), announce))
+        config = edge_config(settings, secret, redis_url, demo=demo, internal_token=api_token)
+        asyncio.run(_serve_edge(config, announce))
     print("presence: stopped", flush=True)
     return 0
 
@@ -335,7 +364,14 @@ def edge(settings: Settings) -> int:
     if refuse_insecure(settings):
         return 2
     info = cluster_info_or_exit(settings)
-    secret = token_secret(settings, create=False)
+    secret = token_secret(settings)
+    # The same internal token as `presence up`'s edge, so every edge answers our pages and commands.
+    api_token = internal_token(settings)
+    if api_token is None:
+        no_service(
+            "no internal token: neither PRESENCE_INTERNAL_TOKEN nor "
+            f"{settings.data_dir / INTERNAL_TOKEN_FILE} (written by `presence up`)"
+        )
     stop_like_ctrl_c_on_sigterm()
     step(
         f"joining Ray at {info.ray_address}",
@@ -350,7 +386,8 @@ def edge(settings: Settings) -> int:
 
     _install_loop()
     try:
-        asyncio.run(_serve_edge(edge_config(settings, secret, info.redis_url), announce))
+        config = edge_config(settings, secret, info.redis_url, internal_token=api_token)
+        asyncio.run(_serve_edge(config, announce))
     finally:
         clients.shutdown()
     return 0

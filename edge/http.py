@@ -10,36 +10,46 @@
     GET /healthz                                               200 when every shard answers (503 draining)
     GET /metrics                                               Prometheus text
 
-Served through websockets' `process_request` hook, so the edge needs no second HTTP stack.
+Served by edge/http_server.py (one request per connection), not through websockets, whose request
+parser drops any request with a body before a hook could answer it.
 
-Guarded (protocol.md "Internal HTTP"): only GET (else 405); with an internal token configured
-(`PRESENCE_INTERNAL_TOKEN`) every request but `GET /healthz` must carry `Authorization: Bearer
-<token>` (else 401, compared in constant time); ids obey the id rule (else 400); errors are a short
-JSON message, never an exception's text (which may carry a traceback, a pid, an address or a path:
-those go to the edge's log).
+Guarded (protocol.md "Internal HTTP"), in this order: a `Host` that names neither the internal
+address (the one the connection arrived on, the configured one, `localhost` on loopback) nor an
+allowed host (`PRESENCE_INTERNAL_ALLOWED_HOSTS`) is 403, so a web page cannot read the port through
+DNS rebinding; a method other than GET is 405, with or without a body; every request but
+`GET /healthz` must carry `Authorization: Bearer <token>` (else 401, compared in constant time:
+the token is `PRESENCE_INTERNAL_TOKEN` or the one `presence up` generated into the data
+directory, and an edge given none makes up its own, so the port is never open); ids in paths and
+query strings are percent-decoded strictly and obey the id rule (else 400); errors are a short
+JSON message, never an exception's text (which may carry a traceback, a pid, an address or a
+path: those go to the edge's log).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import http
 import ipaddress
 import logging
+import secrets
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
+from websockets.http11 import Response
 
-from actors.clients import DirectoryClient, flush_stats
+from actors.clients import DirectoryClient, ShardClient, flush_stats
 from actors.core.activity import REPORT_WINDOWS_H, BadWindow, parse_hours, window_start
 from actors.core.contract import ShardStats
 from actors.core.ids import id_problem
 from actors.metrics import render
+from edge.http_server import HttpRequest, error_response
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection
@@ -113,39 +123,99 @@ def json_response(
 def _bad_id(name: str, value: str | None) -> Response | None:
     """400 when `value` (a required id parameter) is missing or breaks the id rule."""
     if not value:
-        return json_response(None, 400, {"error": f"{name} is required"})
+        return error_response(400, f"{name} is required")
     problem = id_problem(value)
     if problem is not None:
-        return json_response(None, 400, {"error": f"{name}: {problem}"})
+        return error_response(400, f"{name}: {problem}")
     return None
 
 
-class InternalApi:
-    def __init__(self, edge: Edge, token: str | None = None) -> None:
-        self.edge = edge
-        self.token = token.encode() if token else None
+class BadEncoding(ValueError):
+    """A percent-encoded part of the request is not valid UTF-8 (an encoded surrogate is not)."""
 
-    def _authorized(self, request: Request) -> bool:
-        if self.token is None:
-            return True
+
+def strict_unquote(text: str) -> str:
+    """Percent-decoding that refuses what is not UTF-8 instead of repairing it: `zz%FF` and
+    `zz%FE` would otherwise both become `zz\ufffd`, the same id."""
+    try:
+        return unquote(text, errors="strict")
+    except UnicodeDecodeError:
+        raise BadEncoding("not valid percent-encoded UTF-8") from None
+
+
+def strict_query(query: str) -> dict[str, str]:
+    """The first value of each parameter, decoded strictly (`strict_unquote`)."""
+    try:
+        pairs = parse_qs(query, errors="strict", max_num_fields=32)
+    except UnicodeDecodeError:
+        raise BadEncoding("not valid percent-encoded UTF-8") from None
+    except ValueError:
+        raise BadEncoding("too many query parameters") from None
+    return {k: v[0] for k, v in pairs.items()}
+
+
+def host_name(host_header: str) -> str:
+    """The name part of a `Host` header (no port, no brackets, lower case, no final dot)."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+def allowed_host_names(internal_host: str, allowed: Iterable[str]) -> frozenset[str]:
+    """The `Host` names the internal port answers (besides the address a connection arrived on):
+    its configured address, `localhost` when that is a loopback address, and the allow-list."""
+    names = {host_name(internal_host)}
+    if is_loopback(internal_host):
+        names.add("localhost")
+    names.update(host_name(h) for h in allowed if h.strip())
+    return frozenset(n for n in names if n)
+
+
+class InternalApi:
+    def __init__(
+        self,
+        edge: Edge,
+        token: str | None = None,
+        internal_host: str = "127.0.0.1",
+        allowed_hosts: Iterable[str] = (),
+    ) -> None:
+        self.edge = edge
+        # Never an open port: an edge given no token makes up one nobody knows (tests read it
+        # from `edge.api.token_text`).
+        self.token_text = token or secrets.token_urlsafe(32)
+        self.token = self.token_text.encode()
+        self.host_names = allowed_host_names(internal_host, allowed_hosts)
+
+    def _authorized(self, request: HttpRequest) -> bool:
         scheme, _, given = (request.headers.get("Authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token)
 
-    async def handle(self, connection: ServerConnection, request: Request) -> Response:
-        url = urlsplit(request.path)
-        query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        path = url.path
+    def _host_allowed(self, request: HttpRequest) -> bool:
+        given = request.headers.get_all("Host")
+        if len(given) != 1:
+            return False
+        name = host_name(given[0])
+        return name in self.host_names or (bool(name) and name == host_name(request.local_host))
+
+    async def handle(self, request: HttpRequest) -> Response:
+        if not self._host_allowed(request):
+            return error_response(403, "this Host is not served here")
         if request.method != "GET":
-            return json_response(None, 405, {"error": "only GET is served here"}, (("Allow", "GET"),))
+            return error_response(405, "only GET is served here", (("Allow", "GET"),))
+        url = urlsplit(request.target)
+        path = url.path
         # The operator page's files hold no data (the page asks for the token and sends it with
-        # every JSON request); everything else but /healthz needs the token when one is set.
+        # every JSON request); everything else but /healthz needs the token.
         if path in ADMIN_FILES:
             return self.admin_file(path)
         if path not in OPEN_PATHS and not self._authorized(request):
-            return json_response(
-                None, 401, {"error": "a valid internal token is required"}, (("WWW-Authenticate", "Bearer"),)
-            )
+            challenge = (("WWW-Authenticate", "Bearer"),)
+            return error_response(401, "a valid internal token is required", challenge)
         try:
+            query = strict_query(url.query)
             if path == "/healthz":
                 return await self.healthz()
             if path == "/metrics":
@@ -155,7 +225,7 @@ class InternalApi:
             if path == f"{PREFIX}/online":
                 return await self.online(query)
             if path.startswith(f"{PREFIX}/users/"):
-                return await self.user(unquote(path[len(PREFIX) + len("/users/") :]))
+                return await self.user(strict_unquote(path[len(PREFIX) + len("/users/") :]))
             if path == f"{PREFIX}/active":
                 return await self.active(query)
             if path == f"{PREFIX}/cluster":
@@ -164,13 +234,15 @@ class InternalApi:
                 # A GET like every route here (the port answers 405 to anything else), and
                 # harmless to repeat: the drain starts once (protocol.md "Drain and resume").
                 return self.drain()
+        except BadEncoding as e:
+            return error_response(400, str(e))
         except TimeoutError:
-            return json_response(None, 503, {"error": "a shard did not answer in time"})
+            return error_response(503, "a shard did not answer in time")
         except Exception:
             # The details (a Ray traceback names pids, addresses and files) go to the log only.
             log.exception("internal request %s failed", path)
-            return json_response(None, 503, {"error": "presence could not answer; see the edge's log"})
-        return json_response(None, 404, {"error": "no such route"})
+            return error_response(503, "presence could not answer; see the edge's log")
+        return error_response(404, "no such route")
 
     def drain(self) -> Response:
         """Start this edge's drain (once; asking again answers the same)."""
@@ -226,7 +298,7 @@ class InternalApi:
         try:
             hours = parse_hours(query.get("hours"))
         except BadWindow as e:
-            return json_response(None, 400, {"error": str(e)})
+            return error_response(400, str(e))
         since = window_start(time.time(), hours)
         server = query.get("serverId")
         if server is None:
@@ -238,11 +310,19 @@ class InternalApi:
         members = await shard.server_members(server, SHARD_TIMEOUT_S)
         return json_response(None, 200, {"active": await self.edge.counts.active_among(members, since)})
 
+    async def _current_shards(self) -> list[ShardClient]:
+        """The clients of exactly the shards of the current slot map (an edge learns of a resize
+        only when a call fails, so the map is read first: a shrink's retired shards are gone)."""
+        router = self.edge.router
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(router.refresh_map(), SHARD_TIMEOUT_S)
+        count = router.map.shard_count if router.map is not None else 0
+        return [router.shards[i] for i in range(count) if i in router.shards]
+
     async def cluster(self) -> Response:
         """The operator page's cluster panel: shards, edges, pending last-seen, flush backlog,
         PostgreSQL and Redis health, and the active counts of the usual windows."""
-        router = self.edge.router
-        clients = list(router.shards.values())
+        clients = await self._current_shards()
         stats = await asyncio.gather(*(c.stats(SHARD_TIMEOUT_S) for c in clients), return_exceptions=True)
         shards: list[dict[str, Any]] = []
         for client, st in zip(clients, stats, strict=True):
@@ -319,18 +399,18 @@ class InternalApi:
             await router.refresh_map()
             view = await router.shards[router.shard_of_user(user_id)].operator_view(user_id, SHARD_TIMEOUT_S)
         if view is None:
-            return json_response(None, 404, {"error": "no such account"})
+            return error_response(404, "no such account")
         return json_response(None, 200, view)
 
     async def metrics(self) -> Response:
-        router = self.edge.router
         self.edge.metrics.sample_process()
         self.edge.metrics.set("open_connections", len(self.edge.conns))
         snapshots: list[tuple[dict[str, str], dict[str, Any]]] = [
             ({"edge": self.edge.edge_id}, self.edge.metrics.snapshot())
         ]
         stats = await asyncio.gather(
-            *(client.stats(SHARD_TIMEOUT_S) for client in router.shards.values()), return_exceptions=True
+            *(client.stats(SHARD_TIMEOUT_S) for client in await self._current_shards()),
+            return_exceptions=True,
         )
         for st in stats:
             if isinstance(st, ShardStats):

@@ -427,7 +427,10 @@ class Router:
         self.metrics.observe("edge_batch_ops", len(batch))
         inbox = self.inboxes.setdefault(shard, Inbox())
         try:
-            incarnation, results, mail = await self.shards[shard].apply_and_collect(
+            client = self.shards.get(shard)
+            if client is None:  # dropped after a shrink retired it: the caller learns MOVED
+                raise ShardUnavailable(f"shard {shard} was retired by a resize")
+            incarnation, results, mail = await client.apply_and_collect(
                 self.edge_id, [op for op, _ in batch], inbox.incarnation, inbox.delivered
             )
         except Exception as e:
@@ -475,6 +478,16 @@ class Router:
 
     # ------------------------------------------------------------------ events, long-polled
 
+    def _drop_retired(self, shard: int) -> None:
+        """A shard a shrink retired, its mail all collected: its client goes, so the operator
+        page, /cluster and /metrics show exactly the shards of the current map."""
+        if self._closed or self.map is None or shard < self.map.shard_count:
+            return
+        client = self.shards.pop(shard, None)
+        if client is not None:
+            client.close_lane()
+        self.last_contact.pop(shard, None)
+
     async def _still_alive(self, shard: int) -> bool:
         try:
             await self.shards[shard].stats(timeout_s=2.0)
@@ -504,6 +517,7 @@ class Router:
         while True:
             pulled = await retry(pull, PULL_RETRY, on_retry=failed)
             if pulled is None:
+                self._drop_retired(shard)
                 return
             incarnation, chunk = pulled
             self.last_contact[shard] = time.monotonic()

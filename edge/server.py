@@ -38,6 +38,7 @@ from edge import protocol as p
 from edge.deadlines import Deadlines
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
+from edge.http_server import HttpServer
 from edge.opening import Entry, OpeningGate, Turns
 from edge.outbound import fan_out, prepare, send_batch, send_prepared
 from edge.reregistration import Departure, Registered, reregistration
@@ -320,9 +321,11 @@ class EdgeConfig:
     ws_port: int = 8765
     internal_host: str = "127.0.0.1"
     internal_port: int = 8766
-    # `Authorization: Bearer <this>` required on the internal API (but /healthz); without it the
-    # internal host must be a loopback address.
+    # `Authorization: Bearer <this>` required on the internal API (but /healthz). Unset: the
+    # internal host must be a loopback address, and the edge makes up a token nobody knows.
     internal_token: str | None = None
+    # `Host` names the internal API answers besides its own address (else 403).
+    internal_allowed_hosts: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     max_frame_bytes: int = 16 * 1024
     # Connections the kernel completes for the public port before the edge accepts them.
@@ -402,7 +405,10 @@ class Edge:
         problem = internal_exposure_problem(config.internal_host, config.internal_token)
         if problem is not None:
             raise InsecureConfig(problem)
-        self.api = InternalApi(self, config.internal_token)
+        self.api = InternalApi(
+            self, config.internal_token, config.internal_host, config.internal_allowed_hosts
+        )
+        self.internal_http = HttpServer(self.api.handle)
         # The demo only ever on a loopback public host (`presence up` also wants the embedded
         # database): elsewhere / and /demo/token answer 404 and demo tokens are refused.
         self.demo = DemoSite(config.secret) if config.demo and is_loopback(config.ws_host) else None
@@ -433,14 +439,7 @@ class Edge:
                 backlog=self.config.listen_backlog,
             )
         )
-        self._servers.append(
-            await serve(
-                self._never,
-                self.config.internal_host,
-                self.config.internal_port,
-                process_request=self.api.handle,
-            )
-        )
+        await self.internal_http.start(self.config.internal_host, self.config.internal_port)
         self._tasks.append(asyncio.create_task(self._liveness_loop()))
         self._tasks.append(asyncio.create_task(self._register_loop()))
         if self.config.gc_thresholds is not None:
@@ -452,7 +451,7 @@ class Edge:
 
     @property
     def internal_port(self) -> int:
-        return int(self._servers[1].sockets[0].getsockname()[1])
+        return self.internal_http.port
 
     @property
     def draining(self) -> bool:
@@ -537,6 +536,7 @@ class Edge:
                 ws.transport.abort()
         for server in self._servers:
             await server.wait_closed()
+        await self.internal_http.close()
         if self._handlers:
             await asyncio.wait(self._handlers, timeout=30)
         for t in self._tasks:
@@ -619,9 +619,6 @@ class Edge:
         return json_response(
             connection, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"}
         )
-
-    async def _never(self, ws: ServerConnection) -> None:  # the internal port never upgrades
-        await ws.close(1008, "not a websocket endpoint")
 
     # ------------------------------------------------------------------ one socket
 

@@ -28,6 +28,8 @@ class Reply:
 # How long a socket whose lookup charge was refused confirms every charge before looking up: a
 # minute, the unit the lookup budget refills by (actors/core/budgets.py).
 LOOKUP_CAREFUL_S = 60.0
+# The close reason of every refused token or Authorization header (4001), whatever was wrong.
+BAD_TOKEN = "bad token"
 
 # The reply to most frames a server gets: built and serialised once, and the commands of an
 # accepted heartbeat as one shared list (never mutated), which the edge recognises by identity and
@@ -311,7 +313,7 @@ class Session:
             return []
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return [Close(p.CLOSE_AUTH, "malformed Authorization header")]
+            return [Close(p.CLOSE_AUTH, BAD_TOKEN)]
         return self._identify(token.strip(), now)
 
     def _identify(self, token: str, now: float) -> list[Command]:
@@ -319,8 +321,10 @@ class Session:
             user_id = verify_token(
                 token, self.secret, now=now, max_ttl_s=self.limits.token_max_ttl_s, demo_key=self.demo_key
             )
-        except TokenError as e:
-            return [Close(p.CLOSE_AUTH, str(e))]
+        except TokenError:
+            # Which check failed (signature, expiry, lifetime, subject) stays here: telling the
+            # sender would help whoever is forging tokens, and never the holder of a real one.
+            return [Close(p.CLOSE_AUTH, BAD_TOKEN)]
         if self.admission is not None:
             refused = self.admission.join(user_id, self.socket_id)
             if refused is not None:

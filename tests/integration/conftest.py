@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from edge.session import Limits
 from edge.tokens import mint_token
 
 SECRET = "integration-test-secret-of-at-least-32-bytes"
+# Every edge's internal API wants a token (protocol.md "Internal HTTP"); the tests' edges share
+# this one, also written to the data directory's `internal-token` as `presence up` does.
+INTERNAL_TOKEN = "integration-internal-token"
 SOCKET_TIMEOUT_S = 8.0
 PULL_WAIT_S = 1.0
 SHARDS = 3
@@ -58,6 +62,7 @@ class Cluster:
             "ws_host": "127.0.0.1",
             "ws_port": 0,
             "internal_port": 0,
+            "internal_token": INTERNAL_TOKEN,
             "pull_wait_s": PULL_WAIT_S,
             "count_ttl_s": 4.0,
             "limits": Limits(),
@@ -97,6 +102,7 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     start_pool(SHARDS, config, flush_interval_s=0.2, flush_max_rows=1000)
     data_dir = tmp_path_factory.mktemp("presence-data")
     (data_dir / "secret").write_text(SECRET)
+    (data_dir / "internal-token").write_text(INTERNAL_TOKEN)
     write_info(
         data_dir,
         ClusterInfo(
@@ -145,6 +151,11 @@ def ws_url(e: Edge) -> str:
 
 def internal_url(e: Edge) -> str:
     return f"http://127.0.0.1:{e.internal_port}"
+
+
+def internal_request(url: str, token: str = INTERNAL_TOKEN) -> urllib.request.Request:
+    """A GET of the internal API carrying the tests' internal token."""
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import websockets
 
+from .conftest import internal_request
 from .history import CountSample, Event, Graph, History, SocketLife
 from .wsclient import Client, Frame
 
@@ -115,7 +116,7 @@ async def read_last_seen(url: str, users: list[str]) -> dict[str, float] | None:
 
 
 def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=3) as r:
+    with urllib.request.urlopen(internal_request(url), timeout=3) as r:
         return json.loads(r.read())
 
 

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, internal_url, load
+from .conftest import Cluster, Ids, internal_request, internal_url, load
 from .test_presence_ws import connect
 from .wsclient import eventually, of_type
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 async def get(edge: Edge, path: str) -> tuple[int, Any]:
     def fetch() -> tuple[int, Any]:
         try:
-            with urllib.request.urlopen(f"{internal_url(edge)}{path}", timeout=5) as r:
+            with urllib.request.urlopen(internal_request(f"{internal_url(edge)}{path}"), timeout=5) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())

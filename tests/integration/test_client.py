@@ -15,7 +15,7 @@ from cluster.embedded import free_port
 from edge.client import PresenceClient
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, internal_url, load
+from .conftest import INTERNAL_TOKEN, Cluster, Ids, internal_request, internal_url, load
 from .test_presence_ws import connect
 from .wsclient import eventually
 
@@ -80,7 +80,7 @@ async def test_async_variants_against_a_black_hole(black_hole: int) -> None:
 async def test_real_answers(cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids) -> None:
     user, server, channel = ids("u"), ids("g"), ids("c")
     await load(conn, {"servers": [{"id": server, "members": [user], "channels": [channel]}]})
-    client = PresenceClient(internal_url(edge))
+    client = PresenceClient(internal_url(edge), token=INTERNAL_TOKEN)
     assert await client.aonline_count(server) == 0
     assert await client.ais_focused(user, channel) is False
     c = await connect(cluster, edge, user)
@@ -106,7 +106,7 @@ async def test_metrics_cover_what_operators_watch(cluster: Cluster, edge: Edge, 
     await c.close()
 
     def fetch() -> str:
-        with urllib.request.urlopen(f"{internal_url(edge)}/metrics", timeout=3) as r:
+        with urllib.request.urlopen(internal_request(f"{internal_url(edge)}/metrics"), timeout=3) as r:
             return r.read().decode()
 
     text = await eventually(lambda: _has_flush(asyncio.to_thread(fetch)), timeout=10)

@@ -120,7 +120,7 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS")
+        if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS", "PRESENCE_INTERNAL_TOKEN")
     }
     log = (tmp_path / "up.log").open("w+")
     started = time.monotonic()
@@ -152,8 +152,17 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         print(f"presence up ready in {ready_s:.1f} s")
         with urllib.request.urlopen(f"http://127.0.0.1:{internal_port}/healthz", timeout=5) as r:
             assert json.loads(r.read())["ok"] is True
+        # The internal token presence up generated (none was configured): the owner's only.
+        token_file = data_dir / "internal-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        internal_token = token_file.read_text().strip()
+        assert len(internal_token) >= 32
+        assert f"{internal_port}/admin" in (tmp_path / "up.log").read_text()  # the banner names it
+        metrics = urllib.request.Request(
+            f"http://127.0.0.1:{internal_port}/metrics", headers={"Authorization": f"Bearer {internal_token}"}
+        )
         # The cycle-collector policy runs in the edge and in every shard (they report its pauses).
-        with urllib.request.urlopen(f"http://127.0.0.1:{internal_port}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(metrics, timeout=5) as r:
             gc_series = [
                 ln
                 for ln in r.read().decode().splitlines()
@@ -186,8 +195,20 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         assert "loaded" in cli("load", str(graph))
         status = cli("status")
         assert "shard" in status and "postgres: ok" in status and "redis: ok" in status
+        assert "in memory: accounts a shard holds" in status  # what the column counts (issue 29)
+        # What the running service uses, redacted, not the environment's nulls (issue 29).
+        used = json.loads(cli("config", "--json"))
+        assert used["database_url"].startswith("postgresql://postgres:<redacted>@127.0.0.1:"), used
+        assert used["token_secret"] == "<redacted>" and used["internal_token"] == "<redacted>"
         # Every file holding a secret or a URL with a password is the owner's only.
-        for name in ("cluster.json", "secret", "postgres.password", "redis.password"):
+        for name in (
+            "cluster.json",
+            "secret",
+            "postgres.password",
+            "redis.password",
+            "postgres.log",
+            "redis/redis.log",
+        ):
             assert stat.S_IMODE((data_dir / name).stat().st_mode) == 0o600, name
         passwords = [(data_dir / n).read_text().strip() for n in ("postgres.password", "redis.password")]
         assert all(passwords)
@@ -223,6 +244,7 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
     output = (tmp_path / "up.log").read_text()
     assert code == 0, output
     assert "last-seen drained" in output
+    assert not (data_dir / "internal-token").exists()  # a stopped service's token is gone
     # presence up never prints a password: the URLs it shows are redacted.
     assert not any(p in output for p in passwords), output
     assert "database    postgresql://postgres:<redacted>@127.0.0.1:" in output

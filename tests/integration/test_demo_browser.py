@@ -24,7 +24,7 @@ from edge.demo import DEMO_ACCOUNTS, DEMO_CHANNEL, DEMO_GRAPH, DEMO_SERVER
 from edge.server import Edge
 from edge.tokens import demo_secret
 
-from .conftest import SECRET, Cluster
+from .conftest import INTERNAL_TOKEN, SECRET, Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ async def http_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
     def run() -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers={"Authorization": f"Bearer {INTERNAL_TOKEN}"})
             r = conn.getresponse()
             return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
         finally:

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import asyncpg
 import pytest
@@ -17,7 +19,7 @@ import redis.asyncio as aioredis
 from actors.counts import ACCOUNTS_KEY
 from edge.server import Edge
 
-from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, load, ws_url
+from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_request, load, ws_url
 from .test_outages import count_is, online_count
 from .test_presence_ws import connect, social
 from .wsclient import Client, changed, eventually, of_type
@@ -26,10 +28,14 @@ pytestmark = pytest.mark.integration
 
 
 def start_edge_process(
-    cluster: Cluster, env_extra: dict[str, str] | None = None
+    cluster: Cluster, env_extra: dict[str, str] | None = None, base_env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], str]:
     """`presence edge` as its own OS process, joining the test cluster through the data directory."""
-    env = {**os.environ, "PRESENCE_EDGE_LEASE_REFRESH_S": "1", **(env_extra or {})}
+    env = {
+        **(os.environ if base_env is None else base_env),
+        "PRESENCE_EDGE_LEASE_REFRESH_S": "1",
+        **(env_extra or {}),
+    }
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -95,6 +101,27 @@ async def test_edge_killed_with_sigkill_ages_out(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_a_separate_edge_uses_the_data_dirs_internal_token(cluster: Cluster) -> None:
+    """Issue 29: `presence edge` joining through the data directory answers the internal API
+    with the token `presence up` wrote there (conftest writes INTERNAL_TOKEN), not without."""
+    env = {k: v for k, v in os.environ.items() if k != "PRESENCE_INTERNAL_TOKEN"}
+    proc, _ = start_edge_process(cluster, env_extra={}, base_env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.search(r"internal\s+(http://\S+)", line)
+        assert m, line
+        metrics = f"{m.group(1)}/metrics"
+        with urllib.request.urlopen(internal_request(metrics), timeout=10) as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(metrics, timeout=10)
+        assert refused.value.code == 401
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 async def test_silent_socket_is_closed_and_goes_offline(

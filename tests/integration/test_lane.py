@@ -4,11 +4,14 @@ and the Ray road (`PRESENCE_SHARD_LANE=ray`) still carries a whole presence chan
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import asyncpg
 import psutil
 import pytest
 
-from actors import clients
+from actors import clients, lane
 from actors.core import ops
 from edge.server import Edge
 
@@ -76,3 +79,54 @@ async def test_a_shard_restart_breaks_its_lane_like_a_ray_call_and_the_next_call
     await eventually(answered_by_the_new_incarnation, timeout=60)
     assert await shard.lane_endpoint() != before  # a new process, a new port (and secret)
     shard.close_lane()
+
+
+async def _squat(host: str, port: int) -> None:
+    """One silent connection from 127.0.0.2, opened again whenever the shard drops it."""
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=("127.0.0.2", 0))
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        try:
+            await reader.read()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_real_edge_connects_while_another_source_holds_the_lanes_maximum(
+    cluster: Cluster, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """Issue 29: a process on 127.0.0.2 keeps more silent handshakes open than a shard's old cap
+    for everybody (64) on every shard's lane; a new edge from 127.0.0.1 still takes every lane at
+    once and carries a presence change (on the old code its handshakes were refused while the
+    squatter held the cap: 7 of 8 failed)."""
+    endpoints = [await clients.ShardClient(i).lane_endpoint() for i in range(SHARDS)]
+    squatters = [
+        asyncio.create_task(_squat(host, port))
+        for host, port in endpoints
+        for _ in range(lane.MAX_HANDSHAKES + 8)
+    ]
+    await asyncio.sleep(0.5)  # let them reach the shards
+    edge = Edge(cluster.edge_config(call_retry_s=3.0))
+    try:
+        started = time.monotonic()
+        await asyncio.wait_for(edge.start(), 5)
+        took = time.monotonic() - started
+        alice, bob = ids("alice"), ids("bob")
+        await load(conn, {"users": [{"id": alice}, {"id": bob}], "friendships": [[alice, bob]]})
+        watcher = await connect(cluster, edge, bob)
+        await watcher.request({"type": "presence.subscribe", "userIds": [alice]}, of_type("presence.sync"))
+        a = await connect(cluster, edge, alice)
+        await watcher.expect(changed(alice, "online"))
+        assert took < lane.HANDSHAKE_S, f"the edge waited {took:.1f} s for its lanes"
+        await a.close()
+        await watcher.close()
+    finally:
+        for t in squatters:
+            t.cancel()
+        await asyncio.gather(*squatters, return_exceptions=True)
+        await edge.stop()

@@ -15,7 +15,7 @@ import pytest
 
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, internal_url, load
+from .conftest import Cluster, Ids, internal_request, internal_url, load
 from .test_presence_ws import connect
 from .wsclient import Client, eventually, of_type
 
@@ -29,7 +29,7 @@ def parse(ts: str) -> float:
 async def operator_view(edge: Edge, user: str) -> dict[str, object]:
     def fetch() -> dict[str, object]:
         with urllib.request.urlopen(
-            f"{internal_url(edge)}/api/v1/internal/presence/users/{user}", timeout=2
+            internal_request(f"{internal_url(edge)}/api/v1/internal/presence/users/{user}"), timeout=2
         ) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 

@@ -16,7 +16,7 @@ from actors.clients import DirectoryClient, FlushClient, ShardClient
 from actors.core.slots import slot_of
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, internal_url, load, ws_url
+from .conftest import Cluster, Ids, internal_request, internal_url, load, ws_url
 from .test_presence_ws import connect, social
 from .wsclient import changed, eventually, of_type
 
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.integration
 async def online_count(edge: Edge, server: str) -> object:
     def fetch() -> object:
         with urllib.request.urlopen(
-            f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}", timeout=2
+            internal_request(f"{internal_url(edge)}/api/v1/internal/presence/online?serverId={server}"),
+            timeout=2,
         ) as r:
             return json.loads(r.read())["online"]
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
+import urllib.request
+from typing import Any
 
 import asyncpg
 import pytest
@@ -16,7 +19,7 @@ from actors import clients
 from cluster.scale import resize
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, load, ws_url
+from .conftest import Cluster, Ids, internal_request, internal_url, load, ws_url
 from .test_lastseen_ws import stored
 from .wsclient import Client, eventually, of_type
 
@@ -94,6 +97,13 @@ def in_order_within(part: list[str], whole: list[str]) -> bool:
     return all(any(x == y for y in rest) for x in part)
 
 
+def cluster_panel(e: Edge) -> dict[str, Any]:
+    with urllib.request.urlopen(
+        internal_request(f"{internal_url(e)}/api/v1/internal/presence/cluster"), timeout=5
+    ) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
 def seen(watcher: Client, user: str) -> list[str]:
     return [
         f["status"] for f in watcher.log if f.get("type") == "presence.changed" and f.get("userId") == user
@@ -157,6 +167,18 @@ async def test_resize_2_6_3_under_load(
     assert grow["moved_slots"] == 2730 and shrink["moved_slots"] == 2047
     _, owners, count = await clients.DirectoryClient().get_map()
     assert count == 3 and set(owners) == {0, 1, 2}
+
+    # Issue 29: the operator page and /cluster show exactly the shards of the map, never the
+    # retired 3-5 as "did not answer"; each edge drops their clients once their mail is in.
+    for e in edges:
+        panel = await asyncio.to_thread(cluster_panel, e)
+        assert [s["shard"] for s in panel["shards"]] == [0, 1, 2], panel["shards"]
+        assert all("error" not in s for s in panel["shards"]), panel["shards"]
+
+    async def retired_dropped() -> bool:
+        return all(sorted(e.router.shards) == [0, 1, 2] for e in edges)
+
+    await eventually(retired_dropped, timeout=20)
 
     async def views_settled() -> bool:
         await asyncio.sleep(0.2)

@@ -24,7 +24,7 @@ import websockets
 from edge.client import PresenceClient
 from edge.server import Edge, InsecureConfig
 
-from .conftest import SECRET, Cluster, Ids, internal_url, ws_url
+from .conftest import INTERNAL_TOKEN, SECRET, Cluster, Ids, internal_url, ws_url
 from .wsclient import Client
 
 
@@ -84,7 +84,7 @@ async def test_ids_breaking_the_rule_in_frames_are_bad_frame(cluster: Cluster, e
 # -- the internal API ---------------------------------------------------------------------------
 
 
-def _get(url: str, method: str = "GET", token: str | None = None) -> tuple[int, bytes]:
+def _get(url: str, method: str = "GET", token: str | None = INTERNAL_TOKEN) -> tuple[int, bytes]:
     request = urllib.request.Request(url, method=method)
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
@@ -95,7 +95,7 @@ def _get(url: str, method: str = "GET", token: str | None = None) -> tuple[int, 
         return e.code, e.read()
 
 
-async def aget(url: str, method: str = "GET", token: str | None = None) -> tuple[int, bytes]:
+async def aget(url: str, method: str = "GET", token: str | None = INTERNAL_TOKEN) -> tuple[int, bytes]:
     return await asyncio.to_thread(_get, url, method, token)
 
 
@@ -165,9 +165,9 @@ async def test_internal_token_is_required_when_configured(cluster: Cluster, ids:
 
 def test_edge_on_a_non_loopback_internal_host_needs_the_token(cluster: Cluster) -> None:
     with pytest.raises(InsecureConfig, match="PRESENCE_INTERNAL_TOKEN"):
-        Edge(cluster.edge_config(internal_host="0.0.0.0"))
+        Edge(cluster.edge_config(internal_host="0.0.0.0", internal_token=None))
     Edge(cluster.edge_config(internal_host="0.0.0.0", internal_token="t"))  # accepted
-    Edge(cluster.edge_config(internal_host="::1"))
+    Edge(cluster.edge_config(internal_host="::1", internal_token=None))
 
 
 def test_presence_edge_refuses_to_start_exposed_without_token(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import pickle
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -177,23 +177,55 @@ async def test_an_edge_sends_nothing_to_a_listener_that_does_not_know_the_secret
     squatter.close()
 
 
-async def test_a_silent_connection_is_dropped_and_handshakes_at_once_are_capped(
+async def test_a_silent_connection_is_dropped_and_handshakes_over_the_cap_wait_their_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(lane, "HANDSHAKE_S", 0.3)
-    monkeypatch.setattr(lane, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(lane, "HANDSHAKES_PER_SOURCE", 3)
+    monkeypatch.setattr(lane, "WAITING_PER_SOURCE", 1)
     server, host, port = await _serve(Shard())
     silent = [await asyncio.open_connection(host, port) for _ in range(3)]
+    await _until(lambda: server.handshakes_in_progress == 3)
+    # The fourth from the same address waits its turn (issue 29: queued, not refused) ...
+    waiting = asyncio.create_task(LaneClient.open(host, port, server.secret))
     await asyncio.sleep(0.05)
-    reader, writer = await asyncio.open_connection(host, port)  # the fourth at once: refused
+    assert not waiting.done()
+    # ... and a fifth finds the line full: refused.
+    reader, writer = await asyncio.open_connection(host, port)
     assert await asyncio.wait_for(reader.read(), 5.0) == b""
     for r, w in silent:  # each dropped once its handshake time ran out
         assert await asyncio.wait_for(r.read(), 5.0) == b""
         w.close()
-    client = await LaneClient.open(host, port, server.secret)  # room again
+    client = await asyncio.wait_for(waiting, 5.0)  # its turn came
     assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
     client.close()
     writer.close()
+    await server.close()
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_real_edge_connects_while_another_source_holds_the_maximum() -> None:
+    """Issue 29: 64 silent connections from 127.0.0.2 (the old cap for everybody) and more
+    behind them; the edge on 127.0.0.1 still connects at once."""
+    server, host, port = await _serve(Shard())
+    attackers = []
+    for _ in range(lane.MAX_HANDSHAKES + 16):
+        attackers.append(await asyncio.open_connection(host, port, local_addr=("127.0.0.2", 0)))
+    await _until(lambda: server.handshakes_in_progress >= lane.HANDSHAKES_PER_SOURCE)
+    await asyncio.sleep(0.05)  # every attacker's connection reached the shard
+    for _ in range(8):
+        client = await LaneClient.open(host, port, server.secret, timeout_s=1.0)
+        assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
+        client.close()
+    assert server.handshakes_in_progress <= lane.HANDSHAKES_PER_SOURCE
+    for _, w in attackers:
+        w.close()
     await server.close()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jwt
 import pytest
 
 from edge import protocol as p
@@ -129,6 +130,27 @@ class TestIdentify:
         s = Session(secret=SECRET, now=T0)
         assert is_close(s.authenticate_header(f"Bearer {tok}", T0), 4001)
         assert not s.authenticated
+
+    @pytest.mark.parametrize(
+        "tok",
+        [
+            token(secret="another-secret-that-is-long-enough-too"),
+            token(ttl=60, now=T0 - 120),
+            token(ttl=10 * 86400),  # lives too long
+            jwt.encode({"sub": "bad\u200bid", "exp": int(T0) + 3600}, SECRET, algorithm="HS256"),
+            "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJ1MSIsImV4cCI6OTk5OTk5OTk5OX0.",
+            "not-a-token",
+        ],
+        ids=["other-key", "expired", "too-long-lived", "bad-sub", "alg-none", "garbage"],
+    )
+    def test_the_close_reason_says_bad_token_and_not_which_check_failed(self, tok: str) -> None:
+        """Issue 29: the reason used to be the verifier's message (expired, signature, ...)."""
+        for commands in (
+            Session(secret=SECRET, now=T0).receive(identify(tok), T0),
+            Session(secret=SECRET, now=T0).authenticate_header(f"Bearer {tok}", T0),
+            Session(secret=SECRET, now=T0).authenticate_header("Token abc", T0),
+        ):
+            assert commands == [Close(4001, "bad token")]
 
     def test_token_expiring_during_the_wait(self) -> None:
         tok = token(ttl=5, now=T0)

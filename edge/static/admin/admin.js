@@ -1,9 +1,9 @@
 // The operator page: served by every edge on its internal port at /admin (edge/http.py).
 //
 // Plain ES module, no build step, no data of its own: everything comes from the internal API
-// (users/U, cluster), which the page calls with `Authorization: Bearer <token>` when the edge
-// asks for PRESENCE_INTERNAL_TOKEN (401): the page asks for it once and keeps it in this tab's
-// sessionStorage. Exact last-seen times are shown here, and only here: this is the operator
+// (users/U, cluster), which the page calls with `Authorization: Bearer <token>`: the internal
+// token (PRESENCE_INTERNAL_TOKEN, or the data directory's `internal-token`) is always required,
+// so the page asks for it at the first 401 and keeps it in this tab's sessionStorage. Exact last-seen times are shown here, and only here: this is the operator
 // reading their own deployment (seed 003), with the account's lastSeenVisibility beside it.
 //
 // Stable hooks for tests: data-testid="token-form", "token-input", "search-input", "user-status",
