@@ -19,22 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import Settings
-from cluster.runtime import read_info
+from cluster.runtime import internal_token, read_info
 
 DRAIN_PATH = "/api/v1/internal/edge/drain"
 HEALTH_PATH = "/healthz"
 TIMEOUT_S = 5.0
-INTERNAL_TOKEN_FILE = "internal-token"
-
-
-def internal_token(settings: Settings) -> str | None:
-    """`PRESENCE_INTERNAL_TOKEN`, else the one `presence up` keeps in the data directory."""
-    if settings.internal_token:
-        return settings.internal_token
-    try:
-        return (settings.data_dir / INTERNAL_TOKEN_FILE).read_text().strip() or None
-    except OSError:
-        return None
 
 
 @dataclass(frozen=True)

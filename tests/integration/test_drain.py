@@ -24,7 +24,7 @@ import pytest
 from cluster.drain import get_json
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, internal_url, load
+from .conftest import INTERNAL_TOKEN, Cluster, Ids, internal_url, load
 from .test_presence_ws import connect
 from .wsclient import Client, changed, eventually, of_type
 
@@ -45,7 +45,7 @@ async def draining_edge(cluster: Cluster, **overrides: Any) -> AsyncIterator[Edg
 
 
 async def get(e: Edge, path: str) -> tuple[int, dict[str, Any]]:
-    return await asyncio.to_thread(get_json, internal_url(e) + path, None)
+    return await asyncio.to_thread(get_json, internal_url(e) + path, INTERNAL_TOKEN)
 
 
 async def pair(conn: asyncpg.Connection, ids: Ids) -> tuple[str, str, str]:
