@@ -195,6 +195,10 @@ class InternalApi:
 
     def _host_allowed(self, request: HttpRequest) -> bool:
         given = request.headers.get_all("Host")
+        if not given:
+            # No browser sends a request without Host, so none can be a rebinding page's; a
+            # load balancer's HTTP/1.0 health check (HAProxy's `option httpchk`) sends none.
+            return True
         if len(given) != 1:
             return False
         name = host_name(given[0])
