@@ -11,8 +11,9 @@ accounts resuming without a flicker), wait until it has stopped, then wait until
 Only then the next one: at most one edge is ever out of the balancer. An edge that does not come
 back in time stops the roll (exit 1) with the rest untouched.
 
-The internal token comes from `PRESENCE_INTERNAL_TOKEN`, else from `presence.env` beside the
-cluster file (the one `ray up` copies to every node). docs/operations.md, "Upgrading".
+The internal token comes from `PRESENCE_INTERNAL_TOKEN`, else from the `internal-token` of
+`--data-dir` (what `presence up` generated), else from `presence.env` beside the cluster file (the
+one `ray up` copies to every node). docs/operations.md, "Upgrading".
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.drain import DrainRefused, Health, health, request_drain
+from cluster.runtime import INTERNAL_TOKEN_FILE
 
 INTERNAL_PORT = 8766
 
@@ -139,9 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-head", action="store_true", help="leave the head node's edge alone")
     parser.add_argument("--stop-timeout", type=float, default=120.0, help="seconds for an edge to stop")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="seconds for it to be back")
+    parser.add_argument(
+        "--data-dir", default=None, help="use the internal-token presence up wrote in this data directory"
+    )
     args = parser.parse_args(argv)
     targets = [Target(url, url.rstrip("/")) for url in args.edge]
     token = os.environ.get("PRESENCE_INTERNAL_TOKEN") or None
+    if args.data_dir and not token:
+        token = (Path(args.data_dir) / INTERNAL_TOKEN_FILE).read_text().strip() or None
     if args.cluster_file:
         path = Path(args.cluster_file)
         found = targets_of_cluster_file(path, args.internal_port)

@@ -94,6 +94,8 @@ async def test_rolling_restart_moves_clients_without_a_flicker(
             in2,
             "--start-timeout",
             "120",
+            "--data-dir",  # its internal-token, as `presence up` would have written it
+            str(cluster.data_dir),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env={**os.environ, "PRESENCE_INTERNAL_TOKEN": ""},
