@@ -19,10 +19,10 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 import ray
 
-from actors.core.contract import ApplyReply, Mail, ShardStats
+from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats, wire_compatible
 from actors.core.ops import Op
 from actors.core.shard import SlotExport
-from actors.lane import LaneBroken, LaneClient
+from actors.lane import LaneBroken, LaneClient, WireMismatch, tell_mismatch
 
 DIRECTORY = "directory"
 FLUSH = "flush"
@@ -57,6 +57,7 @@ class Remote(Protocol[P, R]):
 class ShardActor(Protocol):
     """What `actors.pool`'s shard serves (the arguments and answers of `actors.presence`)."""
 
+    wire_version: Remote[[], int]
     lane_address: Remote[[], tuple[str, int, bytes]]
     apply_and_collect: Remote[[str, list[Op], str | None, int], ApplyReply]
     pull: Remote[[str, str | None, int, float, bool], Mail]
@@ -132,6 +133,21 @@ class ShardClient(_Named[ShardActor]):
         self._lane: LaneClient | None = None
         self._opening: asyncio.Lock | None = None
         self._lane_closed = False
+        # The Ray handle whose wire version was checked (the Ray road; the lane checks its own).
+        self._checked: object | None = None
+
+    async def _check_wire(self) -> None:
+        """Before the first Ray-road batch to a shard (found again after each restart): refuse
+        one speaking a wire version too far from ours, with one clear log line, instead of
+        sending it objects it cannot unpickle (the direct lane's handshake does this itself)."""
+        handle = self._h()
+        if self._checked is handle:
+            return
+        theirs = await self._wait(lambda h: h.wire_version.remote(), 30.0)
+        if not wire_compatible(WIRE_VERSION, theirs):
+            self._handle = None
+            raise WireMismatch(tell_mismatch(WIRE_VERSION, theirs, f"shard {self.index}"))
+        self._checked = handle
 
     async def _open_lane(self) -> LaneClient:
         if self._opening is None:
@@ -166,6 +182,8 @@ class ShardClient(_Named[ShardActor]):
         self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
     ) -> ApplyReply:
         if not self.direct:
+            if self._checked is None or self._checked is not self._handle:
+                await self._check_wire()
             return await self._wait(
                 lambda h: h.apply_and_collect.remote(edge_id, ops, incarnation, acked_seq)
             )
@@ -184,6 +202,8 @@ class ShardClient(_Named[ShardActor]):
     ) -> Mail:
         timeout_s = wait_s + 30
         if not self.direct:
+            if self._checked is None or self._checked is not self._handle:
+                await self._check_wire()
             return await self._wait(
                 lambda h: h.pull.remote(edge_id, incarnation, acked_seq, wait_s, resend), timeout_s
             )

@@ -10,10 +10,15 @@ else (resizes, stats, drains); the lane's address and its secret come through a 
 only a process the Ray cluster admits can learn them.
 
 Wire: first a handshake of fixed-size fields in which each end proves it knows the shard's secret
-without sending it (the edge's 16-byte nonce; the shard's nonce and HMAC-SHA256(secret, "shard" +
-both nonces); the edge's HMAC(secret, "edge" + both nonces)), so nothing is unpickled by either end
-before the other proved itself: not by the shard from a stranger, not by the edge from whatever
-listens on a port the shard gave up. Then, both ways, a 4-byte big-endian length and that many
+without sending it (the edge's 16-byte nonce and its 2-byte internal wire version; the shard's
+nonce, its version and HMAC-SHA256(secret, "shard" + both nonces + both versions); the edge's
+HMAC(secret, "edge" + the same)), so nothing is unpickled by either end before the other proved
+itself: not by the shard from a stranger, not by the edge from whatever listens on a port the
+shard gave up. Each end then checks the other's version (`actors.core.contract.WIRE_VERSION`:
+adjacent releases work together) and refuses a mismatch with one clear log line, before any
+pickle crosses: an edge and a shard too far apart never meet an object they cannot read.
+
+Then, both ways, a 4-byte big-endian length and that many
 bytes of pickle: requests `(id, method, args)` and replies `(id, ok, result)`, where a failed
 call's result is `(exception type name, message)`. Replies may come in any order (a pull waits);
 the shard starts the requests in the order they arrived, so one edge's batches are applied in
@@ -44,9 +49,12 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.core.contract import WIRE_VERSION, wire_compatible, wire_mismatch
 from actors.core.handshake_gate import Entry, HandshakeGate
 
 log = logging.getLogger("presence.lane")
+# Mismatches already logged (peer, its version): one line each, however often it retries.
+_told: set[tuple[str, int]] = set()
 
 _LENGTH = struct.Struct("!I")
 # After the handshake: a batch of 500 operations is tens of KiB, a chunk of 5,000 mail items a few
@@ -55,6 +63,9 @@ MAX_FRAME_BYTES = 512 * 1024 * 1024
 SECRET_BYTES = 32
 NONCE_BYTES = 16
 _PROOF_BYTES = hashlib.sha256().digest_size
+_VERSION = struct.Struct("!H")
+EDGE_HELLO_BYTES = NONCE_BYTES + _VERSION.size
+SHARD_HELLO_BYTES = NONCE_BYTES + _VERSION.size + _PROOF_BYTES
 # A handshake not finished in this long is dropped; at most this many at once per shard, and
 # at most HANDSHAKES_PER_SOURCE of them from one address (actors/core/handshake_gate.py). More wait
 # their turn unread, up to HANDSHAKE_QUEUE_S (under the edge's 5-s patience), at most
@@ -80,12 +91,26 @@ class LaneBroken(ConnectionError):
     a Ray call to an actor that died (the shard lost its memory, or the reply was lost)."""
 
 
+class WireMismatch(LaneBroken):
+    """The shard speaks an internal wire version this edge cannot talk to (see WIRE_VERSION)."""
+
+
+def tell_mismatch(ours: int, theirs: int, peer: str) -> str:
+    """Log the mismatch (once per peer and version, however often it retries); the message."""
+    message = wire_mismatch(ours, theirs, peer)
+    if (peer, theirs) not in _told:
+        _told.add((peer, theirs))
+        log.error("lane: %s", message)
+    return message
+
+
 class LaneRemoteError(RuntimeError):
     """The shard raised while carrying out the call (the message names the exception's type)."""
 
 
-def _proof(secret: bytes, role: bytes, edge_nonce: bytes, shard_nonce: bytes) -> bytes:
-    return hmac.new(secret, role + edge_nonce + shard_nonce, hashlib.sha256).digest()
+def _proof(secret: bytes, role: bytes, edge_hello: bytes, shard_hello: bytes) -> bytes:
+    """HMAC over both ends' nonces and versions: neither can be changed on the way."""
+    return hmac.new(secret, role + edge_hello + shard_hello, hashlib.sha256).digest()
 
 
 def encode(payload: bytes) -> bytes:
@@ -117,8 +142,9 @@ class LaneServer:
     """The shard's end: serves `handlers` (method name → coroutine function) to whoever proves
     it knows the secret."""
 
-    def __init__(self, handlers: dict[str, Handler]) -> None:
+    def __init__(self, handlers: dict[str, Handler], version: int = WIRE_VERSION) -> None:
         self.handlers = handlers
+        self.version = version
         self.secret = secrets.token_bytes(SECRET_BYTES)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -205,14 +231,19 @@ class LaneServer:
         if not await self._take_turn(source):
             return False
         try:
-            edge_nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), HANDSHAKE_S)
-            shard_nonce = secrets.token_bytes(NONCE_BYTES)
-            writer.write(shard_nonce + _proof(self.secret, b"shard", edge_nonce, shard_nonce))
+            edge_hello = await asyncio.wait_for(reader.readexactly(EDGE_HELLO_BYTES), HANDSHAKE_S)
+            shard_hello = secrets.token_bytes(NONCE_BYTES) + _VERSION.pack(self.version)
+            writer.write(shard_hello + _proof(self.secret, b"shard", edge_hello, shard_hello))
             offered = await asyncio.wait_for(reader.readexactly(_PROOF_BYTES), HANDSHAKE_S)
         finally:
             self._turn_over(source)
-        if hmac.compare_digest(offered, _proof(self.secret, b"edge", edge_nonce, shard_nonce)):
-            return True
+        if hmac.compare_digest(offered, _proof(self.secret, b"edge", edge_hello, shard_hello)):
+            (theirs,) = _VERSION.unpack(edge_hello[NONCE_BYTES:])
+            if wire_compatible(self.version, theirs):
+                return True
+            self.refused += 1
+            tell_mismatch(self.version, theirs, "an edge")
+            return False
         self.refused += 1
         if self.refused in (1, 10, 100) or self.refused % 1000 == 0:  # never a flood of lines
             log.warning("lane: %d connection(s) refused so far (no proof of the secret)", self.refused)
@@ -255,20 +286,25 @@ class LaneClient:
         self._reading = asyncio.get_running_loop().create_task(self._read_replies())
 
     @classmethod
-    async def open(cls, host: str, port: int, secret: bytes, timeout_s: float = 5.0) -> LaneClient:
+    async def open(
+        cls, host: str, port: int, secret: bytes, timeout_s: float = 5.0, version: int = WIRE_VERSION
+    ) -> LaneClient:
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
         except (OSError, TimeoutError) as e:
             raise LaneBroken(f"lane to {host}:{port}: {type(e).__name__}") from e
         _keepalive(writer)
         try:
-            edge_nonce = secrets.token_bytes(NONCE_BYTES)
-            writer.write(edge_nonce)
-            answer = await asyncio.wait_for(reader.readexactly(NONCE_BYTES + _PROOF_BYTES), timeout_s)
-            shard_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
-            if not hmac.compare_digest(proof, _proof(secret, b"shard", edge_nonce, shard_nonce)):
+            edge_hello = secrets.token_bytes(NONCE_BYTES) + _VERSION.pack(version)
+            writer.write(edge_hello)
+            answer = await asyncio.wait_for(reader.readexactly(SHARD_HELLO_BYTES), timeout_s)
+            shard_hello, proof = answer[:-_PROOF_BYTES], answer[-_PROOF_BYTES:]
+            if not hmac.compare_digest(proof, _proof(secret, b"shard", edge_hello, shard_hello)):
                 raise LaneBroken(f"lane to {host}:{port}: the listener does not know the shard's secret")
-            writer.write(_proof(secret, b"edge", edge_nonce, shard_nonce))
+            (theirs,) = _VERSION.unpack(shard_hello[NONCE_BYTES:])
+            if not wire_compatible(version, theirs):
+                raise WireMismatch(tell_mismatch(version, theirs, f"the shard at {host}:{port}"))
+            writer.write(_proof(secret, b"edge", edge_hello, shard_hello))
         except LaneBroken:  # before OSError: it is one
             writer.close()
             raise

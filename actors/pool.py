@@ -34,7 +34,7 @@ from actors.clients import (
     ShardClient,
     shard_name,
 )
-from actors.core.contract import ApplyReply, Mail, ShardStats
+from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats
 from actors.core.ops import Op
 from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
@@ -122,6 +122,11 @@ class ShardHost:
         _, port = await self._lane.start(node_ip if host == "node" else host)
         # Listening on every interface: the edges are told the node's address, not the wildcard.
         self._lane_address = (node_ip if host in ("node", "0.0.0.0", "::", "") else host, port)
+
+    async def wire_version(self) -> int:
+        """The internal wire version this shard speaks (actors/core/contract.py WIRE_VERSION):
+        asked by an edge whose batches take Ray calls before its first one."""
+        return WIRE_VERSION
 
     async def lane_address(self) -> tuple[str, int, bytes]:
         """Where the direct lane listens and its secret (only Ray's admitted callers learn it)."""

@@ -18,6 +18,26 @@ import orjson
 
 # The answer to an operation on a slot this shard does not own (any more): the edge refreshes its
 # slot map and sends the operation to the new owner. Nothing of the operation was applied.
+# The version of what edges and shards send each other (the operations, the answers, the mail):
+# raised whenever a release changes it. Two consecutive versions work together (a rolling upgrade
+# runs edges and shards of both); peers further apart refuse each other with one clear log line
+# (actors/lane.py's handshake carries it) instead of failing on an object they cannot unpickle.
+WIRE_VERSION = 1
+
+
+def wire_compatible(ours: int, theirs: int) -> bool:
+    """Whether a peer speaking `theirs` may talk to us: the same release or an adjacent one."""
+    return abs(ours - theirs) <= 1
+
+
+def wire_mismatch(ours: int, theirs: int, peer: str) -> str:
+    """The one log line a refused peer gets."""
+    return (
+        f"internal wire version mismatch: {peer} speaks version {theirs}, this process {ours} "
+        f"(releases more than one version apart cannot work together: upgrade the older side first)"
+    )
+
+
 MOVED = "__moved__"
 # The answer to an operation whose account, relations or channel could not be loaded (the store
 # is away): nothing of it was applied, and the edge tries again. Operations of the same batch on

@@ -81,3 +81,47 @@ def test_the_check_sees_a_mismatch() -> None:
 
     args, answer = _remote_members(Drifted)["stats"]
     assert (_signature(pool.ShardHost, "stats")[0], _signature(pool.ShardHost, "stats")[2]) != (args, answer)
+
+
+class _Answer:
+    """A Ray method seen through a fake handle: `.remote()` gives an awaitable answer."""
+
+    def __init__(self, value: Any, calls: list[str], name: str) -> None:
+        self.value, self.calls, self.name = value, calls, name
+
+    def remote(self, *args: Any) -> Any:
+        self.calls.append(self.name)
+
+        async def answer() -> Any:
+            return self.value
+
+        return answer()
+
+
+class _FakeShard:
+    def __init__(self, version: int, calls: list[str]) -> None:
+        self.wire_version = _Answer(version, calls, "wire_version")
+        self.apply_and_collect = _Answer(("inc", [], (0, 0, [])), calls, "apply_and_collect")
+
+
+async def test_the_ray_road_checks_the_wire_version_once_per_shard_incarnation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from actors.core.contract import WIRE_VERSION
+    from actors.lane import WireMismatch, _told
+
+    _told.clear()
+    calls: list[str] = []
+    client = clients.ShardClient(0, direct=False)
+    client._handle = _FakeShard(WIRE_VERSION + 1, calls)  # type: ignore[assignment]
+    await client.apply_and_collect("e", [], None, 0)
+    await client.apply_and_collect("e", [], None, 0)
+    assert calls == ["wire_version", "apply_and_collect", "apply_and_collect"]  # asked once
+    far = clients.ShardClient(1, direct=False)
+    with caplog.at_level("ERROR", logger="presence.lane"):
+        for _ in range(3):
+            far._handle = _FakeShard(WIRE_VERSION + 2, calls)  # type: ignore[assignment]
+            with pytest.raises(WireMismatch, match="shard 1 speaks version"):
+                await far.apply_and_collect("e", [], None, 0)
+    assert calls.count("apply_and_collect") == 2  # nothing sent to the mismatched shard
+    assert len([r for r in caplog.records if "version mismatch" in r.getMessage()]) == 1

@@ -126,8 +126,8 @@ async def test_nothing_is_unpickled_from_a_connection_that_cannot_prove_the_secr
 
     monkeypatch.setattr(pickle, "loads", counting_loads)  # the module the lane unpickles with
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"n" * lane.NONCE_BYTES)
-    await reader.readexactly(lane.NONCE_BYTES + 32)  # the shard's nonce and proof
+    writer.write(b"n" * lane.EDGE_HELLO_BYTES)
+    await reader.readexactly(lane.SHARD_HELLO_BYTES)  # the shard's nonce, version and proof
     writer.write(b"x" * 32)  # not the proof
     writer.write(lane.encode(pickle.dumps((1, "apply_and_collect", ("e", ["evil"], None, 0)))))
     assert await asyncio.wait_for(reader.read(), 5.0) == b""  # closed, nothing answered
@@ -165,15 +165,15 @@ async def test_an_edge_sends_nothing_to_a_listener_that_does_not_know_the_secret
     received = bytearray()
 
     async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.extend(await reader.readexactly(lane.NONCE_BYTES))
-        writer.write(b"s" * (lane.NONCE_BYTES + 32))
+        received.extend(await reader.readexactly(lane.EDGE_HELLO_BYTES))
+        writer.write(b"s" * lane.SHARD_HELLO_BYTES)
         received.extend(await reader.read())
 
     squatter = await asyncio.start_server(impostor, "127.0.0.1", 0)
     with pytest.raises(LaneBroken, match="does not know the shard's secret"):
         await LaneClient.open("127.0.0.1", squatter.sockets[0].getsockname()[1], b"k" * 32)
     await asyncio.sleep(0.05)
-    assert len(received) == lane.NONCE_BYTES  # its nonce, then nothing: no proof, no call
+    assert len(received) == lane.EDGE_HELLO_BYTES  # its hello, then nothing: no proof, no call
     squatter.close()
 
 
@@ -281,3 +281,53 @@ async def test_a_shard_that_does_not_listen_is_a_broken_lane() -> None:
     await asyncio.sleep(0.05)
     with pytest.raises(LaneBroken):
         await LaneClient.open(host, port, server.secret, timeout_s=2.0)
+
+
+async def test_adjacent_wire_versions_work_together() -> None:
+    """A rolling upgrade runs edges and shards of two consecutive releases side by side."""
+    shard = Shard()
+    server = LaneServer(_handlers(shard), version=lane.WIRE_VERSION + 1)
+    host, port = await server.start("127.0.0.1")
+    client = await LaneClient.open(host, port, server.secret)  # this release's version
+    assert (await client.call("apply_and_collect", "e", ["x"], None, 0))[1] == ["ok:x"]
+    client.close()
+    await server.close()
+
+
+async def test_a_wire_version_too_far_is_refused_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Not an unpickling error: the edge refuses before any pickle crosses, and says why once,
+    however often its router tries again."""
+    lane._told.clear()
+    shard = Shard()
+    server = LaneServer(_handlers(shard), version=lane.WIRE_VERSION + 2)
+    host, port = await server.start("127.0.0.1")
+    with caplog.at_level("ERROR", logger="presence.lane"):
+        for _ in range(3):
+            with pytest.raises(lane.WireMismatch, match="version mismatch"):
+                await LaneClient.open(host, port, server.secret)
+    lines = [r.getMessage() for r in caplog.records if "version mismatch" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"speaks version {lane.WIRE_VERSION + 2}, this process {lane.WIRE_VERSION}" in lines[0]
+    assert shard.applied == []
+    await server.close()
+
+
+async def test_a_shard_refuses_an_edge_too_far_even_with_the_secret(caplog: pytest.LogCaptureFixture) -> None:
+    """An edge of an old release that does not check: the shard refuses it after its proof,
+    before unpickling anything, with one line."""
+    lane._told.clear()
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    reader, writer = await asyncio.open_connection(host, port)
+    edge_hello = b"n" * lane.NONCE_BYTES + struct.pack("!H", lane.WIRE_VERSION + 5)
+    writer.write(edge_hello)
+    answer = await reader.readexactly(lane.SHARD_HELLO_BYTES)
+    shard_hello = answer[: lane.NONCE_BYTES + 2]
+    with caplog.at_level("ERROR", logger="presence.lane"):
+        writer.write(lane._proof(server.secret, b"edge", edge_hello, shard_hello))
+        writer.write(lane.encode(pickle.dumps((1, "apply_and_collect", ("e", ["x"], None, 0)))))
+        assert await asyncio.wait_for(reader.read(), 5.0) == b""  # closed, nothing answered
+    assert shard.applied == [] and server.refused == 1
+    assert any("an edge speaks version" in r.getMessage() for r in caplog.records)
+    writer.close()
+    await server.close()
