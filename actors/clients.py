@@ -80,6 +80,7 @@ class DirectoryActor(Protocol):
     get_shard_config: Remote[[], dict[str, Any]]
     register_edge: Remote[[str, EdgeInfo], None]
     list_edges: Remote[[], dict[str, EdgeInfo]]
+    edges_on: Remote[[list[str]], list[str]]
 
 
 class FlushActorCalls(Protocol):
@@ -265,7 +266,12 @@ class DirectoryClient(_Named[DirectoryActor]):
         return await self._wait(lambda h: h.get_shard_config.remote())
 
     async def register_edge(self, edge_id: str, info: EdgeInfo) -> None:
-        await self._wait(lambda h: h.register_edge.remote(edge_id, info))
+        """Registers the edge with its Ray node, so that shards let it go when that node dies."""
+        with_node = {**info, "node_id": ray.get_runtime_context().get_node_id()}
+        await self._wait(lambda h: h.register_edge.remote(edge_id, with_node))
+
+    async def edges_on(self, node_ids: list[str]) -> list[str]:
+        return await self._wait(lambda h: h.edges_on.remote(node_ids))
 
     async def list_edges(self) -> dict[str, EdgeInfo]:
         return await self._wait(lambda h: h.list_edges.remote())

@@ -30,6 +30,12 @@ class SlotDirectory:
     async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
         self.edges[edge_id] = {**info, "seen_at": time.time()}
 
+    async def edges_on(self, node_ids: list[str]) -> list[str]:
+        """The edges registered from these Ray nodes, however long ago they last registered (an
+        edge whose node died stops registering; it is remembered for 10 x 30 s)."""
+        wanted = set(node_ids)
+        return sorted(e for e, info in self.edges.items() if info.get("node_id") in wanted)
+
     async def list_edges(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
         now = time.time()
         for edge_id in [e for e, i in self.edges.items() if now - i["seen_at"] > 10 * max_age_s]:

@@ -19,6 +19,7 @@ from typing import Any, Protocol, cast
 
 import psutil
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.clients import (
     DIRECTORY,
@@ -36,6 +37,7 @@ from actors.clients import (
 )
 from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats
 from actors.core.ops import Op
+from actors.core.placement import SHARD_RESOURCE, eligible, place
 from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
 from actors.directory import SlotDirectory
@@ -97,6 +99,7 @@ class ShardHost:
         # The direct lane (actors/lane.py) serves the edges' two hot calls.
         self._lane = LaneServer({LANE_APPLY: self.apply_and_collect, LANE_PULL: self.pull})
         self._lane_address: tuple[str, int] | None = None
+        self._node_watch: asyncio.Task[None] | None = None
 
     async def _flush_write(self, entries: list[tuple[str, float]]) -> None:
         # A restarted or replaced FlushActor is looked up again by the next call.
@@ -116,12 +119,33 @@ class ShardHost:
         slot_map = SlotMap(version, tuple(owners), count)
         self.impl.set_owned(set(slot_map.slots_of(self.impl.config.shard_index)))
         self.impl.node_id = ray.get_runtime_context().get_node_id()
+        node_ip = _node_ip()
+        self.impl.node_ip = node_ip
         await self.impl.start()
         host = self.impl.config.lane_host
-        node_ip = _node_ip()
         _, port = await self._lane.start(node_ip if host == "node" else host)
         # Listening on every interface: the edges are told the node's address, not the wildcard.
         self._lane_address = (node_ip if host in ("node", "0.0.0.0", "::", "") else host, port)
+        self._node_watch = asyncio.get_running_loop().create_task(self._watch_nodes())
+
+    async def _watch_nodes(self) -> None:
+        """Edges on a node Ray declared dead depart at once (their lease would keep their
+        accounts online for up to 90 s more): every NODE_WATCH_S, Ray's node table; each edge's
+        node is in its registration with the directory."""
+        handled: set[str] = set()
+        directory = DirectoryClient()
+        while True:
+            await asyncio.sleep(NODE_WATCH_S)
+            try:
+                fresh = await asyncio.to_thread(_dead_nodes) - handled
+                if not fresh:
+                    continue
+                gone = self.impl.edges_died(await directory.edges_on(sorted(fresh)))
+                if gone:
+                    log.warning("edges %s departed: Ray declared their node dead", ", ".join(gone))
+                handled |= fresh
+            except Exception as e:  # Ray or the directory away for a moment: the next round
+                log.info("watching Ray's nodes failed: %s", e)
 
     async def wire_version(self) -> int:
         """The internal wire version this shard speaks (actors/core/contract.py WIRE_VERSION):
@@ -180,6 +204,15 @@ class ShardHost:
         await (await self._ready()).stop()
 
 
+# How often a shard reads Ray's node table for nodes that died.
+NODE_WATCH_S = 1.0
+
+
+def _dead_nodes() -> set[str]:
+    nodes: Callable[[], list[dict[str, Any]]] = ray.nodes
+    return {str(n["NodeID"]) for n in nodes() if not n["Alive"]}
+
+
 def _node_ip() -> str:
     """This node's address as Ray knows it (Ray does not annotate the function)."""
     get: Callable[[], str] = ray.util.get_node_ip_address
@@ -189,6 +222,51 @@ def _node_ip() -> str:
 _FlushActor = ray.remote(FlushHost)
 _PresenceActor = ray.remote(ShardHost)
 _Directory = ray.remote(SlotDirectory)
+
+
+# ---------------------------------------------------------------------------- placement
+# The policy is actors/core/placement.py; docs/architecture.md "Placement" says why.
+
+
+def _alive_nodes() -> dict[str, dict[str, float]]:
+    nodes: Callable[[], list[dict[str, Any]]] = ray.nodes
+    return {str(n["NodeID"]): dict(n.get("Resources") or {}) for n in nodes() if n["Alive"]}
+
+
+def shard_nodes() -> list[str]:
+    """The alive Ray nodes that may carry shards, in the policy's order."""
+    return eligible(_alive_nodes())
+
+
+def wait_for_shard_nodes(expected: int, timeout_s: float, poll_s: float = 1.0) -> int:
+    """Wait until `expected` nodes may carry shards (workers joining after the head), at most
+    `timeout_s`; returns how many there are."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        count = len(shard_nodes())
+        if count >= expected or time.monotonic() >= deadline:
+            return count
+        time.sleep(poll_s)
+
+
+def _shard_options(node: str | None) -> dict[str, Any]:
+    """Ray options placing a shard on `node` (soft: if that node is gone when Ray restarts the
+    shard, it goes to another), and only ever on nodes marked to carry shards when any is."""
+    options: dict[str, Any] = {}
+    if node is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+    if any(r.get(SHARD_RESOURCE, 0) > 0 for r in _alive_nodes().values()):
+        options["resources"] = {SHARD_RESOURCE: 0.001}
+    return options
+
+
+def _here() -> dict[str, Any]:
+    """The directory and the FlushActor go on the node of `presence up` (the head), softly."""
+    return {
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=True
+        )
+    }
 
 
 # ---------------------------------------------------------------------------- the pool
@@ -247,26 +325,29 @@ def start_pool(
 ) -> None:
     """Create the directory, the FlushActor and `shards` PresenceActors, and wait until all answer.
 
-    `shard_resources[i]`, if given, are custom Ray resources shard i asks for: the way to place
-    shards on chosen nodes (give each node a resource of its own in `ray start --resources`)."""
+    Shards are spread over the nodes that may carry them (actors/core/placement.py), the
+    directory and the FlushActor go on this process's node. `shard_resources[i]`, if given, are
+    custom Ray resources shard i asks for instead: shards on chosen nodes (tests)."""
     directory = cast(
         DirectoryActor,
-        _Directory.options(name=DIRECTORY, **_ACTOR_OPTIONS).remote(shards, asdict(shard_config)),
+        _Directory.options(name=DIRECTORY, **_here(), **_ACTOR_OPTIONS).remote(shards, asdict(shard_config)),
     )
     flush = cast(
         FlushActorCalls,
-        _FlushActor.options(name=FLUSH, **_ACTOR_OPTIONS).remote(
+        _FlushActor.options(name=FLUSH, **_here(), **_ACTOR_OPTIONS).remote(
             shard_config.database_url, flush_interval_s, flush_max_rows
         ),
     )
+    if shard_resources:
+        options = [{"resources": shard_resources[i % len(shard_resources)]} for i in range(shards)]
+    else:
+        options = [_shard_options(node) for node in place(shards, {}, shard_nodes())]
     handles = [
         cast(
             ShardActor,
-            _PresenceActor.options(
-                name=shard_name(i),
-                resources=(shard_resources[i % len(shard_resources)] if shard_resources else None),
-                **_ACTOR_OPTIONS,
-            ).remote(asdict(ShardConfig(**{**asdict(shard_config), "shard_index": i}))),
+            _PresenceActor.options(name=shard_name(i), **options[i], **_ACTOR_OPTIONS).remote(
+                asdict(ShardConfig(**{**asdict(shard_config), "shard_index": i}))
+            ),
         )
         for i in range(shards)
     ]
@@ -323,17 +404,28 @@ class PoolClient:
         return ShardClient(index)
 
     async def start_shards(self, indices: Sequence[int], config: dict[str, Any]) -> None:
-        """Create these shards with `config` (the directory's), and wait until each answers."""
+        """Create these shards with `config` (the directory's), each on the eligible node with
+        the fewest shards (the pool's other shards counted), and wait until each answers."""
+        existing = range(min(indices)) if indices else range(0)
+        current = dict(zip(existing, await asyncio.gather(*(self.node_of(i) for i in existing)), strict=True))
+        targets = place(len(indices), current, await asyncio.to_thread(shard_nodes))
         handles = [
             cast(
                 ShardActor,
-                _PresenceActor.options(name=shard_name(i), **_ACTOR_OPTIONS).remote(
+                _PresenceActor.options(name=shard_name(i), **_shard_options(node), **_ACTOR_OPTIONS).remote(
                     {**config, "shard_index": i}
                 ),
             )
-            for i in indices
+            for i, node in zip(indices, targets, strict=True)
         ]
         await asyncio.gather(*(h.stats.remote() for h in handles))
+
+    async def node_of(self, index: int) -> str | None:
+        """The Ray node shard `index` runs on (None if it does not answer within 10 s)."""
+        try:
+            return (await ShardClient(index).stats(timeout_s=10)).node_id
+        except Exception:
+            return None
 
     def retire_shard(self, index: int) -> None:
         """Kill a shard for good (its slots and mail are elsewhere by now)."""

@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import orjson
@@ -147,6 +147,7 @@ class PresenceShard:
         # Slots this shard serves; None until the shell learns them from the slot directory.
         self.owned: set[int] | None = None
         self.node_id: str | None = None  # the Ray node it runs on, told by the Ray wrapper
+        self.node_ip: str | None = None
 
     def set_owned(self, slots: set[int]) -> None:
         self.owned = set(slots)
@@ -319,9 +320,18 @@ class PresenceShard:
             channels=len(self.state.channels.channels),
             slots=len(self.owned) if self.owned is not None else None,
             node_id=self.node_id,
+            node_ip=self.node_ip,
             redis_ok=self.counts.healthy,
             metrics=self.metrics.snapshot(),
         )
+
+    def edges_died(self, edge_ids: Iterable[str]) -> list[str]:
+        """These edges died with their node: their sockets depart now, each at the moment this
+        shard last heard from its edge (`ShardState.edge_died`). Returns those it held."""
+        now = self.clock()
+        gone = [e for e in edge_ids if self.state.edge_died(e, now)]
+        self._carry_out()
+        return gone
 
     async def export_slots(self, slots: list[int]) -> SlotExport:
         """Give up these slots: from now on their operations are answered MOVED."""

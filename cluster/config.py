@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     # any other Host is 403, so no web page can reach it through DNS rebinding.
     internal_allowed_hosts: str | None = None
     shards: int = 4
+    # Placement (docs/architecture.md "Placement"): `presence up` joining a cluster waits until
+    # this many nodes may carry shards (0: 1 + the worker_ips of ~/ray_bootstrap_config.yaml,
+    # which `ray up` writes on the head; without it, no wait), at most placement_wait_s.
+    shard_nodes: int = 0
+    placement_wait_s: float = 180.0
 
     # Protocol timings (the contract fixes 10 s identify and 90 s liveness).
     identify_timeout_s: float = 10.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -152,6 +153,22 @@ def database_url(settings: Settings) -> str:
             f"the service with `presence up --data-dir {settings.data_dir}`"
         )
     return info.database_url
+
+
+def ray_reachable_or_exit(address: str, command: str, timeout_s: float = 3.0) -> None:
+    """Fail in seconds, with one line, when Ray's GCS does not answer: joining a Ray that is away
+    retries for a minute or more (`presence status` hung 95 s while the head was down)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():  # "auto" and the like: Ray finds it itself
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except OSError as e:
+        raise SystemExit(
+            f"presence {command}: Ray is not reachable at {address} ({e.strerror or e}); "
+            "is the head down? (docs/operations.md, failures: the Ray head node dies)"
+        ) from None
 
 
 def cluster_info_or_exit(settings: Settings) -> ClusterInfo:

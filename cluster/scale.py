@@ -26,7 +26,7 @@ from actors import clients
 from actors.core.shard import SlotExport
 from actors.core.slots import moves, rebalance
 from cluster.config import Settings
-from cluster.runtime import cluster_info_or_exit
+from cluster.runtime import cluster_info_or_exit, ray_reachable_or_exit
 
 # A retiring shard waits this long for the edges to collect the mail addressed to them there.
 MAIL_WAIT_S = 10.0
@@ -127,6 +127,7 @@ def scale(settings: Settings, shards: int) -> int:
         print("presence scale: a pool needs at least one shard", file=sys.stderr)
         return 2
     info = cluster_info_or_exit(settings)
+    ray_reachable_or_exit(info.ray_address, "scale")
     clients.connect(info.ray_address, info.ray_namespace)
     try:
         summary = asyncio.run(resize(shards, progress=lambda line: print(f"  {line}", flush=True)))

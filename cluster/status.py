@@ -11,7 +11,7 @@ import asyncpg
 from actors import clients
 from actors.counts import CountReader
 from cluster.config import Settings
-from cluster.runtime import cluster_info_or_exit
+from cluster.runtime import cluster_info_or_exit, ray_reachable_or_exit
 
 # Version of the layout of `presence status --json`, described by docs/status.schema.json.
 STATUS_SCHEMA = 1
@@ -64,6 +64,7 @@ async def _gather(info_db: str, redis_url: str | None) -> dict[str, Any]:
 
 def status(settings: Settings, as_json: bool = False) -> int:
     info = cluster_info_or_exit(settings)
+    ray_reachable_or_exit(info.ray_address, "status")
     clients.connect(info.ray_address, info.ray_namespace)
     try:
         report = asyncio.run(_gather(info.database_url, info.redis_url))
@@ -74,7 +75,8 @@ def status(settings: Settings, as_json: bool = False) -> int:
         return 0
     print(f"slot map version {report['map_version']}")
     print(
-        f"{'shard':>5} {'slots':>6} {'in memory':>9} {'online':>7} {'sockets':>8} {'edges':>6} {'pending':>8}"
+        f"{'shard':>5} {'node':>15} {'slots':>6} {'in memory':>9} {'online':>7} {'sockets':>8} {'edges':>6} "
+        f"{'pending':>8}"
     )
     for st in report["shards"]:
         if "error" in st:
@@ -82,7 +84,8 @@ def status(settings: Settings, as_json: bool = False) -> int:
             continue
         slots = st.get("slots") if st.get("slots") is not None else "?"
         print(
-            f"{st['shard']:>5} {slots:>6} {st['accounts']:>9} {st['online']:>7} {st['sockets']:>8} "
+            f"{st['shard']:>5} {st.get('node_ip') or '?':>15} {slots:>6} {st['accounts']:>9} "
+            f"{st['online']:>7} {st['sockets']:>8} "
             f"{st['edges']:>6} {st['pending_last_seen']:>8}"
         )
     print(f"edges: {len(report['edges'])}")

@@ -16,10 +16,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from actors import clients
-from actors.pool import drain_pool, start_pool
+from actors.pool import drain_pool, start_pool, wait_for_shard_nodes
 from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings, allowed_hosts, redact_url
@@ -41,6 +44,8 @@ from edge.server import Edge, EdgeConfig
 from edge.session import Limits
 
 log = logging.getLogger("presence.up")
+# What `ray up` writes on the head: the cluster's yaml as the autoscaler reads it.
+BOOTSTRAP = Path("~/ray_bootstrap_config.yaml")
 T = TypeVar("T")
 
 
@@ -201,6 +206,38 @@ def _cleanup(label: str, fn: Callable[[], Any]) -> Iterator[None]:
             print(f"  stopping {label} failed: {e}", file=sys.stderr, flush=True)
 
 
+def expected_shard_nodes(settings: Settings, bootstrap: Path = BOOTSTRAP) -> int:
+    """How many nodes `presence up` waits for before placing the shards: PRESENCE_SHARD_NODES,
+    else (0) the head and the workers of the cluster `ray up` launched (its bootstrap config on
+    the head), else 1 (place at once)."""
+    if settings.shard_nodes > 0:
+        return settings.shard_nodes
+    try:
+        config = yaml.safe_load(bootstrap.expanduser().read_text())
+        return 1 + len(config["provider"].get("worker_ips") or [])
+    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return 1
+
+
+def wait_for_nodes(settings: Settings) -> None:
+    """`presence up` on the head starts before the workers join: wait for them (at most
+    placement_wait_s), so that the shards spread over every node from the start."""
+    expected = expected_shard_nodes(settings)
+    if expected <= 1:
+        return
+    found = step(
+        f"waiting for {expected} nodes to carry shards (at most {settings.placement_wait_s:.0f} s)",
+        lambda: wait_for_shard_nodes(expected, settings.placement_wait_s),
+    )
+    if found < expected:
+        print(
+            f"  WARNING: {found} of {expected} nodes may carry shards; the shards go there. Once the "
+            "others have joined, a larger `presence scale` puts the new shards on them",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def refuse_insecure(settings: Settings) -> bool:
     """Print why the settings would expose what must stay closed (one line) and say so."""
     problem = internal_exposure_problem(settings.internal_host, settings.internal_token)
@@ -279,6 +316,8 @@ def _up(settings: Settings) -> int:
                 logging_config=ray_logging_config(settings.log_level, settings.log_json),
             ),
         )
+        if settings.ray_address:
+            wait_for_nodes(settings)
         step(
             f"starting {settings.shards} PresenceActor shards and the FlushActor",
             lambda: start_pool(

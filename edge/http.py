@@ -7,7 +7,7 @@
     GET /api/v1/internal/presence/cluster                      the operator page's cluster panel
     GET /admin (+ /admin/admin.js, /admin/admin.css)           the operator page (static, no data)
     GET /api/v1/internal/edge/drain                            start draining this edge
-    GET /healthz                                               200 when every shard answers (503 draining)
+    GET /healthz                                               200 when most shards answer (503 draining)
     GET /metrics                                               Prometheus text
 
 Served by edge/http_server.py (one request per connection), not through websockets, whose request
@@ -331,7 +331,9 @@ class InternalApi:
         shards: list[dict[str, Any]] = []
         for client, st in zip(clients, stats, strict=True):
             if isinstance(st, ShardStats):
-                keep = ("shard", "slots", "accounts", "online", "sockets", "edges", "pending_last_seen")
+                keep = (
+                    "shard", "node_ip", "slots", "accounts", "online", "sockets", "edges", "pending_last_seen"
+                )  # fmt: skip
                 shards.append({k: getattr(st, k) for k in keep})
             else:
                 shards.append({"shard": client.index, "error": "did not answer"})

@@ -154,6 +154,7 @@ class ShardStats:
     channels: int
     slots: int | None  # slots served; None before the shard learnt them
     node_id: str | None  # the Ray node it runs on
+    node_ip: str | None  # that node's address
     redis_ok: bool
     metrics: dict[str, Any]  # `actors.metrics.Metrics.snapshot()`
 

@@ -329,6 +329,17 @@ class ShardState:
         if acc.held:
             heapq.heappush(self._holds, (min(h.until for h in acc.held), acc.user_id))
 
+    def edge_died(self, edge_id: str, now: float) -> bool:
+        """The edge's node is dead (Ray said so): everything it registered goes now, each socket
+        departing at the moment this shard last heard from the edge (its lease's last renewal:
+        the edge renews at least every few seconds), not at the lease's end. False if the edge
+        held nothing here (unknown, or its lease already ran out)."""
+        heard = self.edges.get(edge_id)
+        if heard is None:
+            return False
+        self.drop_edge(edge_id, min(heard, now))
+        return True
+
     def drop_edge(self, edge_id: str, now: float) -> None:
         """Everything an edge registered goes, as if each of its sockets had closed."""
         self.edges.pop(edge_id, None)

@@ -107,7 +107,7 @@ async def test_operator_page(
     shards = page.get_by_test_id("shards").locator("tr")
     await expect(shards.first).to_be_visible(timeout=WAIT_MS)
     n = await shards.count()
-    slots = [int((await shards.nth(i).locator("td").nth(1).text_content()) or 0) for i in range(n)]
+    slots = [int((await shards.nth(i).locator("td").nth(2).text_content()) or 0) for i in range(n)]
     assert sum(slots) == 4096, slots
     await expect(page.get_by_test_id(f"edge-{guarded_edge.edge_id}")).to_be_visible()
     await expect(page.get_by_test_id(f"edge-{edge.edge_id}")).to_be_visible(timeout=WAIT_MS)

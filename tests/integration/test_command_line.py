@@ -227,7 +227,7 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path) -> None:
         assert "resized from 2 to 3 shards" in resized, resized
         rows = [line for line in cli("status").splitlines() if line.strip()[:1].isdigit()]
         assert [r.split()[0] for r in rows] == ["0", "1", "2"], rows
-        assert sum(int(r.split()[1]) for r in rows) == 4096, rows
+        assert sum(int(r.split()[2]) for r in rows) == 4096, rows  # shard, node, slots, ...
 
         bad = subprocess.run(
             [*presence(), "load", str(tmp_path / "missing.json"), "--data-dir", str(data_dir)],

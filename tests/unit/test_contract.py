@@ -38,7 +38,7 @@ def test_an_unknown_internal_frame_is_kept_from_clients_but_means_nothing() -> N
 
 
 def test_shard_stats_keep_their_json_form() -> None:
-    stats = c.ShardStats(0, "abc", 1, 2, 1, 1, 0, 3, 0, 512, None, True, {"counters": []})
+    stats = c.ShardStats(0, "abc", 1, 2, 1, 1, 0, 3, 0, 512, None, None, True, {"counters": []})
     assert pickle.loads(pickle.dumps(stats)) == stats
     assert list(stats.as_dict()) == [
         "shard",
@@ -52,6 +52,7 @@ def test_shard_stats_keep_their_json_form() -> None:
         "channels",
         "slots",
         "node_id",
+        "node_ip",
         "redis_ok",
         "metrics",
     ]

@@ -177,3 +177,22 @@ async def test_departures_are_retried_until_they_land(
     f = await fake(lambda shard, op: None)
     assert await f.router.until_landed(departure, "departure of s1") == "recorded"
     assert counter(f.router, "edge_departure_retries_total") == 3
+
+
+async def test_one_shard_restarting_leaves_the_edge_healthy_and_losing_most_of_the_pool_does_not() -> None:
+    """/healthz is this edge's ability to serve (issue 25): with 3 of 8 shards silent (a node's
+    shards restarting elsewhere) every edge stays in the balancer; with 5 of 8 silent (this
+    edge cut off from the nodes holding them) this one is pulled."""
+    r = Fake(lambda _s, _op: None, shards=8).router
+    r.map = SlotMap.even(8)
+    now = time.monotonic()
+    r.last_contact = dict.fromkeys(range(8), now)
+    assert r.healthy()
+    for i in range(3):
+        r.last_contact[i] = now - 60
+    assert r.healthy()
+    for i in range(3, 5):
+        r.last_contact[i] = now - 60
+    assert not r.healthy()
+    r.map = None
+    assert not r.healthy()

@@ -540,6 +540,23 @@ class TestEdgeLeases:
         # bob's watch was on e2 too: gone before alice's departure was announced.
         assert changed_to(w.drain(), "b1") == []
 
+    def test_an_edge_whose_node_died_departs_at_once_stamped_when_last_heard(self) -> None:
+        """Issue 25: Ray declared the edge's node dead 60 s after the edge was last heard; its
+        accounts go now (not at the lease's end, 30 s later), last seen when it was last heard."""
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.s.refresh_edge("e1", w.at(5))
+        w.drain()
+        w.s.refresh_edge("e2", w.at(60))
+        assert w.s.edge_died("e1", w.now)
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.pending_last_seen == {"alice": T0 + 5}
+        assert changed_to(w.drain(), "b1") == ["offline"]
+        assert "e1" not in w.s.edges
+        assert not w.s.edge_died("e1", w.now)  # once
+        assert not w.s.edge_died("never-seen", w.now)
+
 
 class TestSweepEviction:
     def test_idle_offline_accounts_are_evicted_after_flush(self) -> None:

@@ -117,10 +117,10 @@ function renderShards(shards) {
     const tr = document.createElement("tr");
     tr.dataset.testid = `shard-${s.shard}`;
     if (s.error) {
-      cells(tr, [s.shard, "unavailable", "", "", "", "", ""]);
+      cells(tr, [s.shard, "unavailable", "", "", "", "", "", ""]);
       tr.className = "bad";
     } else {
-      cells(tr, [s.shard, s.slots ?? "?", s.accounts, s.online, s.sockets, s.edges, s.pending_last_seen]);
+      cells(tr, [s.shard, s.node_ip ?? "?", s.slots ?? "?", s.accounts, s.online, s.sockets, s.edges, s.pending_last_seen]);
     }
     body.append(tr);
   }
