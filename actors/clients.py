@@ -77,6 +77,7 @@ class DirectoryActor(Protocol):
 
     get_map: Remote[[], MapTuple]
     set_map: Remote[[tuple[int, ...], int], int]
+    restore: Remote[[int, tuple[int, ...], int], int]
     get_shard_config: Remote[[], dict[str, Any]]
     register_edge: Remote[[str, EdgeInfo], None]
     list_edges: Remote[[], dict[str, EdgeInfo]]
@@ -261,6 +262,9 @@ class DirectoryClient(_Named[DirectoryActor]):
 
     async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int:
         return await self._wait(lambda h: h.set_map.remote(owners, shard_count))
+
+    async def restore(self, version: int, owners: tuple[int, ...], shard_count: int) -> int:
+        return await self._wait(lambda h: h.restore.remote(version, owners, shard_count))
 
     async def get_shard_config(self) -> dict[str, Any]:
         return await self._wait(lambda h: h.get_shard_config.remote())

@@ -27,6 +27,13 @@ class SlotDirectory:
         self.map = SlotMap(self.map.version + 1, tuple(owners), shard_count)
         return self.map.version
 
+    async def restore(self, version: int, owners: tuple[int, ...], shard_count: int) -> int:
+        """Put back the map a replaced directory served (`presence rollout`): a restarted
+        directory begins with the even map of its creation; edges take any version they have
+        not seen, so the next one is above both. Returns the version now served."""
+        self.map = SlotMap(max(version, self.map.version) + 1, tuple(owners), shard_count)
+        return self.map.version
+
     async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
         self.edges[edge_id] = {**info, "seen_at": time.time()}
 

@@ -197,6 +197,16 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return drain(_settings(args), args.edge, args.wait)
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from cluster.runtime import prepare_to_join
+
+    settings = _settings(args)
+    prepare_to_join(settings)
+    from cluster.rollout import cmd_rollout as run
+
+    return run(settings)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from bench.cli import run_bench
 
@@ -248,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--wait", action="store_true", help="return once the edge has drained and stopped")
     p.set_defaults(fn=cmd_drain)
+
+    p = add(
+        "rollout",
+        "replace every actor of the pool with a fresh one running the code installed now, live "
+        "(slots moved away and back, one shard at a time; then the FlushActor and the directory)",
+    )
+    p.set_defaults(fn=cmd_rollout)
 
     p = add("status", "shards, edges, sockets, accounts online, pending last-seen writes")
     p.add_argument(

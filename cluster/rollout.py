@@ -1,0 +1,189 @@
+"""`presence rollout`: replace every actor of the pool with a fresh one running the code installed
+now, live; nobody is told anything and no socket is closed.
+
+Each PresenceActor in turn: its slots move to the other shards with the resize machinery (export,
+import, flip the map: to everybody outside only their address changes), the edges collect the mail
+still addressed to it, it hands its last-seen values to the FlushActor and saves its choices, and
+Ray restarts it in a fresh process (which imports the installed code); once its new incarnation
+answers, its slots move back. Then the FlushActor (drained first; the shards keep every
+last-seen until a write is acknowledged, so its restart loses nothing), then the slot directory
+(its map put back at once with a newer version). Between two releases the internal wire's
+version (actors/core/contract.py) keeps edges and shards of both working together.
+
+`rollout` is written against small protocols, so tests/unit/test_rollout.py runs it on fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypedDict
+
+from actors import clients
+from actors.core.shard import SlotExport
+from cluster.config import Settings
+from cluster.runtime import cluster_info_or_exit
+from cluster.scale import MAIL_POLL_S, MAIL_WAIT_S, RETIRE_DRAIN_S
+
+RESTART_WAIT_S = 120.0
+
+
+class Shard(Protocol):
+    async def export_slots(self, slots: list[int]) -> SlotExport: ...
+    async def import_slots(self, export: SlotExport) -> None: ...
+    async def mail_pending(self) -> int: ...
+    async def drain(self, timeout_s: float) -> int: ...
+
+
+class Directory(Protocol):
+    async def get_map(self) -> tuple[int, tuple[int, ...], int]: ...
+    async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int: ...
+
+
+class Fleet(Protocol):
+    """Reaching and replacing the pool's actors."""
+
+    def shard(self, index: int) -> Shard: ...
+    async def restart_shard(self, index: int) -> None: ...
+    async def restart_flush(self) -> int: ...
+    async def restart_directory(self, version: int, owners: tuple[int, ...], shard_count: int) -> None: ...
+
+
+class SingleShard(ValueError):
+    """The pool has one shard: it cannot be replaced without its clients noticing."""
+
+
+class RolloutSummary(TypedDict):
+    shards: int
+    moved_slots: int
+    seconds: float
+
+
+async def rollout(
+    progress: Callable[[str], object] = print,
+    chunk: int = 512,
+    *,
+    directory: Directory | None = None,
+    fleet: Fleet | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> RolloutSummary:
+    d: Directory = directory if directory is not None else clients.DirectoryClient()
+    f: Fleet = fleet if fleet is not None else RayFleet()
+    started = clock()
+    _, owners, count = await d.get_map()
+    if count < 2:
+        raise SingleShard(
+            "a pool of one shard has nowhere to move its slots while it is replaced: "
+            "`presence scale 2`, then `presence rollout`, then `presence scale 1`"
+        )
+    current = list(owners)
+    moved = 0
+
+    async def move(src: int, dst: int, slots: Sequence[int]) -> None:
+        nonlocal moved
+        for i in range(0, len(slots), chunk):
+            part = list(slots[i : i + chunk])
+            export = await f.shard(src).export_slots(part)
+            await f.shard(dst).import_slots(export)
+            for s in part:
+                current[s] = dst
+            await d.set_map(tuple(current), count)
+            moved += len(part)
+
+    for index in range(count):
+        mine = [s for s, owner in enumerate(current) if owner == index]
+        others = [i for i in range(count) if i != index]
+        # Its slots spread over the others while it is replaced (round robin).
+        plan: dict[int, list[int]] = {}
+        for n, s in enumerate(mine):
+            plan.setdefault(others[n % len(others)], []).append(s)
+        for dst, slots in sorted(plan.items()):
+            await move(index, dst, slots)
+        old = f.shard(index)
+        deadline = clock() + MAIL_WAIT_S
+        while await old.mail_pending() and clock() < deadline:
+            await sleep(MAIL_POLL_S)  # the edges collect what was addressed to them there
+        left = await old.drain(RETIRE_DRAIN_S)
+        if left:
+            progress(f"shard {index}: {left} last-seen values or choices not handed on before restart")
+        await f.restart_shard(index)
+        for src, slots in sorted(plan.items()):
+            await move(src, index, slots)
+        progress(f"shard {index} replaced ({len(mine)} slots moved out and back)")
+    left = await f.restart_flush()
+    progress("FlushActor replaced" + (f" ({left} rows left behind)" if left else ""))
+    version, owners_now, count_now = await d.get_map()
+    await f.restart_directory(version, owners_now, count_now)
+    progress("slot directory replaced")
+    return {"shards": count, "moved_slots": moved, "seconds": clock() - started}
+
+
+class RayFleet:
+    """The real pool: Ray restarts each actor in a fresh worker process (the code installed now)."""
+
+    def shard(self, index: int) -> clients.ShardClient:
+        return clients.ShardClient(index)
+
+    async def restart_shard(self, index: int) -> None:
+        client = clients.ShardClient(index)
+        before = (await client.stats(10.0)).incarnation
+        client.kill(restart=True)
+        await _until_answers(lambda: _incarnation(index), lambda inc: inc not in (None, before))
+
+    async def restart_flush(self) -> int:
+        import ray
+
+        from actors.clients import FLUSH
+
+        handle = ray.get_actor(FLUSH)
+        left = int(await handle.drain.remote(RETIRE_DRAIN_S))
+        ray.kill(handle, no_restart=False)
+        await _until_answers(lambda: clients.FlushClient().stats(5.0), lambda st: st is not None)
+        return left
+
+    async def restart_directory(self, version: int, owners: tuple[int, ...], shard_count: int) -> None:
+        directory = clients.DirectoryClient()
+        directory.kill(restart=True)
+        await _until_answers(lambda: directory.restore(version, owners, shard_count), lambda v: v is not None)
+
+
+async def _incarnation(index: int) -> str | None:
+    return (await clients.ShardClient(index).stats(5.0)).incarnation
+
+
+async def _until_answers(call: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool]) -> Any:
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while True:
+        try:
+            value = await call()
+            if ok(value):
+                return value
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise TimeoutError("the restarted actor did not answer in time")
+        await asyncio.sleep(0.2)
+
+
+def cmd_rollout(settings: Settings) -> int:
+    info = cluster_info_or_exit(settings)
+    clients.connect(info.ray_address, info.ray_namespace)
+    try:
+        summary = asyncio.run(rollout(progress=lambda line: print(f"  {line}", flush=True)))
+    except SingleShard as e:
+        print(f"presence rollout: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        print(f"presence rollout: stopped: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        clients.shutdown()
+    print(
+        f"pool rolled out: {summary['shards']} shards, the FlushActor and the directory replaced, "
+        f"{summary['moved_slots']} slots moved in {summary['seconds']:.2f} s"
+    )
+    return 0

@@ -1,0 +1,107 @@
+"""`presence rollout` on the real pool under load: every shard, the FlushActor and the directory
+replaced (new incarnations), while accounts change status on two edges and a watcher follows
+them. Nothing is lost (the last status of each reaches the watcher; a departure just before is
+stored with its time), nothing is closed, and nobody is told anything that did not happen."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import asyncpg
+import pytest
+
+from actors import clients
+from cluster.rollout import rollout
+from edge.server import Edge
+
+from .conftest import SHARDS, Cluster, Ids, load
+from .test_lastseen_ws import stored
+from .test_presence_ws import connect
+from .wsclient import Client, eventually, of_type
+
+pytestmark = pytest.mark.integration
+
+
+async def incarnations() -> list[str]:
+    return [(await clients.ShardClient(i).stats(5.0)).incarnation for i in range(SHARDS)]
+
+
+async def test_rollout_under_load_loses_nothing_and_closes_nothing(
+    cluster: Cluster, edge: Edge, second_edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    users = [ids(f"u{i}") for i in range(6)]
+    watcher_id, leaver = ids("watcher"), ids("leaver")
+    await load(
+        conn,
+        {
+            "users": [{"id": u} for u in (*users, watcher_id, leaver)],
+            "servers": [{"id": ids("g"), "members": [*users, watcher_id, leaver]}],
+        },
+    )
+    sockets = [await connect(cluster, edge if i % 2 else second_edge, u) for i, u in enumerate(users)]
+    left = await connect(cluster, second_edge, leaver)
+    watcher = await connect(cluster, edge, watcher_id)
+    sync = await watcher.request(
+        {"type": "presence.subscribe", "userIds": [*users, leaver]}, of_type("presence.sync"), timeout=10
+    )
+    assert {u["status"] for u in sync["users"]} == {"online"}
+    left_at = time.time()
+    await left.close()  # its last-seen is in a shard's memory when the rollout begins
+    await watcher.expect(lambda f: f.get("userId") == leaver and f.get("status") == "offline", timeout=10)
+    before = await incarnations()
+    chosen: dict[str, str] = {}
+    stop = asyncio.Event()
+
+    async def churn() -> None:
+        n = 0
+        while not stop.is_set():
+            i = n % len(users)
+            status = "dnd" if (n // len(users)) % 2 == 0 else "online"
+            await sockets[i].send({"type": "presence.update", "status": status})
+            chosen[users[i]] = status
+            n += 1
+            await asyncio.sleep(0.1)
+
+    churning = asyncio.create_task(churn())
+    lines: list[str] = []
+    try:
+        summary = await rollout(progress=lines.append)
+    finally:
+        stop.set()
+        await churning
+    assert summary["shards"] == SHARDS
+    after = await incarnations()
+    assert all(a != b for a, b in zip(before, after, strict=True)), (before, after, lines)
+    # Nothing closed.
+    for c in (*sockets, watcher):
+        assert c.close_code is None and not c.ws.close_code
+        await c.roundtrip()
+    # Every account's last choice reached the watcher, and nobody was shown offline.
+    for c in sockets:
+        await c.roundtrip()
+
+    def seen() -> dict[str, str]:
+        last: dict[str, str] = {}
+        for f in watcher.log:
+            if f.get("type") == "presence.changed" and f.get("userId") in chosen:
+                last[f["userId"]] = f["status"]
+        return last
+
+    await eventually(lambda: seen() == chosen, timeout=15)
+    shown = [f for f in watcher.log if f.get("type") == "presence.changed" and f.get("userId") in users]
+    assert all(f["status"] in ("dnd", "online") for f in shown), shown
+    # The departure's last-seen survived the FlushActor's replacement.
+    got = await eventually(lambda: stored(conn, leaver), timeout=15)
+    assert abs(got - left_at) < 1.0
+    # A fresh socket sees the truth through the replaced directory and shards.
+    fresh = await Client.connect(edge_ws(edge), cluster.token(ids("fresh")))
+    with contextlib.suppress(Exception):
+        await fresh.close()
+    for c in (*sockets, watcher):
+        await c.close()
+
+
+def edge_ws(e: Edge) -> str:
+    return f"ws://127.0.0.1:{e.ws_port}/ws/presence"

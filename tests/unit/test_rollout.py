@@ -1,0 +1,102 @@
+"""`presence rollout` (cluster/rollout.py) on fakes: each shard emptied of its slots before it is
+replaced and given exactly its slots back, the mail collected and last-seen handed on before each
+restart, never a slot held twice or by nobody, then the FlushActor and the directory (its map
+put back). tests/integration/test_rollout.py runs it on the real pool under load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.core.shard import SlotExport
+from actors.core.slots import SLOT_COUNT, SlotMap
+from cluster.rollout import SingleShard, rollout
+
+
+class FakeShard:
+    def __init__(self, fleet: FakeFleet, index: int, owned: set[int]) -> None:
+        self.fleet, self.index, self.owned = fleet, index, owned
+        self.incarnation = 0
+
+    async def export_slots(self, slots: list[int]) -> SlotExport:
+        assert set(slots) <= self.owned
+        self.owned -= set(slots)
+        return SlotExport(frozenset(slots))
+
+    async def import_slots(self, export: SlotExport) -> None:
+        for other in self.fleet.shards.values():
+            assert other.owned.isdisjoint(export.slots), "a slot held twice"
+        self.owned |= export.slots
+
+    async def mail_pending(self) -> int:
+        self.fleet.log.append(("mail", self.index))
+        return 0
+
+    async def drain(self, timeout_s: float) -> int:
+        self.fleet.log.append(("drain", self.index))
+        return 0
+
+
+class FakeFleet:
+    def __init__(self, count: int) -> None:
+        m = SlotMap.even(count)
+        self.version, self.owners, self.count = m.version, m.owners, count
+        self.shards = {i: FakeShard(self, i, set(m.slots_of(i))) for i in range(count)}
+        self.log: list[tuple[Any, ...]] = []
+
+    # the directory
+    async def get_map(self) -> tuple[int, tuple[int, ...], int]:
+        return self.version, self.owners, self.count
+
+    async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int:
+        for s, owner in enumerate(owners):
+            assert s in self.shards[owner].owned, "the map names a shard that does not hold the slot"
+        self.version += 1
+        self.owners, self.count = tuple(owners), shard_count
+        return self.version
+
+    # the fleet
+    def shard(self, index: int) -> FakeShard:
+        return self.shards[index]
+
+    async def restart_shard(self, index: int) -> None:
+        assert not self.shards[index].owned, "replaced while it still held slots"
+        self.shards[index].incarnation += 1
+        self.log.append(("restart", index))
+
+    async def restart_flush(self) -> int:
+        self.log.append(("flush",))
+        return 0
+
+    async def restart_directory(self, version: int, owners: tuple[int, ...], shard_count: int) -> None:
+        assert (version, owners, shard_count) == (self.version, self.owners, self.count)
+        self.log.append(("directory",))
+
+
+async def test_every_shard_replaced_empty_and_given_its_slots_back() -> None:
+    fleet = FakeFleet(4)
+    before = fleet.owners
+    summary = await rollout(lambda _: None, chunk=1000, directory=fleet, fleet=fleet)
+    assert fleet.owners == before  # every slot back with its owner
+    assert all(s.incarnation == 1 for s in fleet.shards.values())
+    assert summary["moved_slots"] == 2 * SLOT_COUNT  # each slot out and back once
+    restarts = [e for e in fleet.log if e[0] in ("restart", "flush", "directory")]
+    assert restarts == [
+        ("restart", 0),
+        ("restart", 1),
+        ("restart", 2),
+        ("restart", 3),
+        ("flush",),
+        ("directory",),
+    ]
+    for i in range(4):  # the mail collected and last-seen handed on before each restart
+        at = fleet.log.index(("restart", i))
+        assert ("drain", i) in fleet.log[:at] and ("mail", i) in fleet.log[:at]
+
+
+async def test_a_pool_of_one_is_refused_with_what_to_do() -> None:
+    fleet = FakeFleet(1)
+    with pytest.raises(SingleShard, match="presence scale 2"):
+        await rollout(lambda _: None, directory=fleet, fleet=fleet)
+    assert fleet.log == [] and fleet.shards[0].incarnation == 0
