@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
@@ -305,7 +306,7 @@ class AudienceListener:
             try:
                 conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                wait = self._backoff.delay(attempt)
+                wait = self._backoff.delay(attempt, random.random)
                 log.debug("audience listener: connect failed (%s), retrying in %.1f s", exc, wait)
                 await self._sleep(wait)
                 attempt += 1

@@ -24,7 +24,7 @@ from actors import gc_policy
 from actors.core import activity
 from actors.core import ops as ops_
 from actors.core.audience import Relations
-from actors.core.backoff import Backoff, retry
+from actors.core.backoff import Backoff
 from actors.core.budgets import Allowance
 from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE, MailChunk, ShardStats, iso_ms
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
@@ -33,6 +33,7 @@ from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
 from actors.metrics import Metrics
+from actors.retry import retry
 from actors.store import AudienceEvents, ShardStore
 
 log = logging.getLogger("presence.shard")

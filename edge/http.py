@@ -35,9 +35,9 @@ import ipaddress
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
@@ -48,13 +48,13 @@ from actors.clients import DirectoryClient, ShardClient, flush_stats
 from actors.core.activity import REPORT_WINDOWS_H, BadWindow, parse_hours, window_start
 from actors.core.contract import ShardStats
 from actors.core.ids import id_problem
-from actors.metrics import render
+from actors.counts import CountReader
+from actors.metrics import Metrics, render
 from edge.http_server import HttpRequest, error_response
+from edge.router import Router
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection
-
-    from edge.server import Edge
 
 PREFIX = "/api/v1/internal/presence"
 # FlushActor figures exported by /metrics: statements and rows written, and what still waits.
@@ -174,10 +174,40 @@ def allowed_host_names(internal_host: str, allowed: Iterable[str]) -> frozenset[
     return frozenset(n for n in names if n)
 
 
+class DrainSettings(Protocol):
+    @property
+    def drain_grace_s(self) -> float: ...
+    @property
+    def drain_window_s(self) -> float: ...
+    @property
+    def resume_s(self) -> float: ...
+
+
+class ServedEdge(Protocol):
+    """What the internal API reads of the edge serving it (edge/server.py `Edge`). A protocol, so
+    that this module does not import the server that imports it (tests/unit/test_layers.py)."""
+
+    @property
+    def edge_id(self) -> str: ...
+    @property
+    def router(self) -> Router: ...
+    @property
+    def counts(self) -> CountReader: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def conns(self) -> Sized: ...
+    @property
+    def config(self) -> DrainSettings: ...
+    @property
+    def draining(self) -> bool: ...
+    def drain(self) -> object: ...
+
+
 class InternalApi:
     def __init__(
         self,
-        edge: Edge,
+        edge: ServedEdge,
         token: str | None = None,
         internal_host: str = "127.0.0.1",
         allowed_hosts: Iterable[str] = (),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from actors.clients import ActorDied, MapTuple
 from actors.core import ops
-from actors.core.backoff import Backoff, retry
+from actors.core.backoff import Backoff
 from actors.core.contract import (
     MOVED,
     PULL_BATCH,
@@ -39,6 +40,7 @@ from actors.core.contract import (
 )
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
+from actors.retry import retry
 
 log = logging.getLogger("presence.router")
 
@@ -293,7 +295,7 @@ class Router:
                 else:  # what to_shard does after a failed attempt: a fresh map, a jittered wait
                     with contextlib.suppress(Exception):
                         await self.refresh_map()
-                    await asyncio.sleep(CALL_RETRY.delay(0))
+                    await asyncio.sleep(CALL_RETRY.delay(0, random.random))
         if deadline is None:
             deadline = time.monotonic() + self.call_retry_s
         results: list[Any] = []

@@ -1,15 +1,15 @@
-"""The one backoff (actors/core/backoff.py): the pure policy and the helper that retries with it."""
+"""The one backoff (actors/core/backoff.py): the pure policy. The loop that retries with it is
+actors/retry.py (tests/unit/test_retry.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.core.backoff import Backoff, retry
+from actors.core.backoff import Backoff
 
 
 class TestPolicy:
@@ -70,103 +70,3 @@ class TestPolicy:
         sa = [policy.delay(n, a.random) for n in range(8)]
         sb = [policy.delay(n, b.random) for n in range(8)]
         assert sa != sb
-
-
-class FakeTime:
-    """A clock that moves only when somebody sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-class Flaky:
-    """Fails `failures` times with `error`, then answers "done"."""
-
-    def __init__(self, failures: int, error: Exception | None = None) -> None:
-        self.left = failures
-        self.error = error or TimeoutError("not yet")
-        self.calls = 0
-
-    async def __call__(self) -> str:
-        self.calls += 1
-        if self.left > 0:
-            self.left -= 1
-            raise self.error
-        return "done"
-
-
-POLICY = Backoff(first_s=0.1, cap_s=2.0)
-
-
-class TestRetry:
-    async def test_retries_until_it_succeeds_waiting_the_policys_draws(self) -> None:
-        t = FakeTime()
-        call = Flaky(5)
-        seen: list[tuple[str, float]] = []
-        result = await retry(
-            call,
-            POLICY,
-            random=lambda: 0.5,
-            clock=t.clock,
-            sleep=t.sleep,
-            on_retry=lambda e, wait: seen.append((type(e).__name__, wait)),
-        )
-        assert result == "done" and call.calls == 6
-        expected = [POLICY.delay(n, lambda: 0.5) for n in range(5)]
-        assert t.sleeps == expected
-        assert seen == [("TimeoutError", w) for w in expected]
-
-    async def test_without_a_deadline_it_never_gives_up(self) -> None:
-        t = FakeTime()
-        call = Flaky(200)
-        assert await retry(call, POLICY, random=lambda: 0.99, clock=t.clock, sleep=t.sleep) == "done"
-        assert max(t.sleeps) <= POLICY.cap_s  # the cap holds however long it lasts
-
-    async def test_gives_up_at_the_deadline_with_the_last_error(self) -> None:
-        t = FakeTime()
-        call = Flaky(1_000, ValueError("shard gone"))
-        with pytest.raises(ValueError, match="shard gone"):
-            await retry(
-                call, POLICY, deadline=t.now + 5.0, random=lambda: 0.999, clock=t.clock, sleep=t.sleep
-            )
-        # It never sleeps past the deadline: the failure whose wait would cross it is raised.
-        assert t.now <= 105.0
-        assert t.now + POLICY.delay(len(t.sleeps), lambda: 0.999) > 105.0
-
-    async def test_other_errors_go_through_at_once(self) -> None:
-        t = FakeTime()
-        call = Flaky(3, KeyError("bug"))
-        with pytest.raises(KeyError):
-            await retry(call, POLICY, retry_on=(TimeoutError, ValueError), clock=t.clock, sleep=t.sleep)
-        assert call.calls == 1 and t.sleeps == []
-
-    async def test_the_predicate_chooses_which_errors_retry(self) -> None:
-        t = FakeTime()
-        permanent = Flaky(3, OSError("permanent"))
-        with pytest.raises(OSError):
-            await retry(permanent, POLICY, when=lambda e: "transient" in str(e), clock=t.clock, sleep=t.sleep)
-        assert permanent.calls == 1
-        transient = Flaky(3, OSError("transient"))
-        assert await retry(
-            transient, POLICY, when=lambda e: "transient" in str(e), clock=t.clock, sleep=t.sleep
-        ) == ("done")
-        assert transient.calls == 4
-
-    async def test_cancellation_is_never_retried(self) -> None:
-        async def cancelled() -> None:
-            raise asyncio.CancelledError
-
-        with pytest.raises(asyncio.CancelledError):
-            await retry(cancelled, POLICY, retry_on=BaseException, sleep=FakeTime().sleep)
-
-    async def test_the_real_sleep_is_awaited(self) -> None:
-        call = Flaky(2)
-        assert await retry(call, Backoff(first_s=0.001, cap_s=0.002)) == "done"

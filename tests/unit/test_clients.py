@@ -1,14 +1,12 @@
-"""The clients of the pool (actors/clients.py): what an edge process loads, and the typed face of
-each actor checked against the class Ray runs (actors/pool.py), so a call and its actor cannot
-drift apart unnoticed (Ray's handles are untyped: the protocols are what mypy checks calls by)."""
+"""The clients of the pool (actors/clients.py): the typed face of each actor checked against the
+class Ray runs (actors/pool.py), so a call and its actor cannot drift apart unnoticed (Ray's
+handles are untyped: the protocols are what mypy checks calls by). That an edge process loads
+none of actors/pool.py's world is tests/unit/test_layers.py's."""
 
 from __future__ import annotations
 
 import inspect
-import subprocess
-import sys
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +14,6 @@ import pytest
 from actors import clients, pool
 from actors.directory import SlotDirectory
 
-ROOT = Path(__file__).resolve().parents[2]
 # What runs inside the actors: an edge never loads it (asyncpg alone costs ~30 MB per process).
 SHELL_MODULES = (
     "asyncpg",
@@ -26,15 +23,6 @@ SHELL_MODULES = (
     "actors.directory",
     "actors.pool",
 )
-
-
-def test_an_edge_process_loads_neither_asyncpg_nor_the_actor_shells() -> None:
-    probe = (
-        "import sys, edge.server, edge.http, edge.router, actors.clients\n"
-        f"print(','.join(m for m in {SHELL_MODULES!r} if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
 
 
 def _remote_members(protocol: type) -> dict[str, tuple[list[Any], Any]]:

@@ -425,7 +425,7 @@ def test_alg_none_closes_4001() -> None:
 
 def test_settings_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     from cluster.config import Settings
-    from cluster.up import edge_config
+    from cluster.edge_process import edge_config
 
     env = {
         "PRESENCE_SOCKET_RATE_PER_S": "7",
@@ -453,7 +453,7 @@ def test_settings_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_default_settings_give_default_limits() -> None:
     from cluster.config import Settings
-    from cluster.up import edge_config
+    from cluster.edge_process import edge_config
 
     lim = edge_config(Settings(), "secret", None).limits
     assert lim == Limits()
