@@ -22,6 +22,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 MODE_VAR = "RAY_AUTH_MODE"
@@ -40,15 +41,20 @@ def ensure_token_file(path: Path | None = None) -> Path:
     """The token file, created with a fresh token if missing; owner-only (0600) either way."""
     path = path or token_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Written whole under a private name, then linked into place: a process starting Ray at the
+    # same moment (parallel test workers, two `presence up`) either finds no file or a complete
+    # one, never an empty one, and exactly one token wins.
+    fd, draft = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        os.link(draft, path)
     except FileExistsError:
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o600)
             print(f"presence: Ray's token file {path} was readable by others; now 0600", file=sys.stderr)
-        return path
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
+    finally:
+        os.unlink(draft)
     return path
 
 

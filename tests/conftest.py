@@ -8,6 +8,9 @@ servers that a test may stop and restart without disturbing the shared ones.
 Embedded servers live in their own `mkdtemp` directories under /tmp rather than under pytest's
 tmp_path: PostgreSQL runs as another system user that must traverse the path, and pytest resets
 its base directory to 0700 at the start of every session (including a parallel one).
+
+Under pytest-xdist every worker is a session of its own with its own servers; how the tests are
+shared out among the workers is tests/parallel.py.
 """
 
 from __future__ import annotations
@@ -19,14 +22,40 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import hypothesis
 import pytest
+
+from tests import parallel
 
 if TYPE_CHECKING:
     import asyncpg
+    from xdist.remote import Producer
+    from xdist.scheduler.protocol import Scheduling
 
     from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
 
 TABLES = ("users", "friendships", "servers", "server_members", "channels")
+
+# Hypothesis fails an example that takes over 200 ms by default: on two cores shared by parallel
+# workers that measures the machine's load, not the code. Examples and steps are unchanged.
+hypothesis.settings.register_profile("presence", deadline=None)
+hypothesis.settings.load_profile("presence")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the lanes' tests after their group
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        parallel.heaviest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return parallel.auto_workers()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling | None:
+    return parallel.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +70,8 @@ def _start_pg(data_dir: Path) -> EmbeddedPostgres:
     from cluster.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres()
-    server.start(data_dir)
+    with parallel.one_start_at_a_time():
+        server.start(data_dir)
     return server
 
 

@@ -27,6 +27,7 @@ from cluster.runtime import ClusterInfo, write_info
 from edge.server import Edge, EdgeConfig
 from edge.session import Limits
 from edge.tokens import mint_token
+from tests.parallel import one_start_at_a_time
 
 SECRET = "integration-test-secret-of-at-least-32-bytes"
 # Every edge's internal API wants a token (protocol.md "Internal HTTP"); the tests' edges share
@@ -76,30 +77,31 @@ def cluster(embedded_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     rd: EmbeddedRedis | None = None
     migrated_pg_url = os.environ.get("PRESENCE_DATABASE_URL")
     redis_url = os.environ.get("PRESENCE_REDIS_URL")
-    if migrated_pg_url is None:
-        pg = EmbeddedPostgres()
-        migrated_pg_url = pg.start(embedded_dir / "cluster")
-    if redis_url is None:
-        rd = EmbeddedRedis()
-        redis_url = rd.start(embedded_dir / "cluster")
-    asyncio.run(db.migrate(migrated_pg_url))
-    namespace = f"presence-test-{uuid.uuid4().hex[:8]}"
-    if os.environ.get("RAY_ADDRESS"):
-        rayauth.prepare_join(os.environ["RAY_ADDRESS"])
-    else:
-        rayauth.prepare_local()  # as `presence up` does: token authentication, token file 0600
-    clients.connect(os.environ.get("RAY_ADDRESS"), namespace)
-    config = ShardConfig(
-        shard_index=0,
-        database_url=migrated_pg_url,
-        redis_url=redis_url,
-        socket_timeout_s=SOCKET_TIMEOUT_S,
-        count_refresh_s=1.0,
-        count_ttl_s=4.0,
-        checkpoint_interval_s=3600.0,
-        sweep_interval_s=0.2,
-    )
-    start_pool(SHARDS, config, flush_interval_s=0.2, flush_max_rows=1000)
+    with one_start_at_a_time():
+        if migrated_pg_url is None:
+            pg = EmbeddedPostgres()
+            migrated_pg_url = pg.start(embedded_dir / "cluster")
+        if redis_url is None:
+            rd = EmbeddedRedis()
+            redis_url = rd.start(embedded_dir / "cluster")
+        asyncio.run(db.migrate(migrated_pg_url))
+        namespace = f"presence-test-{uuid.uuid4().hex[:8]}"
+        if os.environ.get("RAY_ADDRESS"):
+            rayauth.prepare_join(os.environ["RAY_ADDRESS"])
+        else:
+            rayauth.prepare_local()  # as `presence up` does: token authentication, token file 0600
+        clients.connect(os.environ.get("RAY_ADDRESS"), namespace)
+        config = ShardConfig(
+            shard_index=0,
+            database_url=migrated_pg_url,
+            redis_url=redis_url,
+            socket_timeout_s=SOCKET_TIMEOUT_S,
+            count_refresh_s=1.0,
+            count_ttl_s=4.0,
+            checkpoint_interval_s=3600.0,
+            sweep_interval_s=0.2,
+        )
+        start_pool(SHARDS, config, flush_interval_s=0.2, flush_max_rows=1000)
     data_dir = tmp_path_factory.mktemp("presence-data")
     (data_dir / "secret").write_text(SECRET)
     (data_dir / "internal-token").write_text(INTERNAL_TOKEN)

@@ -10,6 +10,7 @@ import itertools
 import json
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -27,25 +28,19 @@ class RecordedClient(Client):
         self.recorder, self.name, self.user = recorder, name, user
         super().__init__(ws)
 
-    async def _read(self) -> None:
+    def _received(self, frame: Frame) -> None:
+        self.recorder.history.events.append(Event(time.time(), self.name, self.user, "recv", frame))
+        super()._received(frame)
+
+    def _ended(self) -> None:
         events = self.recorder.history.events
-        try:
-            async for message in self.ws:
-                frame = json.loads(message)
-                events.append(Event(time.time(), self.name, self.user, "recv", frame))
-                self.frames.append(frame)
-                self.log.append(frame)
-        except websockets.ConnectionClosed:
-            pass
-        finally:
-            self.close_code = self.ws.close_code
-            events.append(Event(time.time(), self.name, self.user, "closed", code=self.close_code))
-            life = self.recorder.history.sockets.get(self.name)
-            if life is not None and life.gone_before is None:
-                # Closed by the server (or the connection broke): it went before now.
-                life.gone_before = time.time()
-                if life.gone_after is None:
-                    life.gone_after = self.recorder.last_word.get(self.name, life.opened_at)
+        events.append(Event(time.time(), self.name, self.user, "closed", code=self.close_code))
+        life = self.recorder.history.sockets.get(self.name)
+        if life is not None and life.gone_before is None:
+            # Closed by the server (or the connection broke): it went before now.
+            life.gone_before = time.time()
+            if life.gone_after is None:
+                life.gone_after = self.recorder.last_word.get(self.name, life.opened_at)
 
     async def send(self, frame: Frame | str | bytes) -> None:
         parsed = frame if isinstance(frame, dict) else accepted(frame)
@@ -113,6 +108,35 @@ async def read_last_seen(url: str, users: list[str]) -> dict[str, float] | None:
     finally:
         await conn.close()
     return {r["id"]: r["last_seen_at"].timestamp() for r in rows if r["last_seen_at"] is not None}
+
+
+async def answering(call: Callable[[], Awaitable[object]]) -> bool:
+    """Whether `call()` (one call to an actor) reaches a live incarnation: an actor Ray restarts
+    is unavailable for a moment, then runs calls again, even if only to raise (a shard that cannot
+    start while PostgreSQL is away says so from inside)."""
+    import ray
+
+    from actors import clients
+
+    try:
+        await call()
+    except ray.exceptions.RayTaskError:
+        return True
+    except (TimeoutError, *clients.ActorDied):
+        return False
+    return True
+
+
+async def no_pending_last_seen() -> bool:
+    """No departure waits in a shard or in the FlushActor: every last-seen is in PostgreSQL."""
+    from actors import clients
+
+    _, _, count = await clients.DirectoryClient().get_map()
+    for i in range(count):
+        if (await clients.ShardClient(i).stats(timeout_s=5)).pending_last_seen:
+            return False
+    flush = await clients.flush_stats(5)
+    return not flush["pending_rows"] and not flush["in_flight_rows"]
 
 
 def _get_json(url: str) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 import websockets
+from websockets.asyncio.client import ClientConnection
 
 from edge.server import Edge
 from edge.session import Limits
@@ -33,18 +34,13 @@ pytestmark = pytest.mark.integration
 class TimedClient(Client):
     """A client that also notes when each frame arrived."""
 
-    async def _read(self) -> None:
+    def __init__(self, ws: ClientConnection) -> None:
         self.times: list[tuple[float, dict[str, Any]]] = []
-        try:
-            async for message in self.ws:
-                frame = json.loads(message)
-                self.times.append((time.monotonic(), frame))
-                self.frames.append(frame)
-                self.log.append(frame)
-        except websockets.ConnectionClosed:
-            pass
-        finally:
-            self.close_code = self.ws.close_code
+        super().__init__(ws)
+
+    def _received(self, frame: dict[str, Any]) -> None:
+        self.times.append((time.monotonic(), frame))
+        super()._received(frame)
 
     def changes_about(self, user: str) -> list[tuple[float, str]]:
         return [

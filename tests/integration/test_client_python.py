@@ -80,6 +80,8 @@ async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 async def test_a_silent_server_is_dropped_and_the_client_reconnects(scripted: Any) -> None:
+    answered: list[int] = []  # heartbeats answered on the second connection
+
     async def script(ws: ServerConnection, n: int) -> None:
         await ready(s, ws, n, interval_ms=150)
         if n == 0:
@@ -88,6 +90,7 @@ async def test_a_silent_server_is_dropped_and_the_client_reconnects(scripted: An
             async for raw in ws:
                 if json.loads(raw)["type"] == "heartbeat":
                     await ws.send('{"type":"heartbeat.ack"}')
+                    answered.append(n)
 
     s = await scripted(script)
     client = PresenceClient(s.url, "T", backoff=FAST)
@@ -100,7 +103,8 @@ async def test_a_silent_server_is_dropped_and_the_client_reconnects(scripted: An
     assert time.monotonic() - started < 2.0
     dropped = next(info for state, info in states if state == "reconnecting")
     assert dropped["code"] == 4000
-    await asyncio.sleep(0.5)  # the new connection answers: it stays
+    # The new connection answers: it stays, heartbeat after heartbeat.
+    await until(lambda: len(answered) >= 3)
     assert client.state == "open" and s.count == 2
     await client.close()
 

@@ -34,7 +34,16 @@ from edge.server import Edge
 
 from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_url, load, ws_url
 from .history import Graph, SocketLife, check, stale_views
-from .recorder import RecordedClient, Recorder, Sampler, operator_view, read_count, read_last_seen
+from .recorder import (
+    RecordedClient,
+    Recorder,
+    Sampler,
+    answering,
+    no_pending_last_seen,
+    operator_view,
+    read_count,
+    read_last_seen,
+)
 from .test_failures import start_edge_process
 from .wsclient import eventually, of_type
 
@@ -164,15 +173,6 @@ class Load:
         return {"type": "heartbeat"}
 
 
-async def no_pending_last_seen() -> bool:
-    _, _, count = await DirectoryClient().get_map()
-    for i in range(count):
-        if (await ShardClient(i).stats(timeout_s=5)).pending_last_seen:
-            return False
-    flush = await clients.flush_stats(5)
-    return not flush["pending_rows"] and not flush["in_flight_rows"]
-
-
 async def run_with_fault(
     cluster: Cluster,
     edges: list[Edge],
@@ -292,7 +292,8 @@ async def test_flush_actor_killed_with_departures_pending(
             load.recorder.fault("FlushActor killed")
             clients.FlushClient().kill(restart=True)
             await load.retire(1)
-            await asyncio.sleep(1.0)
+            # Back before the next kill.
+            await eventually(lambda: answering(lambda: clients.flush_stats(5)), timeout=30, interval=0.2)
         return 0.0
 
     await run_with_fault(cluster, [edge, second_edge], conn, ids, kill)

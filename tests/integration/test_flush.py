@@ -17,6 +17,8 @@ import pytest
 from actors.flush import UPDATE_SQL, FlushActor, FlushStoppedError
 from cluster.db import migrate
 
+from .wsclient import eventually
+
 if TYPE_CHECKING:
     from cluster.embedded import EmbeddedPostgres
 
@@ -33,6 +35,16 @@ async def stored(conn: asyncpg.Connection, ids: list[str] | None = None) -> dict
     else:
         rows = await conn.fetch("SELECT id, last_seen_at FROM users WHERE id = ANY($1::text[])", ids)
     return {r["id"]: (r["last_seen_at"].timestamp() if r["last_seen_at"] else None) for r in rows}
+
+
+async def holds(actor: FlushActor, pending: int) -> bool:
+    """`pending` rows buffered and not yet sent."""
+    return bool((await actor.stats())["pending_rows"] == pending)
+
+
+async def failed(actor: FlushActor, times: int) -> bool:
+    """The actor has failed to write (or to connect) at least `times` times."""
+    return bool((await actor.stats())["errors"] >= times)
 
 
 def close(a: float | None, b: float) -> bool:
@@ -109,7 +121,7 @@ async def test_write_returns_only_after_commit(
     await make_users(db, ["a"])
     t = time.time()
     task = asyncio.create_task(actor.write([("a", t)]))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: holds(actor, pending=1))  # buffered, the interval not yet over
     assert not task.done()
     assert (await stored(db, ["a"]))["a"] is None
     await asyncio.wait_for(task, 5)
@@ -272,7 +284,7 @@ async def test_overloaded_buffer_holds_new_writes_back(
     actor = actors(interval_s=0.3, max_rows=100, max_pending=3)
     t = time.time()
     first = asyncio.create_task(actor.write([(uid, t) for uid in ids[:5]]))  # accepted: never dropped
-    await asyncio.sleep(0.05)
+    await eventually(lambda: holds(actor, pending=5))
     assert (await actor.stats())["overloaded"] == 1
     second = asyncio.create_task(actor.write([(uid, t) for uid in ids[5:]]))
     await asyncio.sleep(0.05)
@@ -292,8 +304,7 @@ async def test_drain_ignores_the_interval(db: asyncpg.Connection, actors: Callab
     actor = actors(interval_s=60.0)
     t = time.time()
     task = asyncio.create_task(actor.write([("d1", t), ("d2", t)]))
-    await asyncio.sleep(0.05)
-    assert (await actor.stats())["pending_rows"] == 2
+    await eventually(lambda: holds(actor, pending=2))
     started = time.monotonic()
     assert await actor.drain(5.0) == 0
     assert time.monotonic() - started < 2.0
@@ -306,7 +317,7 @@ async def test_drain_ignores_the_interval(db: asyncpg.Connection, actors: Callab
 async def test_stop_releases_waiting_writers_with_an_error(actors: Callable[..., FlushActor]) -> None:
     actor = actors(interval_s=60.0)
     task = asyncio.create_task(actor.write([("s1", time.time())]))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: holds(actor, pending=1))  # waiting for its commit
     await actor.stop()
     with pytest.raises(FlushStoppedError):
         await task
@@ -350,10 +361,10 @@ async def test_postgres_stopped_with_writes_pending_then_restarted(
         await asyncio.to_thread(embedded_pg.stop)
         t = time.time()
         writes = [asyncio.create_task(actor.write([(uid, t - i)])) for i, uid in enumerate(ids)]
-        await asyncio.sleep(1.5)
+        # Failed, backed off and failed again: no write may have returned meanwhile.
+        await eventually(lambda: failed(actor, times=2), timeout=10)
         assert not any(w.done() for w in writes), "write returned although nothing was committed"
         stats = await actor.stats()
-        assert stats["errors"] >= 1
         assert stats["pending_rows"] + stats["in_flight_rows"] == len(ids)
 
         await asyncio.to_thread(embedded_pg.restart)
@@ -385,7 +396,7 @@ async def test_actor_starts_with_the_database_down(private_db: str, embedded_pg:
         await asyncio.wait_for(actor.start(), 1)  # never waits for the database
         t = time.time()
         write = asyncio.create_task(actor.write([("early", t)]))
-        await asyncio.sleep(0.8)
+        await eventually(lambda: failed(actor, times=2), timeout=10)
         assert not write.done()
         # A drain that cannot finish reports what is left instead of hanging.
         assert await actor.drain(0.2) == 1

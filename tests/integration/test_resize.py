@@ -180,12 +180,11 @@ async def test_resize_2_6_3_under_load(
 
     await eventually(retired_dropped, timeout=20)
 
-    async def views_settled() -> bool:
-        await asyncio.sleep(0.2)
+    def views_settled() -> bool:
         return all((seen(w, d.user) or ["offline"])[-1] == d.visible() for w in watchers for d in drivers)
 
     try:
-        await eventually(views_settled, timeout=10)
+        await eventually(views_settled, timeout=10, interval=0.2)
     except AssertionError:
         wrong = [
             (i, d.user, seen(w, d.user), d.truth)
@@ -217,7 +216,7 @@ async def test_resize_2_6_3_under_load(
     closed_at = time.time()
     for d in drivers:
         await d.close()
-    await eventually(views_settled, timeout=15)
+    await eventually(views_settled, timeout=15, interval=0.2)
     for w in watchers:
         for d in drivers:
             got = seen(w, d.user)

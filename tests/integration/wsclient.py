@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ class Client:
         self.log: list[Frame] = []  # everything ever received, for invariant checks
         self.ready: Frame | None = None
         self.close_code: int | None = None
+        # Set whenever a frame arrives or the connection ends: `expect` waits on it, not on a clock.
+        self._arrived = asyncio.Event()
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -35,13 +38,22 @@ class Client:
     async def _read(self) -> None:
         try:
             async for message in self.ws:
-                frame = json.loads(message)
-                self.frames.append(frame)
-                self.log.append(frame)
+                self._received(json.loads(message))
+                self._arrived.set()
         except websockets.ConnectionClosed:
             pass
         finally:
             self.close_code = self.ws.close_code
+            self._ended()
+            self._arrived.set()
+
+    def _received(self, frame: Frame) -> None:
+        """One frame came in (subclasses also note it elsewhere)."""
+        self.frames.append(frame)
+        self.log.append(frame)
+
+    def _ended(self) -> None:
+        """The connection is gone; `close_code` is set."""
 
     async def send(self, frame: Frame | str | bytes) -> None:
         await self.ws.send(frame if isinstance(frame, str | bytes) else json.dumps(frame))
@@ -49,15 +61,18 @@ class Client:
     async def expect(self, pred: Callable[[Frame], bool], timeout: float = 5.0) -> Frame:
         deadline = time.monotonic() + timeout
         while True:
+            self._arrived.clear()
             for frame in self.frames:
                 if pred(frame):
                     self.frames.remove(frame)
                     return frame
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no matching frame within {timeout} s; got {self.frames[-8:]}")
             if self._reader.done():
                 raise AssertionError(f"closed ({self.close_code}) while waiting; got {self.frames[-8:]}")
-            await asyncio.sleep(0.01)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no matching frame within {timeout} s; got {self.frames[-8:]}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
 
     async def request(self, frame: Frame, pred: Callable[[Frame], bool], timeout: float = 5.0) -> Frame:
         await self.send(frame)

@@ -163,16 +163,18 @@ async def test_the_secret_never_crosses_the_wire() -> None:
 
 async def test_an_edge_sends_nothing_to_a_listener_that_does_not_know_the_secret() -> None:
     received = bytearray()
+    hung_up = asyncio.Event()
 
     async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         received.extend(await reader.readexactly(lane.EDGE_HELLO_BYTES))
         writer.write(b"s" * lane.SHARD_HELLO_BYTES)
-        received.extend(await reader.read())
+        received.extend(await reader.read())  # everything until the client hangs up
+        hung_up.set()
 
     squatter = await asyncio.start_server(impostor, "127.0.0.1", 0)
     with pytest.raises(LaneBroken, match="does not know the shard's secret"):
         await LaneClient.open("127.0.0.1", squatter.sockets[0].getsockname()[1], b"k" * 32)
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(hung_up.wait(), 5.0)
     assert len(received) == lane.EDGE_HELLO_BYTES  # its hello, then nothing: no proof, no call
     squatter.close()
 
@@ -257,9 +259,10 @@ async def test_errors_the_edge_retries_keep_their_type_and_an_answer_that_cannot
 
 
 async def test_a_connection_that_goes_cancels_its_waiting_pulls_so_their_mail_stays() -> None:
-    cancelled = asyncio.Event()
+    cancelled, pulling = asyncio.Event(), asyncio.Event()
 
     async def pull(*_args: Any) -> Any:
+        pulling.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
@@ -268,7 +271,7 @@ async def test_a_connection_that_goes_cancels_its_waiting_pulls_so_their_mail_st
 
     async with _lane({"pull": pull}) as (_, client):
         waiting = asyncio.ensure_future(client.call("pull"))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(pulling.wait(), 5.0)  # the shard is in the pull
         client.close()
         await asyncio.wait_for(cancelled.wait(), 5.0)
         with pytest.raises(LaneBroken):

@@ -6,7 +6,9 @@ cluster to join gets the mode it requires or a one-line error; `presence up` nev
 from __future__ import annotations
 
 import os
+import secrets
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,34 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 def mode_of(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_token_file_being_written_is_never_seen_empty(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes starting Ray at once (parallel test workers, two `presence up`): the one that
+    finds the file while the other is still writing it must not go on with an empty token."""
+    writing, release = threading.Event(), threading.Event()
+    real_token_hex = secrets.token_hex
+    calls: list[int] = []
+
+    def slow_first_token(nbytes: int) -> str:
+        calls.append(nbytes)
+        if len(calls) == 1:  # the first writer stops half-way
+            writing.set()
+            release.wait(5)
+        return real_token_hex(nbytes)
+
+    monkeypatch.setattr(rayauth.secrets, "token_hex", slow_first_token)
+    first = threading.Thread(target=rayauth.ensure_token_file)
+    first.start()
+    try:
+        assert writing.wait(5)
+        rayauth.ensure_token_file()  # the second, meanwhile
+        assert len(env.read_text()) == 64, "the second starter saw a token file still being written"
+    finally:
+        release.set()
+        first.join(5)
+    assert len(env.read_text()) == 64 and mode_of(env) == 0o600
+    assert [p.name for p in env.parent.iterdir()] == ["auth_token"], "no draft left behind"
 
 
 def test_a_new_token_file_is_owner_only(env: Path) -> None:
