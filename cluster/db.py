@@ -88,6 +88,22 @@ async def migrate(conn_or_url: Queryable | str) -> None:
         await conn.execute(schema)
 
 
+async def recorded_pool_size(conn_or_url: Queryable | str) -> int | None:
+    """The pool's size as `presence scale` last set it (None: never scaled)."""
+    async with _connection(conn_or_url) as conn:
+        shards = await conn.fetchval("SELECT shards FROM pool_size")
+    return None if shards is None else int(shards)
+
+
+async def record_pool_size(conn_or_url: Queryable | str, shards: int) -> None:
+    async with _connection(conn_or_url) as conn:
+        await conn.execute(
+            "INSERT INTO pool_size (shards) VALUES ($1) "
+            "ON CONFLICT (one) DO UPDATE SET shards = EXCLUDED.shards, set_at = now()",
+            shards,
+        )
+
+
 # -- presence load ---------------------------------------------------------------------------------
 
 # The id rule (actors/core/ids.py); the length bounds are repeated only for the schema.

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypedDict
 from actors import clients
 from actors.core.shard import SlotExport
 from actors.core.slots import moves, rebalance
+from cluster import db
 from cluster.config import Settings
 from cluster.runtime import cluster_info_or_exit, ray_reachable_or_exit
 
@@ -131,6 +132,8 @@ def scale(settings: Settings, shards: int) -> int:
     clients.connect(info.ray_address, info.ray_namespace)
     try:
         summary = asyncio.run(resize(shards, progress=lambda line: print(f"  {line}", flush=True)))
+        # The size outlives Ray's memory of it: `presence up` starts the pool at it again.
+        asyncio.run(db.record_pool_size(info.database_url, shards))
     finally:
         clients.shutdown()
     print(

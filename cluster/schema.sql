@@ -45,6 +45,15 @@ CREATE TABLE IF NOT EXISTS channels (
 );
 CREATE INDEX IF NOT EXISTS channels_server ON channels (server_id);
 
+-- The pool's size as `presence scale` last set it: `presence up` starts the pool at it. The slot
+-- directory that knows it lives in Ray, which loses it when the head restarts without GCS fault
+-- tolerance (issue 25: a pool scaled to 12 came back at 8).
+CREATE TABLE IF NOT EXISTS pool_size (
+    one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+    shards integer NOT NULL CHECK (shards > 0),
+    set_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- Audience changes made by anybody (our `presence load` or the host application writing these
 -- tables directly) reach the shards through NOTIFY, so no restart and no polling is needed.
 -- Payload: 'u:<user id>' for a user whose friends or servers changed, 'c:<channel id>' for a

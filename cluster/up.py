@@ -127,6 +127,20 @@ def wait_for_nodes(settings: Settings) -> None:
         )
 
 
+def pool_size(settings: Settings, database_url: str) -> int:
+    """The size `presence scale` last set (kept in PostgreSQL), else `--shards`: after a restart
+    of the head the pool comes back at its last size, not at the configured default."""
+    recorded = asyncio.run(db.recorded_pool_size(database_url))
+    if recorded is None or recorded == settings.shards:
+        return settings.shards
+    print(
+        f"  the pool's last size (presence scale) was {recorded} shards: starting {recorded}, "
+        f"not --shards {settings.shards} (presence scale changes it)",
+        flush=True,
+    )
+    return recorded
+
+
 def demo_mode(settings: Settings) -> tuple[bool, str | None]:
     """Whether `presence up` serves the demo site, and why not when it was asked to: only on a
     loopback public host with the embedded database (protocol.md "Safe defaults")."""
@@ -196,12 +210,13 @@ def _up(settings: Settings) -> int:
                 logging_config=ray_logging_config(settings.log_level, settings.log_json),
             ),
         )
+        shards = pool_size(settings, database_url)
         if settings.ray_address:
             wait_for_nodes(settings)
         step(
-            f"starting {settings.shards} PresenceActor shards and the FlushActor",
+            f"starting {shards} PresenceActor shards and the FlushActor",
             lambda: start_pool(
-                settings.shards,
+                shards,
                 shard_config(settings, database_url, redis_url),
                 settings.flush_interval_s,
                 settings.flush_max_rows,

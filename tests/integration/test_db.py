@@ -95,7 +95,7 @@ async def test_migrate_twice_and_concurrently(fresh_database_url: str) -> None:
             r["tablename"]
             for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
         }
-        assert tables == {"users", "friendships", "servers", "server_members", "channels"}
+        assert tables == {"users", "friendships", "servers", "server_members", "channels", "pool_size"}
         triggers = await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal")
         assert triggers == 6
         pool = await asyncpg.create_pool(fresh_database_url, min_size=1, max_size=2)
@@ -104,6 +104,21 @@ async def test_migrate_twice_and_concurrently(fresh_database_url: str) -> None:
         await database.migrate(conn)  # and a connection
     finally:
         await conn.close()
+
+
+async def test_the_pool_size_presence_scale_set_outlives_ray(fresh_database_url: str) -> None:
+    """Issue 25: a head restart without GCS fault tolerance brought back the configured pool,
+    not the one `presence scale` had made; `presence up` now starts at the recorded size."""
+    from cluster.config import Settings
+    from cluster.up import pool_size
+
+    await database.migrate(fresh_database_url)
+    assert await database.recorded_pool_size(fresh_database_url) is None
+    assert await asyncio.to_thread(pool_size, Settings(shards=8), fresh_database_url) == 8
+    await database.record_pool_size(fresh_database_url, 12)
+    await database.record_pool_size(fresh_database_url, 12)
+    assert await database.recorded_pool_size(fresh_database_url) == 12
+    assert await asyncio.to_thread(pool_size, Settings(shards=8), fresh_database_url) == 12
 
 
 # -- presence load ---------------------------------------------------------------------------------
