@@ -50,9 +50,13 @@ log = logging.getLogger("presence.ray")
 
 
 # Shards and the flusher are placed with num_cpus=0: they are I/O-bound asyncio processes, and a
-# two-core machine must still be able to run eight of them beside the edges.
+# two-core machine must still be able to run eight of them beside the edges (nodes with no CPU to
+# offer Ray too). One byte of Ray's logical `memory`: Ray ignores a soft node affinity for an
+# actor that asks for nothing at all (the testbed found the directory, meant for the head, on a
+# worker; its death there restarted it with the map it was born with).
 _ACTOR_OPTIONS: dict[str, Any] = {
     "num_cpus": 0,
+    "memory": 1,
     "max_restarts": -1,
     "max_task_retries": 0,
     "lifetime": "detached",

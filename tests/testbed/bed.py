@@ -341,6 +341,11 @@ Subsystem sftp {sftp}
         )
         (home / ".bashrc").write_text(profile)
         (home / ".profile").write_text(". ~/.bashrc\n")
+        self._boot(node)
+
+    def _boot(self, node: Node) -> None:
+        """Power the node on: its PID and mount namespaces, its sshd."""
+        home = node.home
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         script = "\n".join(
             [
@@ -447,13 +452,25 @@ Subsystem sftp {sftp}
     def kill(self, node: Node) -> None:
         """The machine dies: its link goes silent, then every process in its namespace is killed."""
         self.cut(node)
-        proc = self.procs.get(node.name)
+        proc = self.procs.pop(node.name, None)
         if proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         _kill_netns_pids(node.name)
         if proc is not None:
             proc.wait(30)
+
+    def revive(self, node: Node) -> None:
+        """The machine comes back after `kill`: empty /tmp (no Ray), its link up, sshd."""
+        self.heal(node)
+        self._boot(node)
+        wait_for(lambda: _port_open(node.ip, 22), 30, f"sshd on {node.ip}")
+
+    def ray_up_again(self) -> float:
+        """The operator's one step after a head restart: `ray up ray_cluster.yaml` again."""
+        t = time.monotonic()
+        self._ray_up()
+        return time.monotonic() - t
 
     def haproxy_states(self) -> dict[str, str]:
         """server name -> UP/DOWN/... as HAProxy sees the edges."""

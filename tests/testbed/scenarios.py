@@ -380,6 +380,59 @@ def placement(bed: Testbed, report: Report, observer: Observer) -> None:
     )
 
 
+def head_restart(bed: Testbed, report: Report) -> None:
+    """The head dies (no GCS fault tolerance: the yaml's default) and comes back; the operator's
+    one step is `ray up` again. While it is away `presence status` fails fast; after, the pool is
+    back at its last size (12, from `presence scale`) and the surviving workers' edges serve."""
+    from tests.testbed.bed import healthy
+
+    name = "head restart"
+    head = bed.nodes[0]
+    workers = [n for n in bed.nodes[1:] if n.name in bed.procs]
+    killed_at = time.time()
+    bed.kill(head)
+    log(f"killed the head {head.name}")
+    status_cmd = (
+        "set -a; . ~/.presence.env; set +a; export RAY_AUTH_MODE=token "
+        f"RAY_ADDRESS={head.ip}:6379; presence status; echo exit=$?"
+    )
+    t = time.time()
+    out = bed.ssh(workers[0], status_cmd, timeout=120, check=False) if workers else ""
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    report.measure(name, "presence status while the head is away", time.time() - t)
+    report.expect(
+        name,
+        "it fails in seconds with one line",
+        time.time() - t < 10 and bool(lines) and lines[-1] != "exit=0",
+        (lines[0][:60] + "…") if lines else "no output",
+    )
+    time.sleep(max(0.0, killed_at + 75 - time.time()))  # past Ray's 60 s: the workers' Ray gone
+    bed.revive(head)
+    seconds = bed.ray_up_again()
+    report.measure(name, "ray up again (the head)", seconds)
+    t_head = None
+    with contextlib.suppress(TimeoutError):
+        from tests.testbed.bed import wait_for
+
+        wait_for(lambda: healthy(head.edge), 300, "the head's edge")
+        t_head = time.time()
+    report.measure(name, "head's edge healthy, from the kill", None if t_head is None else t_head - killed_at)
+    status = json.loads(bed.ssh(head, ON_HEAD.format("status --json"), check=False) or "{}")
+    shards = len(status.get("shards", []))
+    report.expect(name, "the pool back at its last size (12)", shards == 12, f"{shards} shards")
+    for w in workers:
+        t_w = None
+        with contextlib.suppress(TimeoutError):
+            from tests.testbed.bed import wait_for
+
+            wait_for(lambda w=w: healthy(w.edge), 300, f"the edge on {w.ip}")
+            t_w = time.time()
+        report.measure(
+            name, f"{w.name}'s edge healthy, from the kill", None if t_w is None else t_w - killed_at
+        )
+        report.expect(name, f"{w.name}'s edge back", t_w is not None)
+
+
 def run_all(bed: Testbed) -> bool:
     report = Report()
     for what, seconds in bed.timings.items():
@@ -399,6 +452,8 @@ def run_all(bed: Testbed) -> bool:
             )
         placement(bed, report, observer)
         asyncio.run(node_death(bed, report, observer))
+        observer.close()
+        head_restart(bed, report)
     finally:
         observer.close()
         print(report.table(), flush=True)
