@@ -231,15 +231,19 @@ def pool_pids() -> dict[str, list[int]]:
     raylet this process started), for CPU accounting."""
     import psutil
 
+    from actors.pool import FlushHost, ShardHost
+
+    # Ray titles an actor's process after the class it hosts.
+    shard_title, flush_title = f"ray::{ShardHost.__name__}", f"ray::{FlushHost.__name__}"
     out: dict[str, list[int]] = {"shards": [], "flush": []}
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if cmd.startswith("ray::_PresenceActor"):
+        if cmd.startswith(shard_title):
             out["shards"].append(p.pid)
-        elif cmd.startswith("ray::_FlushActor"):
+        elif cmd.startswith(flush_title):
             out["flush"].append(p.pid)
     return out
 

@@ -438,6 +438,10 @@ class EdgeProcess(ServerProcess):
     (e.g. PRESENCE_SOCKET_RATE_PER_S)."""
 
     def __init__(self, data_dir: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        from cluster.runtime import INTERNAL_TOKEN_FILE
+
+        # The internal port answers nothing but /healthz without the token `bench_env` wrote.
+        self.internal_token = (data_dir / INTERNAL_TOKEN_FILE).read_text().strip()
         full_env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
@@ -469,8 +473,11 @@ class EdgeProcess(ServerProcess):
         """The edge's /metrics (its own registry and every shard's), Prometheus text."""
         import urllib.request
 
-        url = f"http://127.0.0.1:{self.internal_port}/metrics"
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.internal_port}/metrics",
+            headers={"Authorization": f"Bearer {self.internal_token}"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             return str(r.read().decode())
 
 
@@ -554,7 +561,14 @@ def bench_env(
     from actors.pool import start_pool, stop_pool
     from cluster import db
     from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
-    from cluster.runtime import CLUSTER_FILE, SECRET_FILE, ClusterInfo, write_info
+    from cluster.runtime import (
+        CLUSTER_FILE,
+        INTERNAL_TOKEN_FILE,
+        SECRET_FILE,
+        ClusterInfo,
+        write_info,
+        write_private,
+    )
     from cluster.up import shard_config
 
     raise_nofile()
@@ -590,6 +604,8 @@ def bench_env(
             data_dir.mkdir()
             secret = secrets.token_urlsafe(32)
             (data_dir / SECRET_FILE).write_text(secret)
+            # What `presence up` writes for the edges that join it (docs/security.md).
+            write_private(data_dir / INTERNAL_TOKEN_FILE, secrets.token_urlsafe(32) + "\n")
             write_info(
                 data_dir,
                 ClusterInfo(
