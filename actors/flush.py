@@ -28,6 +28,7 @@ import asyncpg
 
 from actors.core.flush_buffer import Batch, FlushBuffer, clamp_timestamp
 from actors.metrics import Metrics
+from actors.retry import supervise
 
 log = logging.getLogger(__name__)
 
@@ -223,15 +224,10 @@ class FlushActor:
         return self._buffer.pending_count + self._buffer.in_flight_count
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self._step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A bug here must not silently end the loop: every pending writer would hang.
-                log.exception("last-seen flush loop failed; continuing")
-                await asyncio.sleep(0.5)
+        def failed(e: Exception) -> None:
+            log.error("last-seen flush loop failed; continuing", exc_info=e)
+
+        await supervise(self._step, restart_after_s=0.5, on_failure=failed)
 
     async def _step(self) -> None:
         assert self._wake is not None

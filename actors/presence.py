@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import secrets
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 
@@ -26,56 +24,36 @@ from actors.core import ops as ops_
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff
 from actors.core.budgets import Allowance
-from actors.core.contract import MOVED, PULL_BATCH, UNAVAILABLE, MailChunk, ShardStats, iso_ms
+from actors.core.contract import MOVED, UNAVAILABLE, MailChunk, ShardStats, iso_ms
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
+from actors.core.loaded import NotLoaded
+from actors.core.mailbox import Mailbox
 from actors.core.ops import NOTHING, Op
 from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
 from actors.metrics import Metrics
-from actors.retry import retry
+from actors.retry import retry, supervise
 from actors.store import AudienceEvents, ShardStore
 
 log = logging.getLogger("presence.shard")
 
 FlushWrite = Callable[[list[tuple[str, float]]], Awaitable[None]]
 
-# Mail waiting for an edge that does not collect it is capped; past this the oldest is dropped
-# (and counted), since an edge that far behind is about to lose its lease anyway.
-MAILBOX_CAP = 200_000
 # Saving last-seen (to the FlushActor) and chosen statuses (to PostgreSQL) is retried until it
 # lands: a restarting FlushActor or database only delays it. Jittered, so that the shards do not
 # all come back at the same instant to a server that has just recovered.
 SAVE_RETRY = Backoff(first_s=0.5, cap_s=30.0)
 
 
-@dataclass
-class Mailbox:
-    seq: int = 0
-    items: deque[tuple[int, tuple[str, ...], str]] = field(default_factory=deque)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    # The last sequence number handed to the edge (by a pull or in an apply's reply): each item
-    # leaves once, and stays until acknowledged, in case it must leave again (`resend`).
-    handed: int = 0
+class EdgeMail(Mailbox):
+    """An edge's mailbox (actors/core/mailbox.py) with what wakes the edge's waiting pull."""
 
-    def ack(self, acked_seq: int) -> None:
-        while self.items and self.items[0][0] <= acked_seq:
-            self.items.popleft()
+    __slots__ = ("event",)
 
-    def unhanded(self) -> bool:
-        return bool(self.items) and self.items[-1][0] > self.handed
-
-    def hand_out(self) -> MailChunk:
-        """The items after `handed` (at most PULL_BATCH), as a chunk; they count as handed."""
-        prev = self.handed
-        if not self.items:
-            return prev, prev, []
-        start = max(0, prev + 1 - self.items[0][0])
-        taken = list(itertools.islice(self.items, start, start + PULL_BATCH))
-        if not taken:
-            return prev, prev, []
-        self.handed = taken[-1][0]
-        return prev, self.handed, [(sockets, payload) for _, sockets, payload in taken]
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = asyncio.Event()
 
 
 @dataclass
@@ -127,7 +105,7 @@ class PresenceShard:
                 "voice": Allowance(*config.voice_allowance),
             },
         )
-        self.mail: dict[str, Mailbox] = {}
+        self.mail: dict[str, EdgeMail] = {}
         # One edge's batches apply in the order they arrive, even when an earlier one waits on
         # PostgreSQL and a later one needs nothing loaded (asyncio.Lock wakes waiters in order).
         self._edge_order: dict[str, asyncio.Lock] = {}
@@ -188,16 +166,13 @@ class PresenceShard:
         await self.store.stop()
 
     async def _forever(self, loop: Callable[[], Awaitable[None]]) -> None:
-        # A background duty that fails is logged and restarted, never silently gone.
-        while True:
-            try:
-                await loop()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("shard %s: %s failed; restarting it", self.config.shard_index, loop.__name__)
-                self.metrics.inc("shard_errors_total", loop=loop.__name__)
-                await asyncio.sleep(1.0)
+        def failed(e: Exception) -> None:
+            log.error(
+                "shard %s: %s failed; restarting it", self.config.shard_index, loop.__name__, exc_info=e
+            )
+            self.metrics.inc("shard_errors_total", loop=loop.__name__)
+
+        await supervise(loop, restart_after_s=1.0, on_failure=failed)
 
     # ------------------------------------------------------------------ the edge-facing API
 
@@ -207,7 +182,7 @@ class PresenceShard:
         async with self._edge_order.setdefault(edge_id, asyncio.Lock()):
             now = self.clock()
             self.state.refresh_edge(edge_id, now)
-            self.mail.setdefault(edge_id, Mailbox())
+            self.mail.setdefault(edge_id, EdgeMail())
             try:
                 await self._preload(ops, now)
             except self.store.errors as e:
@@ -231,7 +206,7 @@ class PresenceShard:
         """`apply`, with the edge's mail not handed out yet in the same reply (the frames its batch
         caused, mostly: one call per change instead of two). `acked_seq` acknowledges like a pull's
         (for `incarnation`; an older incarnation's acknowledges nothing)."""
-        box = self.mail.setdefault(edge_id, Mailbox())
+        box = self.mail.setdefault(edge_id, EdgeMail())
         if incarnation == self.incarnation:
             box.ack(acked_seq)
         incarnation_now, results = await self.apply(edge_id, ops)
@@ -252,10 +227,10 @@ class PresenceShard:
             acked_seq, resend = 0, True
         self.state.refresh_edge(edge_id, self.clock())
         self._carry_out()  # renewing one lease may have expired another edge's
-        box = self.mail.setdefault(edge_id, Mailbox())
+        box = self.mail.setdefault(edge_id, EdgeMail())
         box.ack(acked_seq)
         if resend:
-            box.handed = acked_seq
+            box.resend_after(acked_seq)
         deadline = time.monotonic() + wait_s
         # An apply's reply may take what woke us: wait on until something is left to hand out.
         while not box.unhanded() and (left := deadline - time.monotonic()) > 0:
@@ -352,7 +327,7 @@ class PresenceShard:
                 for user_id, rel in (await loads.relations(users)).items():
                     self.state.set_relations(user_id, rel, now)
         for edge_id in export.edges:
-            self.mail.setdefault(edge_id, Mailbox())  # mail for them may be due at once
+            self.mail.setdefault(edge_id, EdgeMail())  # mail for them may be due at once
         self.state.import_slots(export, self.clock())
         if self.owned is not None:
             self.owned |= set(export.slots)
@@ -363,7 +338,7 @@ class PresenceShard:
 
     async def mail_pending(self) -> int:
         """Frames waiting for an edge to collect them (a shard is retired only at 0)."""
-        return sum(len(box.items) for box in self.mail.values())
+        return sum(box.kept for box in self.mail.values())
 
     def unsaved(self) -> set[str]:
         """Accounts whose chosen status or setting is not in PostgreSQL yet."""
@@ -451,8 +426,9 @@ class PresenceShard:
     def _apply_checked(self, edge_id: str, op: Op, now: float) -> object:
         try:
             return self._apply_one(edge_id, op, now)
-        except KeyError:
-            # The state refuses operations on data that was never loaded (see ShardState).
+        except NotLoaded:
+            # The state refuses operations on data that was never loaded (the store was away);
+            # any other error is a bug and fails the call.
             self.metrics.inc("shard_ops_unavailable_total")
             return UNAVAILABLE
 
@@ -529,10 +505,7 @@ class PresenceShard:
                 box = self.mail.get(e.edge_id)
                 if box is None:
                     continue  # an edge that never called us has no sockets here
-                box.seq += 1
-                box.items.append((box.seq, e.socket_ids, orjson.dumps(e.frame).decode()))
-                if len(box.items) > MAILBOX_CAP:
-                    box.items.popleft()
+                if box.add(e.socket_ids, orjson.dumps(e.frame).decode()):
                     self.metrics.inc("mail_dropped_total")
                 touched.add(e.edge_id)
                 self.metrics.inc("events_total", type=str(e.frame.get("type")))

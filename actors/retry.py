@@ -1,4 +1,5 @@
-"""Retrying a call with the one backoff: the loop around `actors.core.backoff.Backoff`.
+"""Retrying a call with the one backoff (the loop around `actors.core.backoff.Backoff`), and
+keeping a background duty running (`supervise`).
 
 The policy is pure and lives in the core; waiting is I/O on a clock, so the loop lives here, in
 the shells' layer (tests/unit/test_layers.py keeps asyncio and clocks out of the core). Its
@@ -12,11 +13,11 @@ import asyncio
 import random as _random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from actors.core.backoff import Backoff, Random
 
-__all__ = ["retry"]
+__all__ = ["retry", "supervise"]
 
 T = TypeVar("T")
 
@@ -55,3 +56,24 @@ async def retry(
                 on_retry(e, wait)
             await sleep(wait)
             attempt += 1
+
+
+async def supervise(
+    duty: Callable[[], Awaitable[None]],
+    *,
+    restart_after_s: float,
+    on_failure: Callable[[Exception], None],
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> NoReturn:
+    """Keep a background duty running until cancelled: run `duty` again whenever it returns, and,
+    when it raises, tell `on_failure` (called inside the handler, so a logger sees the traceback)
+    and start it again after `restart_after_s`. A duty that fails is restarted, never silently
+    gone: every caller waiting on it (a writer waiting for its batch) would hang."""
+    while True:
+        try:
+            await duty()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            on_failure(e)
+            await sleep(restart_after_s)

@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, cast
 
 import orjson
@@ -35,13 +34,14 @@ from actors.core.shard import Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
 from edge import protocol as p
+from edge.conn import Conn, Phase
 from edge.deadlines import Deadlines
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.http_server import HttpServer
 from edge.opening import Entry, OpeningGate, Turns
 from edge.outbound import fan_out, prepare, send_batch, send_prepared
-from edge.reregistration import Departure, Registered, reregistration
+from edge.reregistration import Departure, reregistration
 from edge.router import Router, ShardUnavailable
 from edge.session import (
     HEARTBEAT_ACK,
@@ -241,76 +241,6 @@ class _Refused(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         cast(asyncio.Transport, transport).abort()
-
-
-class Phase(Enum):
-    """Where a connection is in its life, as the shards see it.
-
-    IDENTIFYING → LIVE once its `connect` was answered (it is registered on its account's shard);
-    LIVE → LEAVING when the connection goes (its handler may notice later: it waits on a shard
-    meanwhile). A connection that goes while IDENTIFYING is GONE: nothing upstream to undo, unless
-    its `connect` lands after all (GONE → LEAVING)."""
-
-    IDENTIFYING = "identifying"
-    LIVE = "live"
-    LEAVING = "leaving"
-    GONE = "gone"
-
-
-@dataclass(eq=False)
-class Conn:
-    ws: ServerConnection
-    session: Session
-    phase: Phase = Phase.IDENTIFYING
-    # When the connection went (LEAVING, GONE): its departure is stamped with this time.
-    went_at: float | None = None
-    # Closed by the server for its own reasons (1012 drain, 1011 shard out of reach): its
-    # account keeps its presence for a resume (protocol.md "Drain and resume").
-    resumable: bool = False
-    # Not part of the phase: a counter with a job of its own. Frames for this socket wait in
-    # `held` while a reply that must come first (ready, a sync, a resync) is being prepared, so
-    # that no change overtakes the state it changes; replies nest, hence a count (1 until ready).
-    hold: int = 1
-    held: list[str] = field(default_factory=list)
-
-    @property
-    def registered(self) -> bool:
-        """Registered on its account's shard: the shards must hear of its departure."""
-        return self.phase in (Phase.LIVE, Phase.LEAVING)
-
-    def connected(self) -> None:
-        """Its `connect` was answered."""
-        self.phase = Phase.LEAVING if self.phase is Phase.GONE else Phase.LIVE
-
-    def went(self, at: float) -> None:
-        """The connection went at `at`; the first cause noticed keeps its time."""
-        if self.went_at is None:
-            self.went_at = at
-            self.phase = Phase.LEAVING if self.phase is Phase.LIVE else Phase.GONE
-
-    def closed_by_server(self, at: float) -> None:
-        """The server is closing it for its own reasons, at `at`: its client will be back."""
-        self.resumable = True
-        self.went(at)
-
-    def departed_at(self) -> float:
-        return self.went_at if self.went_at is not None else time.time()
-
-    def registration(self) -> Registered:
-        """What a restarted shard must be told about it (edge/reregistration.py)."""
-        s = self.session
-        assert s.user_id is not None
-        return Registered(
-            s.user_id,
-            s.socket_id,
-            idle=s.idle,
-            claim=Claim(*s.claim()),
-            focus=s.focus,
-            subscriptions=tuple(s.subscriptions),
-            channels=tuple(s.channels),
-            voice_channel=s.voice_channel,
-            gone_at=self.went_at if self.phase is Phase.LEAVING else None,
-        )
 
 
 @dataclass
@@ -686,7 +616,9 @@ class Edge:
             return
         now = time.time()
         s = conn.session
-        self.departures.append(Departure(conn.departed_at(), conn.session.user_id, Claim(*s.claim())))
+        self.departures.append(
+            Departure(conn.departed_at(time.time()), conn.session.user_id, Claim(*s.claim()))
+        )
         horizon = now - self.config.departure_journal_s
         while self.departures and self.departures[0].at < horizon:
             self.departures.popleft()
@@ -834,7 +766,7 @@ class Edge:
         if not conn.registered or s.user_id is None:
             return
         sid = s.socket_id
-        user, at = s.user_id, conn.departed_at()
+        user, at = s.user_id, conn.departed_at(time.time())
         resume_s = self.config.resume_s if conn.resumable else 0.0
         calls: list[Awaitable[Any]] = [
             # Until it lands: a socket left registered would keep its account online for as

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .audience import NO_RELATIONS, Relations
 from .budgets import Spending
 from .effects import Outbox
+from .loaded import Loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class ChannelState:
         # A repeat of typing.start re-broadcasts only once the client's own lapse is near, so a
         # client typing for a minute causes about six frames per watcher, not one per keystroke.
         self.typing_refresh_s = typing_lapse_s * 0.7
-        self.channels: dict[str, Channel] = {}
+        self.channels: Loaded[str, Channel] = Loaded("channel")
         self._empty_at_last_sweep: set[str] = set()
 
     # ------------------------------------------------------------------ loading

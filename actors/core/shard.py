@@ -13,8 +13,8 @@ the whole edge went silent.
 
 Data the shell must load before calling: the account row (`load_account`) of every account that
 connects or is queried, and the relations (`set_relations`) of every account that is a target, a
-watcher or a reader. Methods raise `KeyError` if that contract is broken, which is a bug in the
-shell rather than bad input.
+watcher or a reader. What was not loaded raises `NotLoaded` (`actors.core.loaded`): the store was
+away, and the shell answers UNAVAILABLE. A `KeyError` is never that: it is a bug.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .budgets import (
 from .channels import Channel, ChannelState
 from .contract import AccountRow, chosen_frame, settings_frame
 from .effects import Activity, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
+from .loaded import Loaded
 from .slots import channel_key, slot_of
 from .status import (
     CHOSEN_STATUSES,
@@ -148,8 +149,8 @@ class ShardState:
         self.precision_s = last_seen_precision_s
         self.account_idle_evict_s = account_idle_evict_s
         self.outbox = Outbox()
-        self.accounts: dict[str, Account] = {}
-        self.relations: dict[str, Relations] = {}
+        self.accounts: Loaded[str, Account] = Loaded("account")
+        self.relations: Loaded[str, Relations] = Loaded("relations")
         # target → watcher socket id → watcher; only `_set_watcher` / `_drop_watcher` change it.
         self.watchers: dict[str, dict[str, Watcher]] = {}
         # watcher account → how many entries of `watchers` are its sockets: the relations sweep

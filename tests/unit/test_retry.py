@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from actors.core.backoff import Backoff
-from actors.retry import retry
+from actors.retry import retry, supervise
 
 
 class FakeTime:
@@ -108,3 +108,57 @@ class TestRetry:
     async def test_the_real_sleep_is_awaited(self) -> None:
         call = Flaky(2)
         assert await retry(call, Backoff(first_s=0.001, cap_s=0.002)) == "done"
+
+
+class TestSupervise:
+    """`supervise`: the one loop that keeps a background duty running (the shard's duties, the
+    FlushActor's writer)."""
+
+    async def test_a_failing_duty_is_reported_and_started_again_after_the_pause(self) -> None:
+        runs: list[int] = []
+        failures: list[str] = []
+        t = FakeTime()
+
+        async def duty() -> None:
+            runs.append(len(runs))
+            if len(runs) <= 2:
+                raise RuntimeError(f"bug {len(runs)}")
+            raise asyncio.CancelledError  # the shell stopping it
+
+        with pytest.raises(asyncio.CancelledError):
+            await supervise(
+                duty, restart_after_s=1.5, on_failure=lambda e: failures.append(str(e)), sleep=t.sleep
+            )
+        assert failures == ["bug 1", "bug 2"]
+        assert t.sleeps == [1.5, 1.5]
+        assert len(runs) == 3
+
+    async def test_a_duty_that_returns_runs_again_at_once(self) -> None:
+        runs = 0
+        t = FakeTime()
+
+        async def step() -> None:
+            nonlocal runs
+            runs += 1
+            if runs == 4:
+                raise asyncio.CancelledError
+
+        with pytest.raises(asyncio.CancelledError):
+            await supervise(step, restart_after_s=1.0, on_failure=lambda e: None, sleep=t.sleep)
+        assert runs == 4
+        assert t.sleeps == []
+
+    async def test_the_failure_hook_sees_the_traceback(self) -> None:
+        seen: list[bool] = []
+
+        async def duty() -> None:
+            if seen:
+                raise asyncio.CancelledError
+            raise KeyError("a bug")
+
+        def on_failure(e: Exception) -> None:
+            seen.append(e.__traceback__ is not None)
+
+        with pytest.raises(asyncio.CancelledError):
+            await supervise(duty, restart_after_s=0.0, on_failure=on_failure, sleep=FakeTime().sleep)
+        assert seen == [True]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -31,6 +32,7 @@ from actors.core.effects import (
     PersistVisibility,
     SocketCount,
 )
+from actors.core.loaded import NotLoaded
 from actors.core.shard import QueryAnswer, ShardState
 from actors.core.slots import channel_key, slot_of
 
@@ -158,9 +160,9 @@ class TestConnect:
         effects = w.drain()
         assert self_to(effects, "a1") == ["online"]
 
-    def test_unloaded_account_is_a_shell_bug(self) -> None:
+    def test_unloaded_account_is_not_loaded(self) -> None:
         w = pair_world()
-        with pytest.raises(KeyError):
+        with pytest.raises(NotLoaded):
             w.s.connect("nobody-loaded", "x", "e1", w.now)
 
     def test_durable_invisible_never_shows_online(self) -> None:
@@ -794,10 +796,10 @@ class TestQuery:
         (a,) = w.s.query("bob", "friends", ["alice"], w.now)
         assert a.last_seen_at == T0 - 120  # narrowing to friends costs nothing
 
-    def test_query_of_account_not_loaded_is_a_shell_bug(self) -> None:
+    def test_query_of_account_not_loaded_is_not_loaded(self) -> None:
         w = World({"a": rel(servers={"g"}), "b": rel(servers={"g"})})
         w.s.sweep(w.at(10_000))
-        with pytest.raises(KeyError):
+        with pytest.raises(NotLoaded):
             w.s.query("a", None, ["b"], w.now)
 
 
@@ -2018,3 +2020,28 @@ class TestClaim:
         w.s.sweep(w.at(100), keep={"alice"})
         assert w.s.has_account("alice")
         assert not w.s.has_account("bob")
+
+
+def test_what_was_not_loaded_raises_not_loaded_not_key_error() -> None:
+    """The shell answers UNAVAILABLE to `NotLoaded` only; it is no KeyError, so a KeyError stays
+    a bug (tests/unit/test_shard_shell.py)."""
+    state = ShardState()
+    with pytest.raises(NotLoaded) as unloaded:
+        state.connect("nobody", "s1", "edge-a", T0)
+    assert not isinstance(unloaded.value, KeyError)
+    assert unloaded.value.key == "nobody"
+    state.load_account("alice", AccountRow(), T0)
+    state.set_relations("alice", rel(), T0)
+    with pytest.raises(NotLoaded, match="relations 'carol'"):
+        state.watch("alice", "s1", "edge-a", ("carol",), T0)
+    with pytest.raises(NotLoaded, match="channel 'c1'"):
+        state.channels.channels["c1"]
+
+
+def test_loaded_data_pickles_with_what_it_holds() -> None:
+    state = ShardState()
+    state.load_account("alice", AccountRow(), T0)
+    copy = pickle.loads(pickle.dumps(state.accounts))
+    assert copy.keys() == {"alice"}
+    with pytest.raises(NotLoaded):
+        copy["bob"]

@@ -126,6 +126,22 @@ async def test_a_batch_needing_nothing_loaded_never_touches_the_store(
 # ---------------------------------------------------------------------------- failures
 
 
+async def test_a_bug_in_the_state_is_not_taken_for_a_missing_load(
+    shard: PresenceShard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only `NotLoaded` answers UNAVAILABLE. A KeyError inside the state is a bug: the call fails
+    (the lane or Ray logs it with its traceback), instead of closing the socket with "presence is
+    restarting" as if the store were away."""
+    await shard.apply("edge-a", [ops.Connect("alice", "s1")])
+
+    def buggy(*_args: object, **_kwargs: object) -> str:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(shard.state, "set_status", buggy)
+    with pytest.raises(KeyError, match="a bug"):
+        await shard.apply("edge-a", [ops.SetStatus("alice", "s1", "dnd")])
+
+
 async def test_a_load_failure_answers_unavailable_only_to_the_operations_that_needed_it(
     shard: PresenceShard, store: FakeStore
 ) -> None:

@@ -1,0 +1,90 @@
+"""One websocket connection as the edge keeps it, pure: where it is in its life as the shards see
+it (`Phase`), its session, and the frames held back while a reply that must come first is made.
+
+No I/O and no clock: the server (edge/server.py) owns the socket and says when things happen;
+tests/unit/test_conn.py walks every transition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from actors.core.shard import Claim
+from edge.reregistration import Registered
+from edge.session import Session
+
+if TYPE_CHECKING:
+    from websockets.asyncio.server import ServerConnection
+
+
+class Phase(Enum):
+    """Where a connection is in its life, as the shards see it.
+
+    IDENTIFYING → LIVE once its `connect` was answered (it is registered on its account's shard);
+    LIVE → LEAVING when the connection goes (its handler may notice later: it waits on a shard
+    meanwhile). A connection that goes while IDENTIFYING is GONE: nothing upstream to undo, unless
+    its `connect` lands after all (GONE → LEAVING)."""
+
+    IDENTIFYING = "identifying"
+    LIVE = "live"
+    LEAVING = "leaving"
+    GONE = "gone"
+
+
+@dataclass(eq=False)
+class Conn:
+    ws: ServerConnection
+    session: Session
+    phase: Phase = Phase.IDENTIFYING
+    # When the connection went (LEAVING, GONE): its departure is stamped with this time.
+    went_at: float | None = None
+    # Closed by the server for its own reasons (1012 drain, 1011 shard out of reach): its
+    # account keeps its presence for a resume (protocol.md "Drain and resume").
+    resumable: bool = False
+    # Not part of the phase: a counter with a job of its own. Frames for this socket wait in
+    # `held` while a reply that must come first (ready, a sync, a resync) is being prepared, so
+    # that no change overtakes the state it changes; replies nest, hence a count (1 until ready).
+    hold: int = 1
+    held: list[str] = field(default_factory=list)
+
+    @property
+    def registered(self) -> bool:
+        """Registered on its account's shard: the shards must hear of its departure."""
+        return self.phase in (Phase.LIVE, Phase.LEAVING)
+
+    def connected(self) -> None:
+        """Its `connect` was answered."""
+        self.phase = Phase.LEAVING if self.phase is Phase.GONE else Phase.LIVE
+
+    def went(self, at: float) -> None:
+        """The connection went at `at`; the first cause noticed keeps its time."""
+        if self.went_at is None:
+            self.went_at = at
+            self.phase = Phase.LEAVING if self.phase is Phase.LIVE else Phase.GONE
+
+    def closed_by_server(self, at: float) -> None:
+        """The server is closing it for its own reasons, at `at`: its client will be back."""
+        self.resumable = True
+        self.went(at)
+
+    def departed_at(self, now: float) -> float:
+        """When its departure happened: when it went, or `now` if it has not gone yet."""
+        return self.went_at if self.went_at is not None else now
+
+    def registration(self) -> Registered:
+        """What a restarted shard must be told about it (edge/reregistration.py)."""
+        s = self.session
+        assert s.user_id is not None
+        return Registered(
+            s.user_id,
+            s.socket_id,
+            idle=s.idle,
+            claim=Claim(*s.claim()),
+            focus=s.focus,
+            subscriptions=tuple(s.subscriptions),
+            channels=tuple(s.channels),
+            voice_channel=s.voice_channel,
+            gone_at=self.went_at if self.phase is Phase.LEAVING else None,
+        )

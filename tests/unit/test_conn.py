@@ -1,0 +1,76 @@
+"""A connection's life as the shards see it (edge/conn.py `Conn`, `Phase`), pure: every transition,
+the time its departure carries, and what a restarted shard is told about it."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from edge.conn import Conn, Phase
+from edge.session import Limits, Session
+
+
+def conn(user: str | None = "alice") -> Conn:
+    session = Session(secret="x" * 32, now=0.0, limits=Limits(), socket_id="s1")
+    session.user_id = user
+    return Conn(cast(Any, object()), session)
+
+
+def test_a_new_connection_is_identifying_and_not_registered() -> None:
+    c = conn()
+    assert c.phase is Phase.IDENTIFYING
+    assert not c.registered
+
+
+def test_answered_connect_makes_it_live_and_registered() -> None:
+    c = conn()
+    c.connected()
+    assert c.phase is Phase.LIVE
+    assert c.registered
+
+
+def test_a_live_connection_that_goes_is_leaving_with_its_time() -> None:
+    c = conn()
+    c.connected()
+    c.went(100.0)
+    assert (c.phase, c.went_at, c.registered) == (Phase.LEAVING, 100.0, True)
+    assert c.departed_at(now=500.0) == 100.0
+
+
+def test_the_first_cause_noticed_keeps_its_time() -> None:
+    c = conn()
+    c.connected()
+    c.went(100.0)
+    c.went(150.0)
+    assert (c.phase, c.went_at) == (Phase.LEAVING, 100.0)
+
+
+def test_gone_before_its_connect_landed_then_the_connect_lands() -> None:
+    c = conn()
+    c.went(100.0)
+    assert (c.phase, c.registered) == (Phase.GONE, False)  # nothing upstream to undo...
+    c.connected()
+    assert (c.phase, c.registered) == (Phase.LEAVING, True)  # ...unless its connect lands after all
+    assert c.departed_at(now=500.0) == 100.0
+
+
+def test_closed_by_the_server_is_resumable() -> None:
+    c = conn()
+    c.connected()
+    c.closed_by_server(42.0)
+    assert (c.phase, c.resumable, c.went_at) == (Phase.LEAVING, True, 42.0)
+
+
+def test_not_gone_departs_now() -> None:
+    assert conn().departed_at(now=7.0) == 7.0
+
+
+@pytest.mark.parametrize(("went", "gone_at"), [(False, None), (True, 100.0)])
+def test_the_registration_names_its_departure_only_once_it_went(went: bool, gone_at: float | None) -> None:
+    c = conn()
+    c.connected()
+    if went:
+        c.went(100.0)
+    registered = c.registration()
+    assert (registered.user_id, registered.socket_id, registered.gone_at) == ("alice", "s1", gone_at)
