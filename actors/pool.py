@@ -43,6 +43,7 @@ from actors.core.slots import SlotMap
 from actors.directory import SlotDirectory
 from actors.flush import FlushActor
 from actors.lane import LaneServer
+from actors.lazy_start import LazyStart
 from actors.pgstore import PostgresStore
 from actors.presence import PresenceShard, ShardConfig
 
@@ -69,12 +70,10 @@ class FlushHost:
 
     def __init__(self, database_url: str, interval_s: float, max_rows: int) -> None:
         self.impl = FlushActor(database_url, interval_s=interval_s, max_rows=max_rows)
-        self._started: asyncio.Task[None] | None = None
+        self._started = LazyStart(self.impl.start)
 
     async def _ready(self) -> FlushActor:
-        if self._started is None:
-            self._started = asyncio.get_running_loop().create_task(self.impl.start())
-        await self._started
+        await self._started.wait()
         return self.impl
 
     async def write(self, entries: list[tuple[str, float]]) -> None:
@@ -98,7 +97,8 @@ class ShardHost:
         self.impl = PresenceShard(
             shard_config, flush_write=self._flush_write, store=PostgresStore(shard_config.database_url)
         )
-        self._started: asyncio.Task[None] | None = None
+        self._started = LazyStart(self._start)
+        self._impl_started = False
         self._flush = FlushClient()
         # The direct lane (actors/lane.py) serves the edges' two hot calls.
         self._lane = LaneServer({LANE_APPLY: self.apply_and_collect, LANE_PULL: self.pull})
@@ -112,9 +112,7 @@ class ShardHost:
     async def _ready(self) -> PresenceShard:
         # Ray re-runs __init__ after a crash but never an async start; starting lazily on the
         # first call covers both the first start and every restart.
-        if self._started is None:
-            self._started = asyncio.get_running_loop().create_task(self._start())
-        await self._started
+        await self._started.wait()
         return self.impl
 
     async def _start(self) -> None:
@@ -125,7 +123,9 @@ class ShardHost:
         self.impl.node_id = ray.get_runtime_context().get_node_id()
         node_ip = _node_ip()
         self.impl.node_ip = node_ip
-        await self.impl.start()
+        if not self._impl_started:  # a start tried again must not start the loops twice
+            await self.impl.start()
+            self._impl_started = True
         host = self.impl.config.lane_host
         _, port = await self._lane.start(node_ip if host == "node" else host)
         # Listening on every interface: the edges are told the node's address, not the wildcard.
