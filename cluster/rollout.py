@@ -22,19 +22,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypedDict
 
 from actors import clients
-from actors.core.shard import SlotExport
 from cluster.config import Settings
 from cluster.runtime import cluster_info_or_exit
-from cluster.scale import MAIL_POLL_S, MAIL_WAIT_S, RETIRE_DRAIN_S
+from cluster.scale import MAIL_POLL_S, MAIL_WAIT_S, RETIRE_DRAIN_S, Shard
 
 RESTART_WAIT_S = 120.0
-
-
-class Shard(Protocol):
-    async def export_slots(self, slots: list[int]) -> SlotExport: ...
-    async def import_slots(self, export: SlotExport) -> None: ...
-    async def mail_pending(self) -> int: ...
-    async def drain(self, timeout_s: float) -> int: ...
 
 
 class Directory(Protocol):
