@@ -5,13 +5,13 @@ Every operation of the edge goes through here, in three layers. `to_users` / `to
 slots are migrating) once the map has flipped; `to_shard` retries one operation while its shard
 restarts; both within one budget (`call_retry_s`), after which `ShardUnavailable` is raised (the
 edge closes the socket with 1011). `until_landed` retries past that budget what must not be lost
-(departures). Underneath, `call` queues operations per shard; they leave as one Ray call when the
+(departures). Underneath, `call` queues operations per shard; they leave as one call when the
 batch is `window_ms` old (`idle_window_ms` if no call to that shard is in flight) or `max_ops`
 long, whichever comes first: one call per frame would cap the edge at a few thousand frames a
-second. Events come back through one long-poll per shard
-(`pull`), at-least-once with sequence numbers. A shard that answers with a new incarnation has
-restarted and lost its memory; the router tells the server, which registers its live sockets
-there again.
+second. That rule is a pure object (`edge.batching.Lines`); the router keeps its timers. Events
+come back through one long-poll per shard (`pull`), at-least-once with sequence numbers. A shard
+that answers with a new incarnation has restarted and lost its memory; the router tells the
+server, which registers its live sockets there again.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from actors.core.contract import (
 from actors.core.slots import SlotMap, channel_key
 from actors.metrics import Metrics
 from actors.retry import retry
+from edge.batching import KEEP_TIMER, SEND_NOW, Lines
 
 log = logging.getLogger("presence.router")
 
@@ -62,6 +63,8 @@ T = TypeVar("T")
 # A first try that applied nothing (routed's slow road takes over): the slots moved, or it failed.
 _MOVED, _FAILED = object(), object()
 MakeOp = Callable[[list[str]], ops.Op]
+# An operation waiting in its shard's line, with the future its caller awaits.
+Queued = tuple[ops.Op, "asyncio.Future[Any]"]
 
 
 class Shard(Protocol):
@@ -170,21 +173,24 @@ class Router:
         self.window_s = window_ms / 1000
         self.idle_window_s = min(idle_window_ms, window_ms) / 1000
         self.connect_window_s = max(connect_window_ms, window_ms) / 1000 if connect_window_ms > 0 else 0.0
-        self.max_ops = max_ops
         self.pull_wait_s = pull_wait_s
         self.pull_gather_s = pull_gather_ms / 1000
         self.call_retry_s = call_retry_s
-        self.max_in_flight = max_in_flight
         self.pool = pool
         self.map: SlotMap | None = None
         self.shards: dict[int, Shard] = {}
         self.incarnations: dict[int, str] = {}
         self.last_contact: dict[int, float] = {}
-        self._pending: dict[int, list[tuple[ops.Op, asyncio.Future[Any]]]] = {}
+        # The batching rule (edge/batching.py); the timers it asks for are kept here.
+        self.lines: Lines[Queued] = Lines(
+            window_s=self.window_s,
+            idle_window_s=self.idle_window_s,
+            connect_window_s=self.connect_window_s,
+            max_ops=max_ops,
+            max_in_flight=max_in_flight,
+            is_lazy=self._lazy,
+        )
         self._timers: dict[int, asyncio.TimerHandle] = {}
-        # Shard lines holding an operation other than a socket's `connect` (see `call`).
-        self._urgent: set[int] = set()
-        self._in_flight: dict[int, int] = {}
         self._pullers: dict[int, asyncio.Task[None]] = {}
         self.inboxes: dict[int, Inbox] = {}
         self._closed = False
@@ -372,67 +378,40 @@ class Router:
     # ------------------------------------------------------------------ operations, batched
 
     def call(self, shard: int, op: ops.Op) -> asyncio.Future[Any]:
+        """Queue `op` on its shard's line; the future gets its answer once the batch is back.
+
+        When the line leaves is `Lines.add`'s rule (edge/batching.py): Nagle's on an idle line,
+        `window_ms` on a busy one, `connect_window_ms` for a busy line of connects only."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        queue = self._pending.setdefault(shard, [])
-        queue.append((op, fut))
-        urgent = not self._lazy(op)
-        lazy_line = shard not in self._urgent
-        if urgent:
-            self._urgent.add(shard)
-        if len(queue) >= self.max_ops:
+        wait = self.lines.add(shard, (op, fut))
+        if wait == SEND_NOW:
             self._send_now(shard)
-        elif shard not in self._timers or (urgent and lazy_line):
-            # Nagle's rule: a line with nothing in flight waits only a few loop turns (the pieces
-            # of one frame's work, a query's charge and its lookups, leave together); a busy line
-            # gathers for up to `window_ms` or until a call comes back, whichever is first. A
-            # busy line holding only connects (a reconnect storm) gathers for `connect_window_ms`
-            # and does not leave when a call comes back: a connect waits a few ms more among
-            # seconds of handshakes, and the storm costs fewer Ray calls (~1 ms of CPU each over
-            # both ends). Anything else joining the line sends it on the usual rule.
-            busy = self._in_flight.get(shard, 0) > 0
-            wait = self.idle_window_s if not busy else self.window_s if urgent else self.connect_window_s
+        elif wait != KEEP_TIMER:
             timer = self._timers.pop(shard, None)
             if timer is not None:
                 timer.cancel()
             self._timers[shard] = loop.call_later(wait, self._send_now, shard)
         return fut
 
-    def _lazy(self, op: ops.Op) -> bool:
+    def _lazy(self, item: Queued) -> bool:
         """An operation that may wait `connect_window_ms` on a busy line."""
-        return self.connect_window_s > 0 and isinstance(op, ops.Connect)
+        return self.connect_window_s > 0 and isinstance(item[0], ops.Connect)
 
     def _send_now(self, shard: int) -> None:
         timer = self._timers.pop(shard, None)
         if timer is not None:
             timer.cancel()
-        # At most `max_in_flight` calls per shard: the shard applies one edge's batches one
-        # after the other anyway (in arrival order), so more calls in flight would only wait
-        # there. What arrives meanwhile waits here instead and leaves as one bigger batch when a
-        # call comes back: under load the batches grow by themselves, and the Ray calls per frame
-        # do not grow with the number of shards (issue 16).
-        if self._in_flight.get(shard, 0) >= self.max_in_flight:
-            return
-        queue = self._pending.pop(shard, [])
-        if not queue:
-            return
-        batch, rest = queue[: self.max_ops], queue[self.max_ops :]
-        self._urgent.discard(shard)
-        if rest:
-            self._pending[shard] = rest
-            if not all(self._lazy(op) for op, _ in rest):
-                self._urgent.add(shard)
-        self._in_flight[shard] = self._in_flight.get(shard, 0) + 1
-        asyncio.get_running_loop().create_task(self._send(shard, batch))
+        batch = self.lines.take(shard)
+        if batch is not None:
+            asyncio.get_running_loop().create_task(self._send(shard, batch))
 
     def _came_back(self, shard: int) -> None:
-        """A call to `shard` returned: send what waited for it."""
-        self._in_flight[shard] -= 1
-        # A line of connects only with its timer running waits for it (see `call`).
-        if self._pending.get(shard) and (shard in self._urgent or shard not in self._timers):
+        """A call to `shard` returned: send what waited for it, if the rule lets it leave."""
+        if self.lines.came_back(shard):
             self._send_now(shard)
 
-    async def _send(self, shard: int, batch: list[tuple[ops.Op, asyncio.Future[Any]]]) -> None:
+    async def _send(self, shard: int, batch: list[Queued]) -> None:
         started = time.perf_counter()
         self.metrics.observe("edge_batch_ops", len(batch))
         inbox = self.inboxes.setdefault(shard, Inbox())

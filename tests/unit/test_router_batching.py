@@ -119,7 +119,7 @@ async def test_a_failed_call_frees_its_place(router: MakeRouter) -> None:
     failed = r.call(0, pings(1)[0])
     await settle()
     assert isinstance(failed.exception(), ConnectionError)
-    assert r._in_flight[0] == 0
+    assert r.lines.in_flight(0) == 0
 
 
 def connects(n: int, first: int = 0) -> list[ops.Op]:
