@@ -16,10 +16,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-import orjson
-
 from actors import gc_policy
-from actors.core import activity
+from actors.core import activity, frames
 from actors.core import ops as ops_
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff
@@ -505,7 +503,7 @@ class PresenceShard:
                 box = self.mail.get(e.edge_id)
                 if box is None:
                     continue  # an edge that never called us has no sockets here
-                if box.add(e.socket_ids, orjson.dumps(e.frame).decode()):
+                if box.add(e.socket_ids, frames.text(e.frame)):
                     self.metrics.inc("mail_dropped_total")
                 touched.add(e.edge_id)
                 self.metrics.inc("events_total", type=str(e.frame.get("type")))

@@ -2,8 +2,9 @@
 
 Client frames are validated strictly (unknown types, wrong field types and extra fields are all
 `bad_frame`), through one discriminated union so that pydantic's Rust core parses and validates a
-frame in a single pass. Server frames are built as plain dicts on the hot path and serialised with
-orjson; their models here document them (and generate docs/asyncapi.yaml).
+frame in a single pass. Server frames are built as plain dicts on the hot path by
+`actors.core.frames` (the one builder) and serialised with orjson; their models here document them
+(and generate docs/asyncapi.yaml), and tests/unit/test_frames.py checks the builder against them.
 """
 
 from __future__ import annotations
@@ -251,10 +252,6 @@ CLIENT_FRAMES: tuple[type[_Frame], ...] = (
     VoiceLeave,
     SettingsUpdate,
 )
-
-
-def error_frame(code: ErrorCode, message: str) -> dict[str, str]:
-    return {"type": "error", "code": code, "message": message}
 
 
 # Close codes (the contract fixes 4001, 1008 and 1009; the rest are ours, documented in docs/).

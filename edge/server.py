@@ -28,8 +28,8 @@ from websockets.server import ServerProtocol
 
 from actors import gc_policy
 from actors.clients import DirectoryClient, ShardClients
-from actors.core import ops
-from actors.core.contract import ChosenNote, SettingsNote, internal_note, is_internal
+from actors.core import frames, ops
+from actors.core.frames import ChosenNote, SettingsNote, changed_about, internal_note, is_internal
 from actors.core.shard import Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
@@ -68,7 +68,6 @@ log = logging.getLogger("presence.edge")
 
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
-CHANGED_PREFIX = '{"type":"presence.changed"'
 HEARTBEAT_ACK_TEXT = HEARTBEAT_ACK.text or ""
 HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
 # What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
@@ -99,14 +98,6 @@ def _channel_op(kind: ChannelKind, channel: str, user: str, sid: str) -> ops.Op:
 def _peer_ip(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
     return str(peer[0]) if peer else "unknown"
-
-
-def _about(payload: str) -> tuple[str, str] | None:
-    """(account, status) of a `presence.changed` payload, else None."""
-    if not payload.startswith(CHANGED_PREFIX):
-        return None
-    frame = orjson.loads(payload)
-    return frame["userId"], frame["status"]
 
 
 class CountedConnection(ServerConnection):
@@ -652,7 +643,7 @@ class Edge:
         match cmd:
             case Reply(frame=frame, text=text):
                 self.metrics.inc("replies_total", type=str(frame.get("type")))
-                self._send(conn, text if text is not None else orjson.dumps(frame).decode())
+                self._send(conn, text if text is not None else frames.text(frame))
             case Close(code=code, reason=reason):
                 self.metrics.inc("closes_total", code=str(code))
                 await self._close_draining(conn.ws, code, reason)
@@ -660,11 +651,11 @@ class Edge:
             case Connect(user_id=user_id):
                 status, visibility = await self.router.to_user(user_id, ops.Connect(user_id, sid))
                 conn.connected()
-                self._send(conn, orjson.dumps(s.connected(status, visibility).frame).decode())
+                self._send(conn, frames.text(s.connected(status, visibility).frame))
                 self._release(conn)
             case Subscribe(user_ids=ids, new=new):
                 if new and not await self._spend(user, len(new)):
-                    self._send(conn, orjson.dumps(s.budget_refused(cmd).frame).decode())
+                    self._send(conn, frames.text(s.budget_refused(cmd).frame))
                     return True
                 conn.hold += 1
                 try:
@@ -673,9 +664,9 @@ class Edge:
                         ids, lambda targets: ops.Watch(user, sid, tuple(targets))
                     )
                     statuses = dict(pair for answer in answers for pair in answer)
-                    users = [{"userId": u, "status": statuses[u]} for u in ids if u in statuses]
-                    s.synced([(u, statuses[u]) for u in ids if u in statuses])
-                    self._send(conn, orjson.dumps({"type": "presence.sync", "users": users}).decode())
+                    users = [(u, statuses[u]) for u in ids if u in statuses]
+                    s.synced(users)
+                    self._send(conn, frames.text(frames.sync(users)))
                 finally:
                     self._release(conn)
             case Unsubscribe(user_ids=ids):
@@ -702,19 +693,16 @@ class Edge:
                     answers = [] if isinstance(looked, BaseException) else looked
                 if not charged:
                     self.metrics.inc("edge_lookups_refused_total", discarded=str(not charge_first).lower())
-                    self._send(conn, orjson.dumps(s.budget_refused(cmd, time.time()).frame).decode())
+                    self._send(conn, frames.text(s.budget_refused(cmd, time.time()).frame))
                     return True
                 found = {a[0]: a for answer in answers for a in answer}
-                frames: list[bytes] = []
+                answered: list[bytes] = []
                 for u in ids:
                     if u in found:
                         _, status, seen = found[u]
-                        changed: dict[str, Any] = {"type": "presence.changed", "userId": u, "status": status}
-                        if seen is not None:
-                            changed["lastSeenAt"] = seen
-                        frames.append(orjson.dumps(changed))
-                if send_batch(conn.ws, frames):  # the answers in one write
-                    self.metrics.inc("frames_out_total", n=len(frames))
+                        answered.append(orjson.dumps(frames.changed(u, status, seen)))
+                if send_batch(conn.ws, answered):  # the answers in one write
+                    self.metrics.inc("frames_out_total", n=len(answered))
                     self._check_backlog(conn)
             case UpdateStatus(status=status):
                 assert user is not None
@@ -812,7 +800,7 @@ class Edge:
         if conn.hold == 0 and conn.held:
             held, conn.held = conn.held, []
             for payload in held:
-                about = _about(payload)
+                about = changed_about(payload)
                 if about is None or conn.session.tell(*about):
                     self._send(conn, payload)
 
@@ -824,7 +812,7 @@ class Edge:
             self._internal(socket_ids, payload)
             return
         ready: list[ServerConnection] = []
-        about = _about(payload)
+        about = changed_about(payload)
         conns = self.conns
         repeats = 0
         for sid in socket_ids:
@@ -977,10 +965,10 @@ class Edge:
                 answers = await self.router.to_users(
                     targets, lambda ts: ops.Watch(user, s.socket_id, tuple(ts))
                 )
-                frames = s.differences([pair for answer in answers for pair in answer])
-                for frame in frames:
-                    self._send(conn, orjson.dumps(frame).decode())
-                self.metrics.inc("resync_frames_total", n=len(frames))
+                differences = s.differences([pair for answer in answers for pair in answer])
+                for frame in differences:
+                    self._send(conn, frames.text(frame))
+                self.metrics.inc("resync_frames_total", n=len(differences))
             finally:
                 self._release(conn)
 

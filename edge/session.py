@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from actors.core import frames
 from actors.core.budgets import Bucket as TokenBucket
 
 from . import protocol as p
@@ -34,7 +35,7 @@ BAD_TOKEN = "bad token"
 # The reply to most frames a server gets: built and serialised once, and the commands of an
 # accepted heartbeat as one shared list (never mutated), which the edge recognises by identity and
 # answers on its shortest road.
-HEARTBEAT_ACK = Reply({"type": "heartbeat.ack"}, '{"type":"heartbeat.ack"}')
+HEARTBEAT_ACK = Reply(frames.heartbeat_ack(), frames.HEARTBEAT_ACK_TEXT)
 HEARTBEAT_ACKED: list[Command] = [HEARTBEAT_ACK]
 
 
@@ -343,15 +344,7 @@ class Session:
         if self.chosen is None:
             self.chosen = "online" if status in ("online", "idle") else status
         assert self.user_id is not None
-        return Reply(
-            {
-                "type": "ready",
-                "userId": self.user_id,
-                "socketId": self.socket_id,
-                "status": status,
-                "heartbeatIntervalMs": self.limits.heartbeat_interval_ms,
-            }
-        )
+        return Reply(frames.ready(self.user_id, self.socket_id, status, self.limits.heartbeat_interval_ms))
 
     def deadline(self) -> float:
         """When this socket must be closed if nothing else happens."""
@@ -379,7 +372,7 @@ class Session:
             if self.refused_in_a_row >= self.limits.flood_close_after:
                 return [Close(p.CLOSE_POLICY, "sustained flood")]
             if self.refused_in_a_row == 1 or self.refused_in_a_row % 20 == 0:
-                return [Reply(p.error_frame("rate_limited", "too many frames; slow down"))]
+                return [Reply(frames.error("rate_limited", "too many frames; slow down"))]
             return []
         try:
             frame = p.parse_client_frame(raw)
@@ -388,7 +381,7 @@ class Session:
             self.last_frame_type = "invalid"
             if not self.authenticated:
                 return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
-            return [Reply(p.error_frame("bad_frame", str(e)))]
+            return [Reply(frames.error("bad_frame", str(e)))]
         if not self.authenticated:
             if isinstance(frame, p.Identify):
                 return self._identify(frame.token, now)
@@ -400,7 +393,7 @@ class Session:
             case p.Heartbeat():
                 return HEARTBEAT_ACKED
             case p.Identify():
-                return [Reply(p.error_frame("bad_frame", "already identified"))]
+                return [Reply(frames.error("bad_frame", "already identified"))]
             case p.PresenceUpdate(status=status):
                 if status in ("idle", "online"):
                     self.idle = status == "idle"
@@ -410,7 +403,7 @@ class Session:
                 if len(self.subscriptions) + len(new) > self.limits.max_subscriptions:
                     return [
                         Reply(
-                            p.error_frame(
+                            frames.error(
                                 "too_many_ids",
                                 f"a socket may subscribe to at most {self.limits.max_subscriptions} ids",
                             )
@@ -430,7 +423,7 @@ class Session:
                 if len(ids) > self.limits.max_query_ids:
                     return [
                         Reply(
-                            p.error_frame(
+                            frames.error(
                                 "too_many_ids", f"a query may name at most {self.limits.max_query_ids} ids"
                             )
                         )
@@ -475,7 +468,7 @@ class Session:
         if isinstance(cmd, Query):
             self.lookups_careful_until = now + LOOKUP_CAREFUL_S
         what = "voice" if cmd is None else "lookup"
-        return Reply(p.error_frame("rate_limited", f"this account's {what} budget is spent; slow down"))
+        return Reply(frames.error("rate_limited", f"this account's {what} budget is spent; slow down"))
 
     def channel_result(self, cmd: ChannelCommand, allowed: bool | str) -> list[Command]:
         if allowed == "rate_limited":
@@ -483,7 +476,7 @@ class Session:
         if not allowed:
             return [
                 Reply(
-                    p.error_frame("not_allowed", f"not a member of the server of channel {cmd.channel_id!r}")
+                    frames.error("not_allowed", f"not a member of the server of channel {cmd.channel_id!r}")
                 )
             ]
         if cmd.kind == "subscribe":
@@ -527,11 +520,7 @@ class Session:
     def differences(self, answer: list[tuple[str, str]]) -> list[dict[str, Any]]:
         """The `presence.changed` frames that bring this socket's view to `answer` (a fresh
         watch answer: the truth at that moment), recording them in the view."""
-        return [
-            {"type": "presence.changed", "userId": u, "status": status}
-            for u, status in answer
-            if self.tell(u, status)
-        ]
+        return [frames.changed(u, status) for u, status in answer if self.tell(u, status)]
 
     def touched_channels(self) -> list[str]:
         """Every channel this socket has state in, for clean-up when it goes."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from . import frames
 from .audience import NO_RELATIONS, Relations
 from .budgets import Spending
 from .effects import Outbox
@@ -106,9 +107,7 @@ class ChannelState:
             t.held = True
             return True
         ch.typing[user_id] = Typing(expires_at=now + self.typing_lapse_s, broadcast_at=now)
-        self._to_subscribers(
-            ch, {"type": "typing", "channelId": channel_id, "userId": user_id}, exclude_user=user_id
-        )
+        self._to_subscribers(ch, frames.typing(channel_id, user_id), exclude_user=user_id)
         return True
 
     def typing_stop(self, channel_id: str, user_id: str) -> None:
@@ -171,7 +170,7 @@ class ChannelState:
             for user_id, t in ch.typing.items():
                 if t.held and now < t.expires_at and now - t.broadcast_at >= self.typing_refresh_s:
                     t.broadcast_at, t.held = now, False
-                    frame: dict[str, object] = {"type": "typing", "channelId": channel_id, "userId": user_id}
+                    frame = frames.typing(channel_id, user_id)
                     self._to_subscribers(ch, frame, exclude_user=user_id)
             for user_id in [
                 u
@@ -205,10 +204,10 @@ class ChannelState:
         # One entry per socket inside; on the wire one id per account, in order of first join.
         return list(dict.fromkeys(m.user_id for m in ch.voice.values()))
 
-    def _roster_frame(self, ch: Channel) -> dict[str, object]:
-        return {"type": "voice.roster", "channelId": ch.channel_id, "userIds": self._roster_users(ch)}
+    def _roster_frame(self, ch: Channel) -> frames.Frame:
+        return frames.voice_roster(ch.channel_id, self._roster_users(ch))
 
-    def _to_subscribers(self, ch: Channel, frame: dict[str, object], exclude_user: str | None = None) -> None:
+    def _to_subscribers(self, ch: Channel, frame: frames.Frame, exclude_user: str | None = None) -> None:
         recipients: dict[str, list[str]] = {}
         for socket_id, m in ch.subscribers.items():
             if m.user_id == exclude_user:

@@ -2,8 +2,8 @@
 
 Pure and small, like `websockets`' `frames.py` shared by its protocol and connection: an edge
 imports this without asyncpg or Ray, the shard without the edge. It holds the shard's special
-answers, the size of a mail batch, the internal frames a shard sends an edge (never a client),
-the contract's time format, a shard's statistics, and the durable row of an account.
+answers, the size of a mail batch, the contract's time format, a shard's statistics, and the
+durable row of an account. The frames themselves, client and internal, are `actors.core.frames`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import asdict, dataclass
 from typing import Any
-
-import orjson
 
 # ---------------------------------------------------------------------------- special answers
 
@@ -60,71 +58,6 @@ MailChunk = tuple[int, int, list[MailItem]]
 ApplyReply = tuple[str, list[object], MailChunk]
 # A shard's reply to a pull: (its incarnation, a chunk of the edge's mail).
 Mail = tuple[str, MailChunk]
-
-
-# ---------------------------------------------------------------------------- internal frames
-
-# Internal frames go to every socket of an account through the same mail as client frames, but
-# the edge keeps them for itself and never forwards them: their type starts with `_`.
-#
-# `_settings`: the account's last-seen visibility changed (the edge keeps each socket's own
-# setting: the reader's side of the reciprocal `nobody` rule, and what it claims after a restart).
-INTERNAL_SETTINGS = "_settings"
-# `_chosen`: the account's chosen status changed; the edges keep the latest choice per socket and
-# claim it when they register the socket again after a restart.
-INTERNAL_CHOSEN = "_chosen"
-
-# How orjson spells the start of an internal frame's payload (the type comes first, see below):
-# the one test the edge runs on every payload, so it must stay a prefix check.
-_INTERNAL_PREFIX = '{"type":"_'
-
-
-@dataclass(frozen=True, slots=True)
-class SettingsNote:
-    """An `_settings` frame: the account's last-seen visibility became `visibility` at `at`."""
-
-    visibility: str
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class ChosenNote:
-    """A `_chosen` frame: the account's chosen status became `status` at `at`."""
-
-    status: str
-    at: float
-
-
-InternalNote = SettingsNote | ChosenNote
-
-
-def settings_frame(visibility: str, at: float) -> dict[str, object]:
-    """The `_settings` frame the shard sends (the type first: see `internal_note`)."""
-    return {"type": INTERNAL_SETTINGS, "lastSeenVisibility": visibility, "at": at}
-
-
-def chosen_frame(status: str, at: float) -> dict[str, object]:
-    """The `_chosen` frame the shard sends (the type first: see `internal_note`)."""
-    return {"type": INTERNAL_CHOSEN, "status": status, "at": at}
-
-
-def is_internal(payload: str) -> bool:
-    """Whether a serialised mail payload is an internal frame (never forwarded to a client)."""
-    return payload.startswith(_INTERNAL_PREFIX)
-
-
-def internal_note(payload: str) -> InternalNote | None:
-    """The internal frame a mail payload carries; None for a frame meant for clients, and for an
-    internal frame of a kind this edge does not know (a newer shard's: dropped, never forwarded)."""
-    if not is_internal(payload):
-        return None
-    frame = orjson.loads(payload)
-    kind = frame.get("type")
-    if kind == INTERNAL_SETTINGS:
-        return SettingsNote(frame["lastSeenVisibility"], float(frame.get("at", 0.0)))
-    if kind == INTERNAL_CHOSEN:
-        return ChosenNote(frame["status"], float(frame["at"]))
-    return None
 
 
 # ---------------------------------------------------------------------------- time

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-Frame = dict[str, Any]
+from .frames import Frame
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from . import frames
 from .activity import RollingRefresh
 from .audience import NO_RELATIONS, Relations, in_audience
 from .budgets import (
@@ -37,7 +38,7 @@ from .budgets import (
     Spending,
 )
 from .channels import Channel, ChannelState
-from .contract import AccountRow, chosen_frame, settings_frame
+from .contract import AccountRow
 from .effects import Activity, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
 from .loaded import Loaded
 from .slots import channel_key, slot_of
@@ -264,7 +265,7 @@ class ShardState:
             now_in = in_audience(target, target_rel, w.user_id, watcher_rel)
             if now_in and not was:
                 recipients.setdefault(w.edge_id, []).append(socket_id)
-        self.outbox.deliver(recipients, {"type": "presence.changed", "userId": target, "status": status})
+        self.outbox.deliver(recipients, frames.changed(target, status))
 
     # ------------------------------------------------------------------ edges and liveness
 
@@ -522,7 +523,7 @@ class ShardState:
                 acc.chosen = as_chosen(status)
                 acc.chosen_at = now
                 self.outbox.add(PersistChosen(user_id, status, now))
-                self._tell_self(acc, chosen_frame(status, now))
+                self._tell_self(acc, frames.chosen_note(status, now))
         else:
             raise ValueError(f"not a status a client may choose: {status!r}")
         acc.touched_at = now
@@ -541,7 +542,7 @@ class ShardState:
                 acc.visibility_at = now
                 # Internal frame: the edges keep each socket's own setting (the reader's side of
                 # the reciprocal `nobody` rule) and never forward frames whose type starts with _.
-                self._tell_self(acc, settings_frame(visibility, now))
+                self._tell_self(acc, frames.settings_note(visibility, now))
 
     def claim(self, user_id: str, claim: Claim, now: float) -> None:
         """What an edge knew of the account's choices when it registers a socket again after a
@@ -619,7 +620,7 @@ class ShardState:
         for s in acc.sockets.values():
             if s.socket_id != skip_self and ready.get(s.socket_id, shown) != acc.real:
                 recipients.setdefault(s.edge_id, []).append(s.socket_id)
-        self.outbox.deliver(recipients, {"type": "presence.self", "status": acc.real})
+        self.outbox.deliver(recipients, frames.self_status(acc.real))
 
     def publish_due(self, now: float) -> None:
         """Publish the current status of accounts whose changes were held back and whose window
@@ -636,7 +637,7 @@ class ShardState:
         """When the earliest held-back change may go out; None when nothing is held back."""
         return self.publications.next_due()
 
-    def _tell_self(self, acc: Account, frame: dict[str, object], skip: str | None = None) -> None:
+    def _tell_self(self, acc: Account, frame: frames.Frame, skip: str | None = None) -> None:
         recipients: dict[str, list[str]] = {}
         for s in acc.sockets.values():
             if s.socket_id != skip:
@@ -662,8 +663,8 @@ class ShardState:
                 target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)
             ):
                 others.setdefault(w.edge_id, []).append(socket_id)
-        self.outbox.deliver(others, {"type": "presence.changed", "userId": target, "status": visible})
-        self.outbox.deliver(own, {"type": "presence.changed", "userId": target, "status": real})
+        self.outbox.deliver(others, frames.changed(target, visible))
+        self.outbox.deliver(own, frames.changed(target, real))
 
     # ------------------------------------------------------------------ reading statuses
 

@@ -1,40 +1,11 @@
-"""What the edges and the shards share (actors/core/contract.py): internal frames are recognised
-from their serialised payload exactly as the shard writes them, and never mistaken for client
-frames (or the other way round)."""
+"""What the edges and the shards share (actors/core/contract.py). The internal frames are
+actors/core/frames.py's: tests/unit/test_frames.py."""
 
 from __future__ import annotations
 
 import pickle
 
-import orjson
-
 from actors.core import contract as c
-from tests.unit.conftest import T0
-
-
-def payload(frame: dict[str, object]) -> str:
-    return orjson.dumps(frame).decode()  # what the shard puts in the mail
-
-
-def test_internal_frames_are_read_back_as_notes() -> None:
-    assert c.internal_note(payload(c.settings_frame("nobody", T0))) == c.SettingsNote("nobody", T0)
-    assert c.internal_note(payload(c.chosen_frame("dnd", T0 + 1))) == c.ChosenNote("dnd", T0 + 1)
-    assert c.is_internal(payload(c.settings_frame("friends", T0)))
-
-
-def test_client_frames_are_not_internal() -> None:
-    for frame in (
-        {"type": "presence.changed", "userId": "_x", "status": "online"},
-        {"type": "presence.self", "status": "dnd"},
-        {"type": "error", "code": "bad_frame", "message": "_settings"},
-    ):
-        assert not c.is_internal(payload(frame))
-        assert c.internal_note(payload(frame)) is None
-
-
-def test_an_unknown_internal_frame_is_kept_from_clients_but_means_nothing() -> None:
-    text = payload({"type": "_future", "x": 1})
-    assert c.is_internal(text) and c.internal_note(text) is None
 
 
 def test_shard_stats_keep_their_json_form() -> None:

@@ -262,11 +262,6 @@ def test_iso_ms_shape_and_round_trip(ts: float) -> None:
 # ---------------------------------------------------------------------------- server frames
 
 
-def test_error_frame() -> None:
-    assert p.error_frame("bad_frame", "nope") == {"type": "error", "code": "bad_frame", "message": "nope"}
-    assert p.Error.model_validate(p.error_frame("too_many_ids", "x"))
-
-
 @pytest.mark.parametrize(
     ("model", "frame"),
     [

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from actors.core.audience import Relations
-from actors.core.contract import INTERNAL_CHOSEN, INTERNAL_SETTINGS, AccountRow
+from actors.core.contract import AccountRow
 from actors.core.effects import (
     Activity,
     Deliver,
@@ -32,6 +32,7 @@ from actors.core.effects import (
     PersistVisibility,
     SocketCount,
 )
+from actors.core.frames import INTERNAL_CHOSEN, INTERNAL_SETTINGS
 from actors.core.loaded import NotLoaded
 from actors.core.shard import QueryAnswer, ShardState
 from actors.core.slots import channel_key, slot_of
@@ -1992,7 +1993,7 @@ class TestClaim:
         assert w.s.real_status_of("alice") == "online"
 
     def test_choices_are_told_to_every_socket_with_their_time(self) -> None:
-        from actors.core.contract import INTERNAL_CHOSEN
+        from actors.core.frames import INTERNAL_CHOSEN
 
         w = pair_world()
         w.s.connect("alice", "a1", "e1", w.now)
