@@ -33,6 +33,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
+from bench import results
 from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
@@ -70,133 +71,69 @@ def main(argv: list[str], settings: Settings) -> int:
     return lg.main_in_env(NAME, parse(argv), settings, run, report)
 
 
-def _split(n: int, parts: int) -> list[int]:
-    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
-
-
 def _connect(
     workers: lg.Workers,
     stage: lg.Stage,
-    label: str,
-    group: str,
+    side: lg.Side,
     targets: list[tuple[str, int]],
     shares: list[int],
-    first_index: int,
-    users: str | None,
     concurrency: int,
-    path: str,
+    **where: Any,
 ) -> dict[str, Any]:
-    """Open shares[i] connections from generator i; returns totals and the connect rate."""
-    firsts = [first_index + sum(shares[:i]) for i in range(len(shares))]
-    per = max(1, concurrency // len(shares))
+    """Open shares[i] connections of `side` from generator i, heartbeating from the first on."""
     # Heartbeats run from the first connection on: connecting all may take longer than the 90 s
     # after which the edge closes a silent socket.
-    workers.call("heartbeats", {"group": group, "interval_s": HEARTBEAT_S})
-    started = time.monotonic()
-    res = workers.call(
-        "connect",
-        [
-            {
-                "group": group,
-                "targets": targets,
-                "count": shares[i],
-                "first_index": firsts[i],
-                "users": [f"{users}{firsts[i] + k}" for k in range(shares[i])] if users else None,
-                "hello": None if users else b'{"type":"identify","token":"-"}',
-                "concurrency": per,
-                "path": path,
-            }
-            for i in range(len(shares))
-        ],
-        on_progress=stage.progress(label, sum(shares)),
-    )
-    seconds = time.monotonic() - started
-    connected = sum(r["connected"] for r in res)
-    errors: dict[str, int] = {}
-    for r in res:
-        for k, v in r["errors"].items():
-            errors[k] = errors.get(k, 0) + v
-    stage.log(f"{label}: {connected:,} connected in {seconds:.1f} s ({connected / seconds:,.0f}/s)")
+    workers.call("heartbeats", {"group": where.get("group") or side.name, "interval_s": HEARTBEAT_S})
+    per = max(1, concurrency // len(shares))
+    res = lg.connect_side(workers, stage, side, targets, shares, concurrency=per, **where)
+    connected, seconds = res["connected"], res["seconds"]
+    stage.log(f"{where.get('label') or 'connect ' + side.name}: {connected:,} connected in {seconds:.1f} s "
+              f"({res['per_s']:,.0f}/s)")  # fmt: skip
+    return res
+
+
+def _hold(
+    args: argparse.Namespace, workers: lg.Workers, stage: lg.Stage, side: lg.Side, server: lg.ServerProcess
+) -> dict[str, Any]:
+    """One server of the pair holding `--per-edge` idle connections: its RSS before and after."""
+    shares = lg.split(args.per_edge, len(workers))
+    time.sleep(args.settle_s)
+    rss0 = server.rss_kib()
+    conn = _connect(workers, stage, side, [("127.0.0.1", server.port)], shares, args.concurrency)
+    time.sleep(args.settle_s)
+    rss1 = server.rss_kib()
     return {
-        "connected": connected,
-        "failed": sum(shares) - connected,
-        "seconds": seconds,
-        "per_s": connected / seconds,
-        "errors": errors,
+        **conn,
+        "rss_before_kib": rss0,
+        "rss_after_kib": rss1,
+        "open_after_settle": sum(workers.call("open_count", {"group": side.name})),
+        "kib_per_connection": (rss1 - rss0) / max(conn["connected"], 1),
     }
 
 
 def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
     n = args.per_edge
     procs = max(1, math.ceil(n / args.per_process))
-    shares = _split(n, procs)
     tag = secrets.token_hex(3)
     out: dict[str, Any] = {"per_edge": n, "generators": procs}
     pool_before = env.sockets_in_pool(settle_s=1.0)
     with lg.Workers(procs, {"secret": env.secret}) as workers:
-        # -- bare
         stage.log(f"bare echo server: {n:,} connections from {procs} generator processes")
-        echo = env.start_echo()
-        time.sleep(args.settle_s)
-        rss0 = echo.rss_kib()
-        conn = _connect(
-            workers,
-            stage,
-            "connect bare",
-            "bare",
-            [("127.0.0.1", echo.port)],
-            shares,
-            0,
-            None,
-            args.concurrency,
-            "/",
-        )
-        time.sleep(args.settle_s)
-        rss1 = echo.rss_kib()
-        open_now = sum(workers.call("open_count", {"group": "bare"}))
-        out["bare"] = {
-            **conn,
-            "rss_before_kib": rss0,
-            "rss_after_kib": rss1,
-            "open_after_settle": open_now,
-            "kib_per_connection": (rss1 - rss0) / max(conn["connected"], 1),
-        }
-        workers.call("close", {"group": "bare"})
-        env.stop(echo)
+        with env.serving(env.start_echo()) as (echo,):
+            out["bare"] = _hold(args, workers, stage, lg.Side("bare"), echo)
+            workers.call("close", {"group": "bare"})
 
-        # -- ours, one edge
         stage.log(f"presence edge: {n:,} identified connections")
         edge = env.start_edge()
-        time.sleep(args.settle_s)
-        rss0 = edge.rss_kib()
-        conn = _connect(
-            workers,
-            stage,
-            "connect ours",
-            "ours",
-            [("127.0.0.1", edge.port)],
-            shares,
-            0,
-            f"bench-conn-{tag}-",
-            args.concurrency,
-            lg.WS_PATH,
+        ours = out["ours"] = _hold(args, workers, stage, lg.Side("ours", f"bench-conn-{tag}-"), edge)
+        ours["sockets_in_pool"] = in_pool = env.sockets_in_pool() - pool_before
+        stage.log(
+            f"edge RSS {ours['rss_before_kib'] / 1024:,.0f} → {ours['rss_after_kib'] / 1024:,.0f} MiB; "
+            f"{in_pool:,} sockets in the pool"
         )
-        time.sleep(args.settle_s)
-        rss1 = edge.rss_kib()
-        open_now = sum(workers.call("open_count", {"group": "ours"}))
-        in_pool = env.sockets_in_pool() - pool_before
-        out["ours"] = {
-            **conn,
-            "rss_before_kib": rss0,
-            "rss_after_kib": rss1,
-            "open_after_settle": open_now,
-            "sockets_in_pool": in_pool,
-            "kib_per_connection": (rss1 - rss0) / max(conn["connected"], 1),
-        }
-        stage.log(f"edge RSS {rss0 / 1024:,.0f} → {rss1 / 1024:,.0f} MiB; {in_pool:,} sockets in the pool")
-
         if args.three_edges:
-            out["three_edges"] = _three_edges(args, env, stage, edge, open_now, pool_before, tag)
+            first_count = ours["open_after_settle"]
+            out["three_edges"] = _three_edges(args, env, stage, edge, first_count, pool_before, tag)
         workers.call("close", {"group": "ours"})
     out["sockets_in_pool_after_close"] = env.sockets_in_pool(settle_s=1.0) - pool_before
     return out
@@ -217,40 +154,25 @@ def _three_edges(
     time.sleep(args.settle_s)
     rss0 = [e.rss_kib() for e in edges]
     procs = max(2, math.ceil(more / args.per_process))
-    shares = _split(more, procs)
-    with lg.Workers(procs, {"secret": env.secret}) as workers:
+    side = lg.Side("ours", f"bench-conn3-{tag}-")
+    with env.serving(*edges), lg.Workers(procs, {"secret": env.secret}) as workers:
+        targets = [("127.0.0.1", e.port) for e in edges]
         conn = _connect(
-            workers,
-            stage,
-            "connect 2 more edges",
-            "more",
-            [("127.0.0.1", e.port) for e in edges],
-            shares,
-            100_000,
-            f"bench-conn3-{tag}-",
-            args.concurrency,
-            lg.WS_PATH,
-        )
+            workers, stage, side, targets, lg.split(more, procs), args.concurrency,
+            group="more", first_index=100_000, label="connect 2 more edges",
+        )  # fmt: skip
         time.sleep(args.settle_s)
         open_more = sum(workers.call("open_count", {"group": "more"}))
         in_pool = env.sockets_in_pool() - pool_before
-        rss1 = [e.rss_kib() for e in edges]
         per_edge = [
             {"edge": 1, "connections": first_count, "rss_kib": first.rss_kib()},
             *(
-                {
-                    "edge": i + 2,
-                    "connections": _split(more, 2)[i],
-                    "rss_before_kib": rss0[i],
-                    "rss_kib": rss1[i],
-                }
-                for i in range(2)
+                {"edge": i + 2, "connections": c, "rss_before_kib": rss0[i], "rss_kib": edges[i].rss_kib()}
+                for i, c in enumerate(lg.split(more, 2))
             ),
         ]
         stage.log(f"{first_count + open_more:,} connections open over 3 edges; {in_pool:,} in the pool")
         workers.call("close", {"group": "more"})
-    for e in edges:
-        env.stop(e)
     return {
         "connect": conn,
         "open": first_count + open_more,
@@ -262,128 +184,112 @@ def _three_edges(
 
 def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_at: str) -> int:
     info = machine_info()
-    bare, ours = m["bare"], m["ours"]
+    bare, ours, three = m["bare"], m["ours"], m.get("three_edges")
     extra = ours["kib_per_connection"] - bare["kib_per_connection"]
     held = min(ours["open_after_settle"], ours["sockets_in_pool"])
     # At --quick size the connection count is not what the target asks; memory per socket still is.
     met_held: bool | None = None if args.quick else held >= TARGET_PER_EDGE
-    met_one = (met_held is not False) and extra <= TARGET_EXTRA_KIB
     one_text = (
-        lg.met_text(met_one)
+        results.met_text((met_held is not False) and extra <= TARGET_EXTRA_KIB)
         if not args.quick
-        else f"memory {lg.met_text(extra <= TARGET_EXTRA_KIB)}, count not at this size (--quick)"
+        else f"memory {results.met_text(extra <= TARGET_EXTRA_KIB)}, count not at this size (--quick)"
     )
-    three = m.get("three_edges")
     held3 = min(three["open"], three["sockets_in_pool"]) if three else 0
-    met_three = held3 >= TARGET_TOTAL
+    _print_one_edge(args, m, info, extra, held, one_text)
+    targets = [
+        results.target(
+            f"connections held by one edge (≥ {TARGET_PER_EDGE:,})", held, "connections",
+            f"≥ {TARGET_PER_EDGE:,}", met_held,
+        ),
+        results.target(
+            "edge memory per connection above the bare server", extra, "KiB", f"≤ {TARGET_EXTRA_KIB:g}",
+            extra <= TARGET_EXTRA_KIB,
+        ),
+    ]  # fmt: skip
+    if three:
+        _print_three_edges(three)
+        targets.append(
+            results.target(
+                "connections across three edges",
+                held3,
+                "connections",
+                f"≥ {TARGET_TOTAL:,}",
+                held3 >= TARGET_TOTAL,
+            )
+        )
+    payload = {
+        **results.run_record(NAME, started_at, runtime, info, args),
+        **m,
+        "extra_kib_per_connection": extra,
+        "targets": targets,
+    }
+    columns = [
+        *results.lead_columns(info),
+        ("per edge", f"{held:,}"),
+        ("bare KiB/conn", f"{bare['kib_per_connection']:.1f}"),
+        ("ours KiB/conn", f"{ours['kib_per_connection']:.1f}"),
+        ("extra KiB/conn", f"{extra:+.1f}"),
+        ("connect rate ours", f"{ours['per_s']:,.0f}/s"),
+        ("three edges", f"{held3:,}" if three else "skipped (--quick)"),
+        ("target 19k at ≤ +20 KiB", one_text),
+        ("target 50k", results.met_text(held3 >= TARGET_TOTAL) if three else "-"),
+        ("runtime", f"{runtime:.0f} s"),
+    ]
+    results.record(NAME, payload, args, RESULTS_TITLE, columns)
+    print(f"runtime {runtime:.1f} s")
+    return 0
+
+
+RESULTS_TITLE = (
+    "Idle identified sockets held by one edge (`presence edge` process) and its RSS per socket beside a "
+    "bare websockets echo server holding as many; then sockets across three edges. Same run."
+)
+
+
+def _print_one_edge(
+    args: argparse.Namespace, m: dict[str, Any], info: dict[str, Any], extra: float, held: int, one_text: str
+) -> None:
     print(
         f"\npresence bench connections on {machine_summary(info)} (commit {info['commit']}): "
         f"{m['per_edge']:,} idle connections per server from {m['generators']} generator processes, "
         f"{args.concurrency} connects in flight, heartbeat every {HEARTBEAT_S:g} s\n"
     )
-    rows = []
-    for label, r in (("bare websockets echo (uvloop)", bare), ("ours: presence edge (identified)", ours)):
-        rows.append(
-            [
-                label,
-                f"{r['open_after_settle']:,}",
-                f"{r['per_s']:,.0f}/s",
-                f"{r['rss_before_kib'] / 1024:,.0f} MiB",
-                f"{r['rss_after_kib'] / 1024:,.0f} MiB",
-                f"{r['kib_per_connection']:.1f}",
-            ]
+    rows = [
+        [
+            label,
+            f"{r['open_after_settle']:,}",
+            f"{r['per_s']:,.0f}/s",
+            f"{r['rss_before_kib'] / 1024:,.0f} MiB",
+            f"{r['rss_after_kib'] / 1024:,.0f} MiB",
+            f"{r['kib_per_connection']:.1f}",
+        ]
+        for label, r in (
+            ("bare websockets echo (uvloop)", m["bare"]),
+            ("ours: presence edge (identified)", m["ours"]),
         )
-    lg.print_table(["server", "held", "connect rate", "RSS before", "RSS after", "KiB/connection"], rows)
+    ]
+    results.print_table(["server", "held", "connect rate", "RSS before", "RSS after", "KiB/connection"], rows)
     print(
-        f"\nsockets registered in the pool: {ours['sockets_in_pool']:,}; ours costs {extra:+.1f} KiB per "
-        f"connection beside the bare server"
+        f"\nsockets registered in the pool: {m['ours']['sockets_in_pool']:,}; ours costs {extra:+.1f} KiB "
+        "per connection beside the bare server"
     )
     print(
         f"target: {TARGET_PER_EDGE:,} on one edge at ≤ {TARGET_EXTRA_KIB:g} KiB/connection above the bare "
         f"server: {one_text} ({held:,} held, {extra:+.1f} KiB)"
     )
-    targets = [
-        lg.target(
-            f"connections held by one edge (≥ {TARGET_PER_EDGE:,})",
-            held,
-            "connections",
-            f"≥ {TARGET_PER_EDGE:,}",
-            met_held,
-        ),
-        lg.target(
-            "edge memory per connection above the bare server",
-            extra,
-            "KiB",
-            f"≤ {TARGET_EXTRA_KIB:g}",
-            extra <= TARGET_EXTRA_KIB,
-        ),
+
+
+def _print_three_edges(three: dict[str, Any]) -> None:
+    print()
+    rows = [
+        [f"edge {e['edge']}", f"{e['connections']:,}", f"{e['rss_kib'] / 1024:,.0f} MiB"]
+        for e in three["edges"]
     ]
-    if three:
-        print()
-        rows3 = [
-            [
-                f"edge {e['edge']}",
-                f"{e['connections']:,}",
-                f"{e['rss_kib'] / 1024:,.0f} MiB",
-            ]
-            for e in three["edges"]
-        ]
-        lg.print_table(["edge", "connections", "RSS"], rows3)
-        print(
-            f"\n{three['open']:,} connections open across three edges, "
-            f"{three['sockets_in_pool']:,} registered in the pool (the 2 new edges connected at "
-            f"{three['connect']['per_s']:,.0f}/s); target "
-            f"{TARGET_TOTAL:,}: {lg.met_text(met_three)}"
-        )
-        targets.append(
-            lg.target(
-                "connections across three edges", held3, "connections", f"≥ {TARGET_TOTAL:,}", met_three
-            )
-        )
-    payload = {
-        "benchmark": NAME,
-        "started_at": started_at,
-        "runtime_s": round(runtime, 1),
-        "machine": info,
-        "args": lg.args_json(args),
-        **m,
-        "extra_kib_per_connection": extra,
-        "targets": targets,
-    }
-    lg.finish(
-        NAME,
-        payload,
-        args,
-        "Idle identified sockets held by one edge (`presence edge` process) and its RSS per socket beside a "
-        "bare websockets echo server holding as many; then sockets across three edges. Same run.",
-        [
-            "date",
-            "machine",
-            "commit",
-            "per edge",
-            "bare KiB/conn",
-            "ours KiB/conn",
-            "extra KiB/conn",
-            "connect rate ours",
-            "three edges",
-            "target 19k at ≤ +20 KiB",
-            "target 50k",
-            "runtime",
-        ],
-        [
-            lg.info_date(),
-            machine_summary(info),
-            info["commit"],
-            f"{held:,}",
-            f"{bare['kib_per_connection']:.1f}",
-            f"{ours['kib_per_connection']:.1f}",
-            f"{extra:+.1f}",
-            f"{ours['per_s']:,.0f}/s",
-            f"{held3:,}" if three else "skipped (--quick)",
-            one_text,
-            lg.met_text(met_three) if three else "-",
-            f"{runtime:.0f} s",
-        ],
+    results.print_table(["edge", "connections", "RSS"], rows)
+    held3 = min(three["open"], three["sockets_in_pool"])
+    print(
+        f"\n{three['open']:,} connections open across three edges, "
+        f"{three['sockets_in_pool']:,} registered in the pool (the 2 new edges connected at "
+        f"{three['connect']['per_s']:,.0f}/s); target "
+        f"{TARGET_TOTAL:,}: {results.met_text(held3 >= TARGET_TOTAL)}"
     )
-    print(f"runtime {runtime:.1f} s")
-    return 0

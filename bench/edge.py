@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
+from bench import results
 from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
@@ -76,85 +77,58 @@ def main(argv: list[str], settings: Settings) -> int:
 
 def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
     stage.log("starting the bare echo server and `presence edge` (socket rate limit raised)")
-    echo = env.start_echo()
-    edge = env.start_edge(RATE_ENV)
-    servers: dict[str, lg.ServerProcess] = {"bare": echo, "ours": edge}
-    tag = secrets.token_hex(3)
-    n, g = args.connections, args.generators
-    shares = [n // g + (1 if i < n % g else 0) for i in range(g)]
-    firsts = [sum(shares[:i]) for i in range(g)]
+    servers: dict[str, lg.ServerProcess] = {"bare": env.start_echo(), "ours": env.start_edge(RATE_ENV)}
+    sides = (lg.Side("bare"), lg.Side("ours", f"bench-edge-{secrets.token_hex(3)}-"))
+    shares = lg.split(args.connections, args.generators)
     out: dict[str, Any] = {"windows": [], "connect": {}}
-    with lg.Workers(g, {"secret": env.secret}) as workers:
-        for name, server, path in (("bare", echo, "/"), ("ours", edge, lg.WS_PATH)):
-            stage.log(f"connecting {n} clients to {name}")
-            res = workers.call(
-                "connect",
-                [
-                    {
-                        "group": name,
-                        "targets": [("127.0.0.1", server.port)],
-                        "count": shares[i],
-                        "first_index": firsts[i],
-                        "path": path,
-                        "users": [f"bench-edge-{tag}-{firsts[i] + k}" for k in range(shares[i])]
-                        if name == "ours"
-                        else None,
-                        "hello": b'{"type":"identify","token":"-"}' if name == "bare" else None,
-                    }
-                    for i in range(g)
-                ],
-                on_progress=stage.progress(f"connect {name}", n),
-            )
-            failed = sum(r["failed"] for r in res)
-            if failed:
-                raise RuntimeError(f"{failed} connections to {name} failed: {res}")
-            out["connect"][name] = {"connected": sum(r["connected"] for r in res)}
-        order = []
-        for r in range(args.rounds):
-            order += ["bare", "ours"] if r % 2 == 0 else ["ours", "bare"]
+    with lg.Workers(args.generators, {"secret": env.secret}) as workers:
+        for side in sides:
+            stage.log(f"connecting {args.connections} clients to {side.name}")
+            res = lg.connect_side(workers, stage, side, [("127.0.0.1", servers[side.name].port)], shares)
+            if res["failed"]:
+                raise RuntimeError(f"{res['failed']} connections to {side.name} failed: {res['errors']}")
+            out["connect"][side.name] = {"connected": res["connected"]}
+        order = lg.alternating(args.rounds)
         profiled: set[str] = set()
         for i, name in enumerate(order):
-            server = servers[name]
             stage.log(
-                f"window {i + 1}/{len(order)}: {name}, {n} connections x {args.in_flight} in flight, "
-                f"{args.seconds:g} s"
+                f"window {i + 1}/{len(order)}: {name}, {args.connections} connections x {args.in_flight} "
+                f"in flight, {args.seconds:g} s"
             )
-            spy = None
-            if args.profile is not None and name not in profiled:
-                profiled.add(name)
-                spy = lg.start_profile(
-                    args.profile / f"edge-{name}-pyspy.txt", server.pid, args.warmup_s + args.seconds
-                )
-            cpu0, wall0 = server.cpu_seconds(), time.monotonic()
-            res = workers.call(
-                "pipeline",
-                {
-                    "group": name,
-                    "seconds": args.seconds,
-                    "warmup_s": args.warmup_s,
-                    "in_flight": args.in_flight,
-                },
-            )
-            server_cpu = (server.cpu_seconds() - cpu0) / (time.monotonic() - wall0)
-            if spy is not None:
-                lg.finish_profile(spy, args.profile / f"edge-{name}-pyspy.txt")
-            wall = max(r["wall_s"] for r in res)
-            count = sum(r["count"] for r in res)
-            out["windows"].append(
-                {
-                    "server": name,
-                    "answers": count,
-                    "wall_s": wall,
-                    "per_s": count / wall,
-                    "server_cpu_cores": server_cpu,
-                    "generator_cpu_cores": sum(r["cpu_s"] for r in res) / wall,
-                    "unanswered_after_stop": sum(r["unanswered"] for r in res),
-                }
-            )
-        for name in ("bare", "ours"):
-            workers.call("close", {"group": name})
-    out["edge_log_tail"] = edge.log.read_text(errors="replace")[-2000:]
+            profile = args.profile is not None and name not in profiled
+            profiled.add(name)
+            out["windows"].append(_window(args, workers, name, servers[name], profile))
+        for side in sides:
+            workers.call("close", {"group": side.name})
+    out["edge_log_tail"] = servers["ours"].log.read_text(errors="replace")[-2000:]
     return out
+
+
+def _window(
+    args: argparse.Namespace, workers: lg.Workers, name: str, server: lg.ServerProcess, profile: bool
+) -> dict[str, Any]:
+    """One measured window of one server: every connection keeps `in_flight` heartbeats out."""
+    spy_path = args.profile / f"edge-{name}-pyspy.txt" if profile else None
+    spy = lg.start_profile(spy_path, server.pid, args.warmup_s + args.seconds) if spy_path else None
+    cpu0, wall0 = server.cpu_seconds(), time.monotonic()
+    res = workers.call(
+        "pipeline",
+        {"group": name, "seconds": args.seconds, "warmup_s": args.warmup_s, "in_flight": args.in_flight},
+    )
+    server_cpu = (server.cpu_seconds() - cpu0) / (time.monotonic() - wall0)
+    if spy is not None and spy_path is not None:
+        lg.finish_profile(spy, spy_path)
+    wall = max(r["wall_s"] for r in res)
+    count = sum(r["count"] for r in res)
+    return {
+        "server": name,
+        "answers": count,
+        "wall_s": wall,
+        "per_s": count / wall,
+        "server_cpu_cores": server_cpu,
+        "generator_cpu_cores": sum(r["cpu_s"] for r in res) / wall,
+        "unanswered_after_stop": sum(r["unanswered"] for r in res),
+    }
 
 
 def _aggregate(windows: list[dict[str, Any]], server: str) -> dict[str, float]:
@@ -179,34 +153,13 @@ def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, s
     ratio = ours["per_s"] / bare["per_s"] if bare["per_s"] else 0.0
     ratio_cpu = ours["per_cpu_s"] / bare["per_cpu_s"] if bare["per_cpu_s"] else 0.0
     met = ratio >= TARGET_RATIO
-    print(
-        f"\npresence bench edge on {machine_summary(info)} (commit {info['commit']}): {args.connections} "
-        f"connections per server, {args.in_flight} heartbeats in flight each, {args.rounds} x "
-        f"{args.seconds:g} s per server, {args.generators} generator processes\n"
-        "NOTE: the edge under test runs with its per-socket rate limit raised (default 20 frames/s, "
-        "burst 60) so that one socket may pipeline heartbeats.\n"
-    )
-    rows = []
-    for label, a in (("bare websockets echo (uvloop)", bare), ("ours: presence edge", ours)):
-        rows.append(
-            [
-                label,
-                f"{a['per_s']:,.0f}",
-                f"{a['server_cpu_cores']:.2f}",
-                f"{a['per_cpu_s']:,.0f}",
-                f"{a['generator_cpu_cores']:.2f}",
-            ]
-        )
-    lg.print_table(["server", "heartbeats/s", "server CPU (cores)", "per CPU-second", "generator CPU"], rows)
+    _print(args, info, bare, ours)
     print(
         f"\nours / bare: {ratio:.2f} (per CPU-second {ratio_cpu:.2f}); target ≥ {TARGET_RATIO}: "
-        f"{lg.met_text(met)}"
+        f"{results.met_text(met)}"
     )
     payload = {
-        "benchmark": NAME,
-        "started_at": started_at,
-        "runtime_s": round(runtime, 1),
-        "machine": info,
+        **results.run_record(NAME, started_at, runtime, info),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "edge_env": RATE_ENV,
         "bare": bare,
@@ -214,42 +167,53 @@ def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, s
         "ratio": ratio,
         "ratio_per_cpu_s": ratio_cpu,
         "windows": measured["windows"],
-        "targets": [lg.target("edge heartbeats/s, ours / bare", ratio, "ratio", f"≥ {TARGET_RATIO}", met)],
+        "targets": [
+            results.target("edge heartbeats/s, ours / bare", ratio, "ratio", f"≥ {TARGET_RATIO}", met)
+        ],
     }
-    lg.finish(
-        NAME,
-        payload,
-        args,
-        "Heartbeats/s absorbed end to end by one edge (`presence edge` process, rate limit raised) beside a "
-        "bare websockets echo server on uvloop, same clients, same run; windows alternate between them.",
-        [
-            "date",
-            "machine",
-            "commit",
-            "load",
-            "bare/s",
-            "ours/s",
-            "ours/bare",
-            "per CPU-s ours/bare",
-            "server CPU bare/ours",
-            "generator CPU",
-            f"target ≥ {TARGET_RATIO}",
-            "runtime",
-        ],
-        [
-            lg.info_date(),
-            machine_summary(info),
-            info["commit"],
-            f"{args.connections} conns x {args.in_flight} in flight, {args.rounds}x{args.seconds:g} s",
-            f"{bare['per_s']:,.0f}",
-            f"{ours['per_s']:,.0f}",
-            f"{ratio:.2f}",
-            f"{ratio_cpu:.2f}",
-            f"{bare['server_cpu_cores']:.2f}/{ours['server_cpu_cores']:.2f}",
-            f"{(bare['generator_cpu_cores'] + ours['generator_cpu_cores']) / 2:.2f} cores",
-            lg.met_text(met),
-            f"{runtime:.0f} s",
-        ],
-    )
+    columns = [
+        *results.lead_columns(info),
+        ("load", f"{args.connections} conns x {args.in_flight} in flight, {args.rounds}x{args.seconds:g} s"),
+        ("bare/s", f"{bare['per_s']:,.0f}"),
+        ("ours/s", f"{ours['per_s']:,.0f}"),
+        ("ours/bare", f"{ratio:.2f}"),
+        ("per CPU-s ours/bare", f"{ratio_cpu:.2f}"),
+        ("server CPU bare/ours", f"{bare['server_cpu_cores']:.2f}/{ours['server_cpu_cores']:.2f}"),
+        ("generator CPU", f"{(bare['generator_cpu_cores'] + ours['generator_cpu_cores']) / 2:.2f} cores"),
+        (f"target ≥ {TARGET_RATIO}", results.met_text(met)),
+        ("runtime", f"{runtime:.0f} s"),
+    ]
+    results.record(NAME, payload, args, RESULTS_TITLE, columns)
     print(f"runtime {runtime:.1f} s")
     return 0
+
+
+RESULTS_TITLE = (
+    "Heartbeats/s absorbed end to end by one edge (`presence edge` process, rate limit raised) beside a "
+    "bare websockets echo server on uvloop, same clients, same run; windows alternate between them."
+)
+
+
+def _print(
+    args: argparse.Namespace, info: dict[str, Any], bare: dict[str, float], ours: dict[str, float]
+) -> None:
+    print(
+        f"\npresence bench edge on {machine_summary(info)} (commit {info['commit']}): {args.connections} "
+        f"connections per server, {args.in_flight} heartbeats in flight each, {args.rounds} x "
+        f"{args.seconds:g} s per server, {args.generators} generator processes\n"
+        "NOTE: the edge under test runs with its per-socket rate limit raised (default 20 frames/s, "
+        "burst 60) so that one socket may pipeline heartbeats.\n"
+    )
+    rows = [
+        [
+            label,
+            f"{a['per_s']:,.0f}",
+            f"{a['server_cpu_cores']:.2f}",
+            f"{a['per_cpu_s']:,.0f}",
+            f"{a['generator_cpu_cores']:.2f}",
+        ]
+        for label, a in (("bare websockets echo (uvloop)", bare), ("ours: presence edge", ours))
+    ]
+    results.print_table(
+        ["server", "heartbeats/s", "server CPU (cores)", "per CPU-second", "generator CPU"], rows
+    )

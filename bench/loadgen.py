@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from bench import results
+
 if TYPE_CHECKING:
     import argparse
 
@@ -351,26 +353,6 @@ def fmt_ms(x: float) -> str:
     return "-" if math.isnan(x) else (f"{x:.1f}" if x < 100 else f"{x:,.0f}")
 
 
-def info_date() -> str:
-    from bench.results import utc_now
-
-    return utc_now().strftime("%Y-%m-%d %H:%M")
-
-
-def print_table(header: list[str], rows: list[list[str]], align_left: int = 1) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-
-    def line(cells: list[str]) -> str:
-        return " | ".join(
-            c.ljust(widths[i]) if i < align_left else c.rjust(widths[i]) for i, c in enumerate(cells)
-        )
-
-    print(line(header))
-    print("-+-".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
-
-
 # ------------------------------------------------------------------------------- processes
 
 
@@ -524,6 +506,16 @@ class BenchEnv:
         if server in self.servers:
             self.servers.remove(server)
 
+    @contextlib.contextmanager
+    def serving(self, *servers: ServerProcess) -> Iterator[tuple[ServerProcess, ...]]:
+        """Servers just started, stopped when the block ends (one side of a pair measured after
+        the other: each has the machine to itself)."""
+        try:
+            yield servers
+        finally:
+            for server in servers:
+                self.stop(server)
+
     def shard_stats(self) -> list[ShardStats]:
         from actors import clients
 
@@ -544,6 +536,93 @@ class BenchEnv:
                 break
             count = again
         return count
+
+
+# ------------------------------------------------------------------------------- a server pair
+
+# What a client of the bare server sends first (and waits to see echoed): an identify frame the
+# size of ours, so that both servers read the same bytes before a socket counts as open.
+BARE_HELLO = b'{"type":"identify","token":"-"}'
+
+
+@dataclass(frozen=True)
+class Side:
+    """One server of a pair, as its clients see it: ours (presence sockets on the edge's path,
+    each identified as the account `users + index`) or the bare baseline beside it (`users` None:
+    a hello on `/`, echoed back). Every websocket benchmark measures such a pair with the same
+    clients (`connect_side`), in turns or one after the other."""
+
+    name: str
+    users: str | None = None
+    hello: bytes = BARE_HELLO  # what a bare client sends first
+
+    @property
+    def ours(self) -> bool:
+        return self.users is not None
+
+    def connect_kwargs(self, first_account: int, count: int) -> dict[str, Any]:
+        """`Generator.connect`'s arguments for `count` connections, accounts from `first_account` on."""
+        if self.users is None:
+            return {"path": "/", "hello": self.hello, "users": None}
+        return {"path": WS_PATH, "users": [f"{self.users}{first_account + k}" for k in range(count)]}
+
+
+def split(n: int, parts: int) -> list[int]:
+    """`n` as `parts` shares differing by at most one, the larger first."""
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def alternating(rounds: int, first: str = "bare", second: str = "ours") -> list[str]:
+    """The order of a pair's windows: first, second, second, first, ... so that a drift of the
+    machine's speed during the run hits both alike."""
+    order: list[str] = []
+    for r in range(rounds):
+        order += [first, second] if r % 2 == 0 else [second, first]
+    return order
+
+
+def connect_side(
+    workers: Workers,
+    stage: Stage,
+    side: Side,
+    targets: list[tuple[str, int]],
+    shares: list[int],
+    *,
+    group: str | None = None,
+    first_index: int = 0,
+    label: str | None = None,
+    **connect: Any,
+) -> dict[str, Any]:
+    """Open shares[i] connections of `side` from generator i (to `targets` in turn; the group is
+    the side's name unless given): accounts `side.users` + 0, 1, ..., from the source addresses
+    of connection indexes `first_index` on. Returns totals, the connect rate and the errors."""
+    firsts = [sum(shares[:i]) for i in range(len(shares))]
+    group = group or side.name
+    label = label or f"connect {side.name}"
+    started = time.monotonic()
+    res = workers.call(
+        "connect",
+        [
+            {"group": group, "targets": targets, "count": shares[i], "first_index": first_index + firsts[i]}
+            | side.connect_kwargs(firsts[i], shares[i])
+            | connect
+            for i in range(len(shares))
+        ],
+        on_progress=stage.progress(label, sum(shares)),
+    )
+    seconds = time.monotonic() - started
+    connected = sum(r["connected"] for r in res)
+    errors: dict[str, int] = {}
+    for r in res:
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return {
+        "connected": connected,
+        "failed": sum(shares) - connected,
+        "seconds": seconds,
+        "per_s": connected / seconds if seconds else 0.0,
+        "errors": errors,
+    }
 
 
 @contextlib.contextmanager
@@ -1294,18 +1373,6 @@ def add_common_args(p: Any) -> None:
     )
 
 
-def target(name: str, figure: float, unit: str, goal: str, met: bool | None) -> dict[str, Any]:
-    """One target of a benchmark, as `bench all` summarises them; `met` None: not measured at this
-    size (--quick)."""
-    return {
-        "name": name,
-        "figure": figure,
-        "unit": unit,
-        "target": goal,
-        "met": None if met is None else bool(met),
-    }
-
-
 def finish(
     name: str,
     report: dict[str, Any],
@@ -1315,24 +1382,17 @@ def finish(
     row: list[str],
     notes: str = "",
 ) -> Path:
-    """Write the JSON record, print where it is, append the RESULTS.md row unless --no-record."""
-    from bench import results
-
-    path = results.write_json(name, report, args.output)
-    print(f"\nresults: {path}" + ("" if args.no_record else f"; row appended to {results.RESULTS_MD}"))
-    if not args.no_record:
-        results.append_row(name, title, header, row, notes)
-    return path
+    """`bench.results.record` with the header and the row apart (for the benchmarks not yet
+    written with columns)."""
+    return results.record(name, report, args, title, list(zip(header, row, strict=True)), notes)
 
 
-def args_json(args: argparse.Namespace) -> dict[str, Any]:
-    """A benchmark's arguments as JSON values (paths and the like as strings)."""
-    plain = (int, float, bool)
-    return {k: (v if v is None or isinstance(v, plain) else str(v)) for k, v in vars(args).items()}
-
-
-def met_text(met: bool | None) -> str:
-    return "not at this size (--quick)" if met is None else ("met" if met else "missed")
+# The report helpers live in bench.results; these names remain for the benchmarks that still use them.
+print_table = results.print_table
+info_date = results.row_date
+target = results.target
+met_text = results.met_text
+args_json = results.args_json
 
 
 class Stage:

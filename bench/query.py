@@ -34,7 +34,7 @@ import multiprocessing as mp
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bench import fanout
+from bench import fanout, results
 from bench import loadgen as lg
 from bench.results import machine_info, machine_summary
 
@@ -134,121 +134,128 @@ def _run(
     return fanout.run_load(args, env, stage, queries, beside, on_prefix=lambda p: tag.update(prefix=p))
 
 
-def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_at: str) -> int:
-    info = machine_info()
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def _figures(m: dict[str, Any]) -> dict[str, Any]:
+    """The latencies of the three designs, their ratios and the targets' verdicts."""
     q, bq = m["queries"], m["bare_queries"]
     ours, redis, bare = q["latency_ms"], m["beside"]["latency_ms"], bq["latency_ms"]
-    failed = sum(q["failed"].values())
-    bare_failed = sum(bq["failed"].values())
-    met = ours["p99"] < TARGET_P99_MS and failed == 0
-    ratio_p50 = ours["p50"] / redis["p50"] if redis["p50"] else float("nan")
-    ratio_p99 = ours["p99"] / redis["p99"] if redis["p99"] else float("nan")
-    bare_ratio_p50 = ours["p50"] / bare["p50"] if bare["p50"] else float("nan")
-    bare_ratio_p99 = ours["p99"] / bare["p99"] if bare["p99"] else float("nan")
-    met_ratio = bare_ratio_p99 <= TARGET_RATIO and failed == 0 and bare_failed == 0
+    failed, bare_failed = sum(q["failed"].values()), sum(bq["failed"].values())
+    bare_ratio_p99 = _ratio(ours["p99"], bare["p99"])
+    return {
+        "ours": ours,
+        "redis": redis,
+        "bare": bare,
+        "failed": failed,
+        "bare_failed": bare_failed,
+        "met": ours["p99"] < TARGET_P99_MS and failed == 0,
+        "met_ratio": bare_ratio_p99 <= TARGET_RATIO and failed == 0 and bare_failed == 0,
+        "ratios": {
+            "ratio_p50": _ratio(ours["p50"], redis["p50"]),
+            "ratio_p99": _ratio(ours["p99"], redis["p99"]),
+            "bare_ratio_p50": _ratio(ours["p50"], bare["p50"]),
+            "bare_ratio_p99": bare_ratio_p99,
+        },
+    }
+
+
+def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_at: str) -> int:
+    info = machine_info()
+    f = _figures(m)
+    _print(args, m, info, f)
+    payload = {
+        **results.run_record(NAME, started_at, runtime, info, args),
+        **m,
+        **f["ratios"],
+        "targets": [
+            results.target(
+                "presence.query (100 ids) p99", f["ours"]["p99"], "ms", f"< {TARGET_P99_MS:g}", f["met"]
+            ),
+            results.target(
+                "query p99: ours / bare websockets + Redis",
+                f["ratios"]["bare_ratio_p99"],
+                "ratio",
+                f"≤ {TARGET_RATIO:g}",
+                f["met_ratio"],
+            ),
+        ],
+    }
+    results.record(NAME, payload, args, RESULTS_TITLE, _columns(args, info, f, runtime))
+    print(f"runtime {runtime:.1f} s")
+    return 0
+
+
+RESULTS_TITLE = (
+    "`presence.query` for 100 ids (client-side, until the last answer) under the fanout load, beside a "
+    "bare websockets server answering the same frames from Redis (one pipelined EXISTS; same clients, "
+    "same window) and beside the seed's Redis call alone (`are_online`, timed around the call)."
+)
+
+
+def _three(lat: dict[str, float]) -> str:
+    return f"{lg.fmt_ms(lat['p50'])}/{lg.fmt_ms(lat['p99'])}/{lg.fmt_ms(lat['max'])}"
+
+
+def _columns(
+    args: argparse.Namespace, info: dict[str, Any], f: dict[str, Any], runtime: float
+) -> results.Columns:
+    return [
+        *results.lead_columns(info),
+        (
+            "load",
+            f"{args.query_rate:g} q/s x {args.ids} ids; {args.accounts:,} x {args.subscriptions}, "
+            f"{args.rate[0]:g}/s",
+        ),
+        ("ours p50/p99/max ms", _three(f["ours"])),
+        ("bare ws+Redis p50/p99/max ms", _three(f["bare"])),
+        ("ours/bare p99", f"{f['ratios']['bare_ratio_p99']:.2f}x"),
+        ("seed call alone p50/p99/max ms", _three(f["redis"])),
+        ("ours/seed p99", f"{f['ratios']['ratio_p99']:.1f}x"),
+        ("target p99 < 20 ms", results.met_text(f["met"])),
+        ("target ≤ 1.5x bare", results.met_text(f["met_ratio"])),
+        ("runtime", f"{runtime:.0f} s"),
+    ]
+
+
+def _print(args: argparse.Namespace, m: dict[str, Any], info: dict[str, Any], f: dict[str, Any]) -> None:
     print(
         f"\npresence bench query on {machine_summary(info)} (commit {info['commit']}): {args.ids} ids per "
         f"query, {args.query_rate:g} queries/s from {args.queriers} sockets, under {args.accounts:,} "
         f"accounts x {args.subscriptions} subscriptions and {args.rate[0]:g} status changes/s, "
         f"{args.seconds:g} s\n"
     )
+    beside = m["beside"]
+    designs = [
+        ("ours: presence.query over the websocket (client-side)",
+         m["queries"]["answered"], f["failed"], f["ours"]),
+        ("bare websockets + Redis pipelined EXISTS (client-side)",
+         m["bare_queries"]["answered"], f["bare_failed"], f["bare"]),
+        ("seed's Redis call alone: are_online, pipelined EXISTS",
+         beside["answered"], beside["error_count"], f["redis"]),
+    ]  # fmt: skip
     rows = [
         [
-            "ours: presence.query over the websocket (client-side)",
-            f"{q['answered']:,}",
+            label,
+            f"{answered:,}",
             f"{failed}",
-            lg.fmt_ms(ours["p50"]),
-            lg.fmt_ms(ours["p99"]),
-            lg.fmt_ms(ours["max"]),
-        ],
-        [
-            "bare websockets + Redis pipelined EXISTS (client-side)",
-            f"{bq['answered']:,}",
-            f"{bare_failed}",
-            lg.fmt_ms(bare["p50"]),
-            lg.fmt_ms(bare["p99"]),
-            lg.fmt_ms(bare["max"]),
-        ],
-        [
-            "seed's Redis call alone: are_online, pipelined EXISTS",
-            f"{m['beside']['answered']:,}",
-            f"{m['beside']['error_count']}",
-            lg.fmt_ms(redis["p50"]),
-            lg.fmt_ms(redis["p99"]),
-            lg.fmt_ms(redis["max"]),
-        ],
+            lg.fmt_ms(lat["p50"]),
+            lg.fmt_ms(lat["p99"]),
+            lg.fmt_ms(lat["max"]),
+        ]
+        for label, answered, failed, lat in designs
     ]
-    lg.print_table(["design", "queries", "failed", "p50 ms", "p99 ms", "max ms"], rows)
-    fo = m["latency_ms"]
+    results.print_table(["design", "queries", "failed", "p50 ms", "p99 ms", "max ms"], rows)
+    r, fo = f["ratios"], m["latency_ms"]
     print(
-        f"\nours / bare websockets + Redis: p50 {bare_ratio_p50:.2f}x, p99 {bare_ratio_p99:.2f}x (same "
-        f"clients, same window); ours / the seed's Redis call alone: p50 {ratio_p50:.1f}x, p99 "
-        f"{ratio_p99:.1f}x. "
+        f"\nours / bare websockets + Redis: p50 {r['bare_ratio_p50']:.2f}x, p99 {r['bare_ratio_p99']:.2f}x "
+        f"(same clients, same window); ours / the seed's Redis call alone: p50 {r['ratio_p50']:.1f}x, p99 "
+        f"{r['ratio_p99']:.1f}x. "
         f"Fanout meanwhile: p99 {lg.fmt_ms(fo['p99'])} ms, {m['delivered_fraction']:.2%} delivered; "
         f"the seed's heartbeats: {m['beside']['heartbeats']:,} SET EX"
     )
     print(
-        f"targets: p99 < {TARGET_P99_MS:g} ms: {lg.met_text(met)}; p99 ≤ {TARGET_RATIO:g}x the bare "
-        f"server's: {lg.met_text(met_ratio)}"
+        f"targets: p99 < {TARGET_P99_MS:g} ms: {results.met_text(f['met'])}; p99 ≤ {TARGET_RATIO:g}x the "
+        f"bare server's: {results.met_text(f['met_ratio'])}"
     )
-    payload = {
-        "benchmark": NAME,
-        "started_at": started_at,
-        "runtime_s": round(runtime, 1),
-        "machine": info,
-        "args": lg.args_json(args),
-        **m,
-        "ratio_p50": ratio_p50,
-        "ratio_p99": ratio_p99,
-        "bare_ratio_p50": bare_ratio_p50,
-        "bare_ratio_p99": bare_ratio_p99,
-        "targets": [
-            lg.target("presence.query (100 ids) p99", ours["p99"], "ms", f"< {TARGET_P99_MS:g}", met),
-            lg.target(
-                "query p99: ours / bare websockets + Redis",
-                bare_ratio_p99,
-                "ratio",
-                f"≤ {TARGET_RATIO:g}",
-                met_ratio,
-            ),
-        ],
-    }
-    lg.finish(
-        NAME,
-        payload,
-        args,
-        "`presence.query` for 100 ids (client-side, until the last answer) under the fanout load, beside a "
-        "bare websockets server answering the same frames from Redis (one pipelined EXISTS; same clients, "
-        "same window) and beside the seed's Redis call alone (`are_online`, timed around the call).",
-        [
-            "date",
-            "machine",
-            "commit",
-            "load",
-            "ours p50/p99/max ms",
-            "bare ws+Redis p50/p99/max ms",
-            "ours/bare p99",
-            "seed call alone p50/p99/max ms",
-            "ours/seed p99",
-            "target p99 < 20 ms",
-            "target ≤ 1.5x bare",
-            "runtime",
-        ],
-        [
-            lg.info_date(),
-            machine_summary(info),
-            info["commit"],
-            f"{args.query_rate:g} q/s x {args.ids} ids; {args.accounts:,} x {args.subscriptions}, "
-            f"{args.rate[0]:g}/s",
-            f"{lg.fmt_ms(ours['p50'])}/{lg.fmt_ms(ours['p99'])}/{lg.fmt_ms(ours['max'])}",
-            f"{lg.fmt_ms(bare['p50'])}/{lg.fmt_ms(bare['p99'])}/{lg.fmt_ms(bare['max'])}",
-            f"{bare_ratio_p99:.2f}x",
-            f"{lg.fmt_ms(redis['p50'])}/{lg.fmt_ms(redis['p99'])}/{lg.fmt_ms(redis['max'])}",
-            f"{ratio_p99:.1f}x",
-            lg.met_text(met),
-            lg.met_text(met_ratio),
-            f"{runtime:.0f} s",
-        ],
-    )
-    print(f"runtime {runtime:.1f} s")
-    return 0

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,96 @@ def append_row(
         new = [_md_row(row)]
     lines[insert_at:insert_at] = new
     path.write_text("\n".join(lines).rstrip("\n") + "\n")
+
+
+# ------------------------------------------------------------------------------------ one report
+
+# A results row as (column, cell) pairs: a column and its cell are written side by side, so the
+# header and the row of a benchmark cannot drift apart.
+Columns = Sequence[tuple[str, str]]
+
+
+def row_date() -> str:
+    """The date cell of a results row (UTC, to the minute)."""
+    return utc_now().strftime("%Y-%m-%d %H:%M")
+
+
+def args_json(args: Any) -> dict[str, Any]:
+    """A benchmark's arguments (an argparse namespace) as JSON values (paths and the like as strings)."""
+    plain = (int, float, bool)
+    return {k: (v if v is None or isinstance(v, plain) else str(v)) for k, v in vars(args).items()}
+
+
+def run_record(
+    name: str, started_at: str, runtime_s: float, machine: dict[str, Any], args: Any = None
+) -> dict[str, Any]:
+    """The fields every benchmark's JSON record starts with."""
+    record: dict[str, Any] = {
+        "benchmark": name,
+        "started_at": started_at,
+        "runtime_s": round(runtime_s, 1),
+        "machine": machine,
+    }
+    if args is not None:
+        record["args"] = args_json(args)
+    return record
+
+
+def lead_columns(machine: dict[str, Any]) -> list[tuple[str, str]]:
+    """The first cells of every row: when, on which machine, at which commit."""
+    return [("date", row_date()), ("machine", machine_summary(machine)), ("commit", machine["commit"])]
+
+
+def target(name: str, figure: float, unit: str, goal: str, met: bool | None) -> dict[str, Any]:
+    """One target of a benchmark, as `bench all` summarises them; `met` None: not measured at this
+    size (--quick)."""
+    return {
+        "name": name,
+        "figure": figure,
+        "unit": unit,
+        "target": goal,
+        "met": None if met is None else bool(met),
+    }
+
+
+def met_text(met: bool | None) -> str:
+    return "not at this size (--quick)" if met is None else ("met" if met else "missed")
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], align_left: int = 1) -> str:
+    """A plain-text table: the first `align_left` columns left-aligned, the others right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return " | ".join(
+            c.ljust(widths[i]) if i < align_left else c.rjust(widths[i]) for i, c in enumerate(cells)
+        )
+
+    return "\n".join([line(header), "-+-".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], align_left: int = 1) -> None:
+    print(format_table(header, rows, align_left))
+
+
+def record(
+    name: str,
+    payload: dict[str, Any],
+    args: Any,
+    title: str,
+    columns: Columns,
+    notes: str = "",
+    row: bool = True,
+) -> Path:
+    """Every benchmark's last step: write the JSON record (`args.output`, else
+    bench/results/NAME-TIME.json), print where it is (`bench all` reads that `results:` line), and
+    append the row to bench/RESULTS.md unless `args.no_record` (or `row` is False)."""
+    path = write_json(name, payload, args.output)
+    appended = row and not args.no_record
+    print(f"\nresults: {path}" + (f"; row appended to {RESULTS_MD}" if appended else ""))
+    if appended:
+        append_row(name, title, [c for c, _ in columns], [v for _, v in columns], notes, RESULTS_MD)
+    return path
 
 
 class Progress:
