@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from cluster.config import Settings
 
 NAMESPACE = "presence-bench-scale"
+# How long a load generator may take to start (Ray's client, its accounts connected).
+GENERATOR_START_S = 180.0
 TARGET_RATIO = 0.7  # frames/s at the largest pool size / at the first (issue 16: 8 shards vs 1)
 
 
@@ -61,6 +63,7 @@ def _generator(
     in_flight: int,
     gc_thresholds: tuple[int, int, int],
     out: Any,
+    loading: Any,
 ) -> None:
     """One load-generator process, loading the pool until `stop` (an Event) is set: returns
     (per-second completed operations, CPU seconds). It stands for an edge, so it runs as an edge
@@ -74,12 +77,12 @@ def _generator(
     clients.connect(address, NAMESPACE)
     gc_policy.apply(gc_thresholds)
     try:
-        out.put(asyncio.run(_generate(index, accounts, stop, in_flight)))
+        out.put(asyncio.run(_generate(index, accounts, stop, in_flight, loading)))
     finally:
         clients.shutdown()
 
 
-async def _generate(index: int, accounts: int, stop: Any, in_flight: int) -> dict[str, Any]:
+async def _generate(index: int, accounts: int, stop: Any, in_flight: int, loading: Any) -> dict[str, Any]:
     from actors.clients import ShardClients
     from actors.core import ops
     from actors.metrics import Metrics
@@ -105,6 +108,7 @@ async def _generate(index: int, accounts: int, stop: Any, in_flight: int) -> dic
 
     users = [f"bench-{index}-{i}" for i in range(accounts)]
     await asyncio.gather(*(call(u, ops.Connect(u, f"s-{u}")) for u in users))
+    loading.release()  # the main process measures nothing before every generator is here
     # A count, not a timestamp per completion: that list grew by ~90,000 floats a second, to
     # millions, and its growth and the collector's walks over it weighed on each phase more than
     # on the one before (the first phase, 1 shard, was measured fastest).
@@ -227,6 +231,7 @@ def _measure(
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     stop = ctx.Event()
+    loading = ctx.Semaphore(0)
     procs = [
         ctx.Process(
             target=_generator,
@@ -239,6 +244,7 @@ def _measure(
                 args.in_flight,
                 gc_thresholds,
                 queue,
+                loading,
             ),
         )
         for i in range(args.generators)
@@ -247,7 +253,13 @@ def _measure(
         proc.start()
     progress = Progress("scale", len(sizes))
     phases: list[dict[str, Any]] = []
-    time.sleep(warmup_s + 2.0)  # generators connect their accounts, then load starts
+    # Each generator starts Ray's client and connects its accounts (seconds, or a minute on a
+    # loaded machine: a fixed wait once measured a first phase with no load at all), then loads.
+    for _ in procs:
+        if not loading.acquire(timeout=GENERATOR_START_S):
+            stop.set()
+            raise RuntimeError(f"a load generator was not loading within {GENERATOR_START_S:.0f} s")
+    time.sleep(warmup_s)  # the load settles before the first phase is measured
     for k, size in enumerate(sizes):
         resize_s = None
         if k and size != sizes[k - 1]:

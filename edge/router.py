@@ -236,11 +236,15 @@ class Router:
         return self.map.shard_of(channel_key(channel_id))
 
     async def wait_for_map_after(self, version: int, deadline: float) -> bool:
-        """Wait until the directory publishes a map newer than `version` (a slot flip)."""
+        """Wait until the directory publishes a map newer than `version` (a slot flip).
+
+        The directory itself may be restarting meanwhile (`presence rollout` replaces it last,
+        right after the shards' flips): it is asked again until `deadline`, like a restarting
+        shard, instead of failing the operation (its socket closed 1011 during a rollout)."""
         while time.monotonic() < deadline:
-            await self.refresh_map()
-            assert self.map is not None
-            if self.map.version != version:
+            with contextlib.suppress(*CALL_ERRORS):
+                await self.refresh_map()
+            if self.map is not None and self.map.version != version:
                 return True
             await asyncio.sleep(0.01)
         return False

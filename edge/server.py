@@ -707,8 +707,7 @@ class Edge:
             case UpdateStatus(status=status):
                 assert user is not None
                 await self.router.to_user(user, ops.SetStatus(user, sid, status))
-                if status != "idle":
-                    s.note_chosen(status, time.time())  # acknowledged: claimed after a restart
+                s.acknowledged(status, time.time())  # claimed after a restart
             case SetFocus(channel_id=channel):
                 assert user is not None
                 await self.router.to_user(user, ops.Focus(user, sid, channel))

@@ -492,6 +492,16 @@ class Session:
         if at >= self.chosen_at:
             self.chosen, self.chosen_at = status, at
 
+    def acknowledged(self, status: str, at: float) -> None:
+        """The shard applied this socket's own `presence.update` to `status` at about `at`:
+        noted at once, so that a restarted shard is told of it even before the shard's own note
+        (`note_chosen`) arrives. `idle` is no choice, and neither is a repeat of the choice this
+        socket knows: it keeps the moment that choice was made (an account invisible since an
+        unknown moment saying `invisible` again must not get a hide moment, and with it a
+        last-seen, from that repeat)."""
+        if status != "idle" and status != self.chosen:
+            self.note_chosen(status, at)
+
     def note_visibility(self, visibility: str, at: float) -> None:
         """The account's last-seen visibility became `visibility` at `at` (the latest wins)."""
         if at >= self.visibility_at:

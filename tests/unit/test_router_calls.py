@@ -111,6 +111,27 @@ async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips(fake: Mak
     assert counter(f.router, "edge_moved_total") == 1
 
 
+async def test_moved_while_the_directory_restarts_waits_for_the_directory(fake: MakeFake) -> None:
+    """`presence rollout` replaces the directory right after the shards' flips: a MOVED answer
+    then finds the directory restarting (Ray's ActorUnavailableError, a CALL_ERRORS). The router
+    asks it again until the retry window ends instead of failing the operation (which closed the
+    socket with 1011 in test_rollout on a loaded machine)."""
+    f = await fake(lambda shard, op: MOVED if shard == 0 else "applied")
+    published = f.pool.get_map
+    restarting = [TimeoutError(), ValueError("no such actor yet"), TimeoutError()]
+
+    async def directory() -> tuple[int, tuple[int, ...], int]:
+        if restarting:
+            raise restarting.pop(0)
+        f.flip(tuple(1 for _ in f.published.owners), 2)  # back, with the map of the flip
+        return await published()
+
+    f.pool.get_map = directory  # type: ignore[method-assign]
+    user = user_on(f.published, 0)[0]
+    assert await f.router.to_user(user, ops.Settings(user, "friends")) == "applied"
+    assert not restarting
+
+
 async def test_a_restarting_shard_is_retried_until_it_answers(
     monkeypatch: pytest.MonkeyPatch, fake: MakeFake
 ) -> None:

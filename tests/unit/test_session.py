@@ -500,3 +500,18 @@ def test_the_claim_is_the_latest_choice_known() -> None:
     s.note_chosen("dnd", T0 + 3)  # older: ignored
     s.note_visibility("friends", T0 + 4)
     assert s.claim() == ("invisible", T0 + 5, "friends", T0 + 4)
+
+
+def test_a_repeated_choice_keeps_the_moment_it_was_made() -> None:
+    """An account invisible since an unknown moment (chosen_at 0) that says `invisible` again
+    claims no hide moment: a restarted shard would persist it and store a last-seen at it for an
+    account that never showed itself (test_faults_history's shard kill, m7, under load)."""
+    s = Session(secret=SECRET, now=T0)
+    s.receive(identify(token()), T0)
+    s.connected("invisible", "everyone")
+    s.acknowledged("invisible", T0 + 1)
+    s.acknowledged("idle", T0 + 2)
+    assert s.claim()[:2] == ("invisible", 0.0)
+    s.acknowledged("online", T0 + 3)  # a real change is claimed at once
+    s.acknowledged("online", T0 + 4)
+    assert s.claim()[:2] == ("online", T0 + 3)
