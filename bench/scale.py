@@ -103,9 +103,7 @@ async def _generate(index: int, accounts: int, stop: Any, in_flight: int, loadin
     )
     await router.start()
 
-    async def call(user: str, op: ops.Op) -> Any:
-        return await router.to_user(user, op)
-
+    call = router.to_user
     users = [f"bench-{index}-{i}" for i in range(accounts)]
     await asyncio.gather(*(call(u, ops.Connect(u, f"s-{u}")) for u in users))
     loading.release()  # the main process measures nothing before every generator is here
@@ -221,17 +219,16 @@ def _run(args: argparse.Namespace, sizes: list[int], tmp: Path, settings: Settin
     return _report(args, sizes, report)
 
 
-def _measure(
-    args: argparse.Namespace, sizes: list[int], gc_thresholds: tuple[int, int, int]
-) -> dict[str, Any]:
+def _start_generators(
+    args: argparse.Namespace, gc_thresholds: tuple[int, int, int]
+) -> tuple[list[Any], Any, Any]:
+    """The load generators' processes, once each is loading (their results' queue and their
+    stop event along). Each starts Ray's client and connects its accounts: seconds, or a minute
+    on a loaded machine (a fixed wait once measured a first phase with no load at all)."""
     from actors import clients
-    from cluster.scale import resize
 
-    warmup_s = 3.0 if not args.quick else 1.0
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    stop = ctx.Event()
-    loading = ctx.Semaphore(0)
+    queue, stop, loading = ctx.Queue(), ctx.Event(), ctx.Semaphore(0)
     procs = [
         ctx.Process(
             target=_generator,
@@ -251,14 +248,22 @@ def _measure(
     ]
     for proc in procs:
         proc.start()
-    progress = Progress("scale", len(sizes))
-    phases: list[dict[str, Any]] = []
-    # Each generator starts Ray's client and connects its accounts (seconds, or a minute on a
-    # loaded machine: a fixed wait once measured a first phase with no load at all), then loads.
     for _ in procs:
         if not loading.acquire(timeout=GENERATOR_START_S):
             stop.set()
             raise RuntimeError(f"a load generator was not loading within {GENERATOR_START_S:.0f} s")
+    return procs, queue, stop
+
+
+def _measure(
+    args: argparse.Namespace, sizes: list[int], gc_thresholds: tuple[int, int, int]
+) -> dict[str, Any]:
+    from cluster.scale import resize
+
+    warmup_s = 3.0 if not args.quick else 1.0
+    procs, queue, stop = _start_generators(args, gc_thresholds)
+    progress = Progress("scale", len(sizes))
+    phases: list[dict[str, Any]] = []
     time.sleep(warmup_s)  # the load settles before the first phase is measured
     for k, size in enumerate(sizes):
         resize_s = None
