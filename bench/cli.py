@@ -35,6 +35,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.reconnect",
         "reconnect storm: an edge killed under its sockets, all back on another, beside the bare server",
     ),
+    "rollout": (
+        "bench.rollout",
+        "a deploy under load: edges restarted the old way, then rolled (drain, resume), then a pool rollout",
+    ),
     "rtt": ("bench.rtt", "round trip of one Ray call to an idle shard: the floor under every hop"),
     "all": ("bench.all", "every benchmark, one after another, and a summary of every target"),
 }

@@ -419,7 +419,15 @@ class EdgeProcess(ServerProcess):
     """`presence edge --data-dir D` joined to the benchmark's pool; `env` overrides settings
     (e.g. PRESENCE_SOCKET_RATE_PER_S)."""
 
-    def __init__(self, data_dir: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        ports: tuple[int, int] = (0, 0),
+    ) -> None:
+        """`ports`: (websocket, internal), 0 for free ones; fixed, a restarted edge comes back
+        where its clients and its balancer knew it (bench rollout)."""
         from cluster.runtime import INTERNAL_TOKEN_FILE
 
         # The internal port answers nothing but /healthz without the token `bench_env` wrote.
@@ -440,9 +448,9 @@ class EdgeProcess(ServerProcess):
                 "--data-dir",
                 str(data_dir),
                 "--ws-port",
-                "0",
+                str(ports[0]),
                 "--internal-port",
-                "0",
+                str(ports[1]),
             ],
             full_env,
             log,
@@ -482,8 +490,8 @@ class BenchEnv:
         self._logs += 1
         return self.tmp / f"{self._logs:02d}-{label}.log"
 
-    def start_edge(self, env: dict[str, str] | None = None) -> EdgeProcess:
-        edge = EdgeProcess(self.data_dir, self._log("edge"), env)
+    def start_edge(self, env: dict[str, str] | None = None, ports: tuple[int, int] = (0, 0)) -> EdgeProcess:
+        edge = EdgeProcess(self.data_dir, self._log("edge"), env, ports)
         self.servers.append(edge)
         return edge
 
