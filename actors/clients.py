@@ -20,7 +20,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 import ray
 
 from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats, wire_compatible
-from actors.core.ops import Op
+from actors.core.ops import Operation
 from actors.core.shard import SlotExport
 from actors.lane import LaneBroken, LaneClient, WireMismatch, tell_mismatch
 
@@ -59,7 +59,7 @@ class ShardActor(Protocol):
 
     wire_version: Remote[[], int]
     lane_address: Remote[[], tuple[str, int, bytes]]
-    apply_and_collect: Remote[[str, list[Op], str | None, int], ApplyReply]
+    apply_and_collect: Remote[[str, list[Operation[object]], str | None, int], ApplyReply]
     pull: Remote[[str, str | None, int, float, bool], Mail]
     is_focused: Remote[[str, str], bool]
     operator_view: Remote[[str], dict[str, object] | None]
@@ -181,7 +181,7 @@ class ShardClient(_Named[ShardActor]):
     # The hot calls: one await each on the common road (no closure on the lane's).
 
     async def apply_and_collect(
-        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
     ) -> ApplyReply:
         if not self.direct:
             if self._checked is None or self._checked is not self._handle:

@@ -36,7 +36,7 @@ from actors.clients import (
     shard_name,
 )
 from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats
-from actors.core.ops import Op
+from actors.core.ops import Operation
 from actors.core.placement import SHARD_RESOURCE, eligible, place
 from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
@@ -171,12 +171,12 @@ class ShardHost:
     async def mail_pending(self) -> int:
         return await (await self._ready()).mail_pending()
 
-    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[object]]:
+    async def apply(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]]:
         """Without the mail (bench/rtt.py times Ray's own round trip with it)."""
         return await (await self._ready()).apply(edge_id, ops)
 
     async def apply_and_collect(
-        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
     ) -> ApplyReply:
         return await (await self._ready()).apply_and_collect(edge_id, ops, incarnation, acked_seq)
 

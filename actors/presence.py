@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from actors import gc_policy
 from actors.core import activity, frames
 from actors.core import ops as ops_
+from actors.core.answers import wire
+from actors.core.apply import apply
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff
 from actors.core.budgets import Allowance
@@ -26,7 +28,7 @@ from actors.core.contract import MOVED, UNAVAILABLE, MailChunk, ShardStats, iso_
 from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
 from actors.core.loaded import NotLoaded
 from actors.core.mailbox import Mailbox
-from actors.core.ops import NOTHING, Op
+from actors.core.ops import NOTHING, Operation
 from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
@@ -129,7 +131,7 @@ class PresenceShard:
     def set_owned(self, slots: set[int]) -> None:
         self.owned = set(slots)
 
-    def _owns(self, op: Op) -> bool:
+    def _owns(self, op: Operation[object]) -> bool:
         return self.owned is None or all(slot_of(k) in self.owned for k in op.slot_keys())
 
     # ------------------------------------------------------------------ lifecycle
@@ -174,7 +176,7 @@ class PresenceShard:
 
     # ------------------------------------------------------------------ the edge-facing API
 
-    async def apply(self, edge_id: str, ops: list[Op]) -> tuple[str, list[object]]:
+    async def apply(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]]:
         """One batch of operations from one edge, applied in order. Returns one result per op."""
         started = time.perf_counter()
         async with self._edge_order.setdefault(edge_id, asyncio.Lock()):
@@ -199,7 +201,7 @@ class PresenceShard:
         return self.incarnation, results
 
     async def apply_and_collect(
-        self, edge_id: str, ops: list[Op], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
     ) -> tuple[str, list[object], MailChunk]:
         """`apply`, with the edge's mail not handed out yet in the same reply (the frames its batch
         caused, mostly: one call per change instead of two). `acked_seq` acknowledges like a pull's
@@ -378,7 +380,7 @@ class PresenceShard:
 
     # ------------------------------------------------------------------ applying
 
-    async def _preload(self, ops: list[Op], now: float) -> None:
+    async def _preload(self, ops: list[Operation[object]], now: float) -> None:
         """Load from PostgreSQL everything the state needs for this batch, in one query per kind."""
         rel_ids: list[str] = []
         acc_ids: list[str] = []
@@ -421,75 +423,16 @@ class PresenceShard:
                 for channel_id, server_id in (await loads.channel_servers(missing_ch)).items():
                     self.state.channels.load_channel(channel_id, server_id)
 
-    def _apply_checked(self, edge_id: str, op: Op, now: float) -> object:
+    def _apply_checked(self, edge_id: str, op: Operation[object], now: float) -> object:
+        """Apply one operation to the state; its answer in its wire form (`actors.core.answers`)."""
+        self.metrics.inc("shard_ops_total", op=ops_.KIND[type(op)])
         try:
-            return self._apply_one(edge_id, op, now)
+            return wire(apply(self.state, edge_id, op, now))
         except NotLoaded:
             # The state refuses operations on data that was never loaded (the store was away);
             # any other error is a bug and fails the call.
             self.metrics.inc("shard_ops_unavailable_total")
             return UNAVAILABLE
-
-    def _apply_one(self, edge_id: str, op: Op, now: float) -> object:
-        """Apply one operation to the state; the answer the edge gets (see `actors.core.ops`)."""
-        s = self.state
-        self.metrics.inc("shard_ops_total", op=ops_.KIND[type(op)])
-        match op:
-            case ops_.Connect(user_id, socket_id, idle, claim):
-                if claim is not None:
-                    s.claim(user_id, claim, now)
-                # With its idle flag in the same step, so its watchers see no `online` in between.
-                status = s.connect(user_id, socket_id, edge_id, now, idle=idle)
-                return status, s.relations[user_id].last_seen_visibility
-            case ops_.Disconnect(user_id, socket_id, at, resume_s):
-                s.disconnect(user_id, socket_id, now, at=at, resume_s=resume_s)
-                return None
-            case ops_.Departed(user_id, at, claim):
-                s.departed(user_id, at, now, claim)
-                return None
-            case ops_.SetStatus(user_id, socket_id, status):
-                return s.set_status(user_id, socket_id, status, now)
-            case ops_.Watch(user_id, socket_id, targets):
-                return s.watch(user_id, socket_id, edge_id, targets, now)
-            case ops_.Unwatch(socket_id, targets):
-                s.unwatch(socket_id, edge_id, targets)
-                return None
-            case ops_.Query(reader, reader_visibility, targets):
-                return [
-                    (a.user_id, a.status, iso_ms(a.last_seen_at) if a.last_seen_at is not None else None)
-                    for a in s.query(reader, reader_visibility, targets, now)
-                ]
-            case ops_.Focus(user_id, socket_id, channel_id):
-                s.set_focus(user_id, socket_id, channel_id)
-                return None
-            case ops_.Settings(user_id, visibility):
-                s.set_visibility(user_id, visibility, now)
-                return None
-            case ops_.ChannelSubscribe(channel_id, user_id, socket_id):
-                return s.channels.subscribe(channel_id, user_id, socket_id, edge_id)
-            case ops_.ChannelUnsubscribe(channel_id, socket_id):
-                s.channels.unsubscribe(channel_id, socket_id)
-                return None
-            case ops_.TypingStart(channel_id, user_id):
-                return s.channels.typing_start(channel_id, user_id, now)
-            case ops_.TypingStop(channel_id, user_id):
-                s.channels.typing_stop(channel_id, user_id)
-                return None
-            case ops_.VoiceJoin(channel_id, user_id, socket_id, own):
-                # A client's own join is charged to its voice budget (at `now`); one registered
-                # again after a restart is not.
-                return s.channels.voice_join(channel_id, user_id, socket_id, edge_id, now if own else None)
-            case ops_.VoiceLeave(channel_id, socket_id):
-                s.channels.voice_leave(channel_id, socket_id)
-                return None
-            case ops_.DropSocket(socket_id, channel_ids):
-                s.channels.drop_socket(socket_id, channel_ids)
-                return None
-            case ops_.Spend(user_id, budget, n):
-                return s.spend(user_id, budget, n, now)
-            case ops_.Ping():
-                return None
-        raise ValueError(f"unknown operation {op!r}")
 
     def _carry_out(self) -> None:
         """Turn the state's effects into mail, durable writes and count updates."""

@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from actors.clients import ActorDied, MapTuple
 from actors.core import ops
@@ -60,11 +60,12 @@ CALL_RETRY = Backoff(first_s=0.1, cap_s=2.0)
 DEPARTURE_RETRY = Backoff(first_s=1.0, cap_s=30.0)
 
 T = TypeVar("T")
+A = TypeVar("A")
 # A first try that applied nothing (routed's slow road takes over): the slots moved, or it failed.
 _MOVED, _FAILED = object(), object()
-MakeOp = Callable[[list[str]], ops.Op]
-# An operation waiting in its shard's line, with the future its caller awaits.
-Queued = tuple[ops.Op, "asyncio.Future[Any]"]
+# An operation waiting in its shard's line, with the future that gets its answer's wire form
+# (read into the typed answer by the operation itself, `Operation.read`, once routing is done).
+Queued = tuple[ops.Operation[object], "asyncio.Future[object]"]
 
 
 class Shard(Protocol):
@@ -73,7 +74,7 @@ class Shard(Protocol):
     index: int
 
     async def apply_and_collect(
-        self, edge_id: str, ops: list[ops.Op], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: list[ops.Operation[object]], incarnation: str | None, acked_seq: int
     ) -> ApplyReply: ...
     async def pull(
         self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
@@ -266,21 +267,30 @@ class Router:
 
     # ------------------------------------------------------------------ operations, routed and retried
 
-    async def to_user(self, user_id: str, op: ops.Op) -> Any:
+    async def to_user(self, user_id: str, op: ops.Operation[A]) -> A:
         """`op` (about `user_id`) applied by the account's shard; its answer."""
         return (await self.routed([user_id], self.shard_of_user, lambda _: op))[0]
 
-    async def to_channel(self, channel_id: str, op: ops.Op) -> Any:
+    async def to_channel(self, channel_id: str, op: ops.Operation[A]) -> A:
         return (await self.routed([channel_id], self.shard_of_channel, lambda _: op))[0]
 
-    async def to_users(self, user_ids: Sequence[str], make_op: MakeOp) -> list[Any]:
+    async def to_users(
+        self, user_ids: Sequence[str], make_op: Callable[[list[str]], ops.Operation[A]]
+    ) -> list[A]:
         """`make_op(the accounts of one shard)` sent to each owning shard; their answers."""
         return await self.routed(list(user_ids), self.shard_of_user, make_op)
 
-    async def to_channels(self, channel_ids: Sequence[str], make_op: MakeOp) -> list[Any]:
+    async def to_channels(
+        self, channel_ids: Sequence[str], make_op: Callable[[list[str]], ops.Operation[A]]
+    ) -> list[A]:
         return await self.routed(list(channel_ids), self.shard_of_channel, make_op)
 
-    async def routed(self, keys: list[str], shard_of: Callable[[str], int], make_op: MakeOp) -> list[Any]:
+    async def routed(
+        self,
+        keys: list[str],
+        shard_of: Callable[[str], int],
+        make_op: Callable[[list[str]], ops.Operation[A]],
+    ) -> list[A]:
         """Send `make_op(keys of one shard)` to each owning shard; keys whose shard answers
         MOVED (their slots are migrating) are sent again once the slot map has changed. One
         budget for all of it: migrations and restarts together get `call_retry_s`."""
@@ -294,9 +304,10 @@ class Router:
             if all(shard_of(k) == shard for k in keys[1:]):
                 assert self.map is not None
                 version = self.map.version
-                answer = await self._first_try(shard, make_op(keys))
+                op = make_op(keys)
+                answer = await self._first_try(shard, op)
                 if answer is not _FAILED and answer is not _MOVED:
-                    return [answer]
+                    return [op.read(answer)]
                 deadline = time.monotonic() + self.call_retry_s
                 if answer is _MOVED:
                     self.metrics.inc("edge_moved_total")
@@ -308,7 +319,7 @@ class Router:
                     await asyncio.sleep(CALL_RETRY.delay(0, random.random))
         if deadline is None:
             deadline = time.monotonic() + self.call_retry_s
-        results: list[Any] = []
+        results: list[A] = []
         pending = keys
         while pending:
             assert self.map is not None
@@ -316,23 +327,25 @@ class Router:
             groups: dict[int, list[str]] = {}
             for key in pending:
                 groups.setdefault(shard_of(key), []).append(key)
+            sent = [(group, make_op(group)) for group in groups.values()]
             answers = await asyncio.gather(
-                *(self.to_shard(shard, make_op(group), deadline) for shard, group in groups.items())
+                *(self._retried(shard, op, deadline) for shard, (_, op) in zip(groups, sent, strict=True))
             )
             pending = []
-            for group, answer in zip(groups.values(), answers, strict=True):
+            for (group, op), answer in zip(sent, answers, strict=True):
                 if answer == MOVED:
                     pending.extend(group)
                 else:
-                    results.append(answer)
+                    results.append(op.read(answer))
             if pending:
                 self.metrics.inc("edge_moved_total")
                 if not await self.wait_for_map_after(version, deadline):
                     raise ShardUnavailable("slots stayed in migration past the retry window")
         return results
 
-    async def _first_try(self, shard: int, op: ops.Op) -> Any:
-        """One attempt: the answer, or `_MOVED` / `_FAILED` when the operation was not applied."""
+    async def _first_try(self, shard: int, op: ops.Operation[object]) -> object:
+        """One attempt: the answer's wire form, or `_MOVED` / `_FAILED` when the operation was
+        not applied."""
         try:
             answer = await self.call(shard, op)
         except CALL_ERRORS:
@@ -341,11 +354,17 @@ class Router:
             return _MOVED if answer == MOVED else _FAILED
         return answer
 
-    async def to_shard(self, shard: int, op: ops.Op, deadline: float | None = None) -> Any:
-        """One operation on one shard, retried while the shard restarts, until `deadline`
-        (default: `call_retry_s` from now). MOVED if a shrink retired the shard meanwhile."""
+    async def to_shard(self, shard: int, op: ops.Operation[object]) -> bool:
+        """One operation on one shard (re-registering a restarted shard), retried while the shard
+        restarts, within `call_retry_s`. False: not applied there, its slots live elsewhere now
+        (MOVED, or a shrink retired the shard meanwhile)."""
+        return await self._retried(shard, op, time.monotonic() + self.call_retry_s) != MOVED
 
-        async def attempt() -> Any:
+    async def _retried(self, shard: int, op: ops.Operation[object], deadline: float) -> object:
+        """`op` on `shard`, retried while the shard restarts, until `deadline`: the answer's wire
+        form, or MOVED (also if a shrink retired the shard meanwhile)."""
+
+        async def attempt() -> object:
             try:
                 result = await self.call(shard, op)
                 if result == UNAVAILABLE:
@@ -359,12 +378,7 @@ class Router:
                 raise
 
         try:
-            return await retry(
-                attempt,
-                CALL_RETRY,
-                retry_on=CALL_ERRORS,
-                deadline=deadline if deadline is not None else time.monotonic() + self.call_retry_s,
-            )
+            return await retry(attempt, CALL_RETRY, retry_on=CALL_ERRORS, deadline=deadline)
         except CALL_ERRORS as e:
             raise ShardUnavailable(f"shard {shard} unavailable: {type(e).__name__}") from e
 
@@ -381,13 +395,13 @@ class Router:
 
     # ------------------------------------------------------------------ operations, batched
 
-    def call(self, shard: int, op: ops.Op) -> asyncio.Future[Any]:
+    def call(self, shard: int, op: ops.Operation[object]) -> asyncio.Future[object]:
         """Queue `op` on its shard's line; the future gets its answer once the batch is back.
 
         When the line leaves is `Lines.add`'s rule (edge/batching.py): Nagle's on an idle line,
         `window_ms` on a busy one, `connect_window_ms` for a busy line of connects only."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[object] = loop.create_future()
         wait = self.lines.add(shard, (op, fut))
         if wait == SEND_NOW:
             self._send_now(shard)

@@ -29,6 +29,7 @@ from websockets.server import ServerProtocol
 from actors import gc_policy
 from actors.clients import DirectoryClient, ShardClients
 from actors.core import frames, ops
+from actors.core.answers import Found, Shown, Verdict
 from actors.core.frames import ChosenNote, SettingsNote, changed_about, internal_note, is_internal
 from actors.core.shard import Claim
 from actors.counts import CountReader
@@ -78,7 +79,7 @@ HEARTBEAT_COUNTS = (
 )
 
 
-def _channel_op(kind: ChannelKind, channel: str, user: str, sid: str) -> ops.Op:
+def _channel_op(kind: ChannelKind, channel: str, user: str, sid: str) -> ops.Operation[Verdict | None]:
     """The shard operation of a socket's channel frame."""
     match kind:
         case "subscribe":
@@ -649,9 +650,9 @@ class Edge:
                 await self._close_draining(conn.ws, code, reason)
                 return False
             case Connect(user_id=user_id):
-                status, visibility = await self.router.to_user(user_id, ops.Connect(user_id, sid))
+                connected = await self.router.to_user(user_id, ops.Connect(user_id, sid))
                 conn.connected()
-                self._send(conn, frames.text(s.connected(status, visibility).frame))
+                self._send(conn, frames.text(s.connected(connected).frame))
                 self._release(conn)
             case Subscribe(user_ids=ids, new=new):
                 if new and not await self._spend(user, len(new)):
@@ -663,10 +664,10 @@ class Edge:
                     answers = await self.router.to_users(
                         ids, lambda targets: ops.Watch(user, sid, tuple(targets))
                     )
-                    statuses = dict(pair for answer in answers for pair in answer)
-                    users = [(u, statuses[u]) for u in ids if u in statuses]
+                    statuses = {shown.user_id: shown.status for answer in answers for shown in answer}
+                    users = [Shown(u, statuses[u]) for u in ids if u in statuses]
                     s.synced(users)
-                    self._send(conn, frames.text(frames.sync(users)))
+                    self._send(conn, frames.text(frames.sync((u.user_id, u.status) for u in users)))
                 finally:
                     self._release(conn)
             case Unsubscribe(user_ids=ids):
@@ -675,12 +676,12 @@ class Edge:
                 assert user is not None
                 reader: str = user
 
-                def lookup() -> Awaitable[list[Any]]:
+                def lookup() -> Awaitable[list[list[Found]]]:
                     return self.router.to_users(ids, lambda ts: ops.Query(reader, visibility, tuple(ts)))
 
                 if charge_first:
                     charged = await self._spend(user, len(ids))
-                    answers = await lookup() if charged else []
+                    lookups = await lookup() if charged else []
                 else:  # the charge and the lookup in the same round trip (see Session.lookups_careful_until)
                     charge, looked = await asyncio.gather(
                         self._spend(user, len(ids)), lookup(), return_exceptions=True
@@ -690,17 +691,17 @@ class Edge:
                     charged = charge
                     if charged and isinstance(looked, BaseException):
                         raise looked  # a refused charge hides the lookup's failure too: it never was
-                    answers = [] if isinstance(looked, BaseException) else looked
+                    lookups = [] if isinstance(looked, BaseException) else looked
                 if not charged:
                     self.metrics.inc("edge_lookups_refused_total", discarded=str(not charge_first).lower())
                     self._send(conn, frames.text(s.budget_refused(cmd, time.time()).frame))
                     return True
-                found = {a[0]: a for answer in answers for a in answer}
+                found = {a.user_id: a for part in lookups for a in part}
                 answered: list[bytes] = []
                 for u in ids:
                     if u in found:
-                        _, status, seen = found[u]
-                        answered.append(orjson.dumps(frames.changed(u, status, seen)))
+                        a = found[u]
+                        answered.append(orjson.dumps(frames.changed(u, a.status, a.last_seen_at)))
                 if send_batch(conn.ws, answered):  # the answers in one write
                     self.metrics.inc("frames_out_total", n=len(answered))
                     self._check_backlog(conn)
@@ -716,10 +717,8 @@ class Edge:
                 await self.router.to_user(user, ops.Settings(user, visibility))
             case ChannelCommand(kind=kind, channel_id=channel):
                 assert user is not None
-                result = await self.router.to_channel(channel, _channel_op(kind, channel, user, sid))
-                return await self._run(
-                    conn, s.channel_result(cmd, result if result == "rate_limited" else result is not False)
-                )
+                verdict = await self.router.to_channel(channel, _channel_op(kind, channel, user, sid))
+                return await self._run(conn, s.channel_result(cmd, verdict))
         return True
 
     @staticmethod
@@ -745,7 +744,7 @@ class Edge:
         """Charge `n` ids to the account's lookup budget, kept by its shard (so it holds across
         this account's sockets on every edge); False: refused, nothing charged."""
         assert user is not None
-        return bool(await self.router.to_user(user, ops.Spend(user, "lookups", n)))
+        return await self.router.to_user(user, ops.Spend(user, "lookups", n))
 
     async def _cleanup(self, conn: Conn) -> None:
         """The socket is gone: remove it, its subscriptions and its channel state everywhere."""
@@ -964,7 +963,7 @@ class Edge:
                 answers = await self.router.to_users(
                     targets, lambda ts: ops.Watch(user, s.socket_id, tuple(ts))
                 )
-                differences = s.differences([pair for answer in answers for pair in answer])
+                differences = s.differences([shown for answer in answers for shown in answer])
                 for frame in differences:
                     self._send(conn, frames.text(frame))
                 self.metrics.inc("resync_frames_total", n=len(differences))

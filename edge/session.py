@@ -9,10 +9,12 @@ edge replays when a shard restarts, and enforces every per-socket limit of the c
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from actors.core import frames
+from actors.core.answers import Connected, Shown, Verdict
 from actors.core.budgets import Bucket as TokenBucket
 
 from . import protocol as p
@@ -334,8 +336,9 @@ class Session:
         self.user_id = user_id
         return [Connect(user_id)]
 
-    def connected(self, status: str, visibility: str) -> Reply:
+    def connected(self, answer: Connected) -> Reply:
         """The shard registered the socket; the client is told who it is."""
+        status, visibility = answer.status, answer.visibility
         self.status = status
         if self.visibility_at == 0.0:
             # A setting that reached this socket before its registration was answered is newer
@@ -470,10 +473,11 @@ class Session:
         what = "voice" if cmd is None else "lookup"
         return Reply(frames.error("rate_limited", f"this account's {what} budget is spent; slow down"))
 
-    def channel_result(self, cmd: ChannelCommand, allowed: bool | str) -> list[Command]:
-        if allowed == "rate_limited":
+    def channel_result(self, cmd: ChannelCommand, verdict: Verdict | None) -> list[Command]:
+        """What the channel's shard answered (None: an operation that is always allowed)."""
+        if verdict is Verdict.RATE_LIMITED:
             return [self.budget_refused()]
-        if not allowed:
+        if verdict is Verdict.NOT_ALLOWED:
             return [
                 Reply(
                     frames.error("not_allowed", f"not a member of the server of channel {cmd.channel_id!r}")
@@ -521,16 +525,16 @@ class Session:
         self.view[user_id] = status
         return True
 
-    def synced(self, users: list[tuple[str, str]]) -> None:
+    def synced(self, users: Iterable[Shown]) -> None:
         """A `presence.sync` told these statuses."""
-        for user_id, status in users:
-            if user_id in self.subscriptions:
-                self.view[user_id] = status
+        for shown in users:
+            if shown.user_id in self.subscriptions:
+                self.view[shown.user_id] = shown.status
 
-    def differences(self, answer: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    def differences(self, answer: Iterable[Shown]) -> list[dict[str, Any]]:
         """The `presence.changed` frames that bring this socket's view to `answer` (a fresh
         watch answer: the truth at that moment), recording them in the view."""
-        return [frames.changed(u, status) for u, status in answer if self.tell(u, status)]
+        return [frames.changed(a.user_id, a.status) for a in answer if self.tell(a.user_id, a.status)]
 
     def touched_channels(self) -> list[str]:
         """Every channel this socket has state in, for clean-up when it goes."""

@@ -1,11 +1,12 @@
 """The operations an edge sends a shard, defined once.
 
-An edge builds them (`edge.server`), Ray carries them in batches (`PresenceShard.apply`), and the
-shard shell dispatches them with `match` (`actors.presence`). Each one knows the slot keys it
-touches (`slot_keys`: accounts by id, channels by `#id`), which decide the owning shard and are
-checked against the slots the shard serves, and what the shell must load from the store before
-the pure state may apply it (`needs`: see the "Data the shell must load" rule in
-`actors.core.shard`). Pure: no I/O, nothing but the standard library and the core.
+An edge's session builds them (`edge.session`), the router carries them in batches to the shard
+(`PresenceShard.apply`), and the core applies them with `match` (`actors.core.apply`). Each one
+knows the slot keys it touches (`slot_keys`: accounts by id, channels by `#id`), which decide
+the owning shard and are checked against the slots the shard serves, what the shell must load
+from the store before the pure state may apply it (`needs`: see the "Data the shell must load"
+rule in `actors.core.shard`), and how its answer reads (`read`: `actors.core.answers`). Pure: no
+I/O, nothing but the standard library and the core.
 
 `KIND[type(op)]` names the operation in the metrics (`shard_ops_total{op=...}`); the names are the ones the
 project's dashboards and tests already read.
@@ -18,10 +19,24 @@ a tuple's (an operation is never compared with one of another kind).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, TypeVar
 
+from .answers import (
+    Connected,
+    Found,
+    Shown,
+    Verdict,
+    read_bool,
+    read_connected,
+    read_found,
+    read_nothing,
+    read_shown,
+    read_status,
+    read_verdict,
+)
 from .shard import Claim
 from .slots import channel_key
+from .status import Status
 
 # What the shell loads before applying an operation: (relations of these accounts (friends,
 # servers, visibility), rows of these accounts (chosen status, last-seen), these channels (their
@@ -31,12 +46,27 @@ Needs = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 NOTHING: Needs = ((), (), ())
 
+A_co = TypeVar("A_co", covariant=True)
+
+
+class Operation(Protocol[A_co]):
+    """Any operation, as its sender handles it: where it goes (`slot_keys`), what the shard loads
+    for it (`needs`), and how its answer reads (`read`: the answer's plain wire form into its
+    typed answer, `actors.core.answers`). The router is written against this; the shard matches
+    on the kinds (`Op`)."""
+
+    def slot_keys(self) -> tuple[str, ...]: ...
+
+    def needs(self) -> Needs: ...
+
+    def read(self, raw: object) -> A_co: ...
+
 
 # ---------------------------------------------------------------------------- accounts
 
 
 class Connect(NamedTuple):
-    """A socket of `user_id` opened on the calling edge. Answer: (real status, visibility).
+    """A socket of `user_id` opened on the calling edge. Answer: `Connected`.
 
     A socket registered again after a shard restart brings its idle flag and what its edge knows
     of the account's choices (`claim`: acknowledged, perhaps never saved)."""
@@ -51,6 +81,9 @@ class Connect(NamedTuple):
 
     def needs(self) -> Needs:
         return ((self.user_id,), (self.user_id,), ())
+
+    def read(self, raw: object) -> Connected:
+        return read_connected(raw)
 
 
 class Disconnect(NamedTuple):
@@ -72,6 +105,9 @@ class Disconnect(NamedTuple):
         # the store can hold a departure back.
         return NOTHING
 
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
+
 
 class Departed(NamedTuple):
     """A departure at `at` that a restarted shard may not have recorded (an edge's journal),
@@ -87,6 +123,9 @@ class Departed(NamedTuple):
     def needs(self) -> Needs:
         return NOTHING  # recorded without the row: see Disconnect
 
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
+
 
 class SetStatus(NamedTuple):
     """A socket chose a status (or reported idle). Answer: the account's real status."""
@@ -101,6 +140,9 @@ class SetStatus(NamedTuple):
     def needs(self) -> Needs:
         return ((self.user_id,), (self.user_id,), ())
 
+    def read(self, raw: object) -> Status:
+        return read_status(raw)
+
 
 class Settings(NamedTuple):
     """The account's last-seen visibility. Answer: None."""
@@ -113,6 +155,9 @@ class Settings(NamedTuple):
 
     def needs(self) -> Needs:
         return ((self.user_id,), (self.user_id,), ())
+
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
 
 
 class Focus(NamedTuple):
@@ -127,6 +172,9 @@ class Focus(NamedTuple):
 
     def needs(self) -> Needs:
         return NOTHING
+
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
 
 
 class Spend(NamedTuple):
@@ -143,10 +191,13 @@ class Spend(NamedTuple):
     def needs(self) -> Needs:
         return NOTHING
 
+    def read(self, raw: object) -> bool:
+        return read_bool(raw)
+
 
 class Watch(NamedTuple):
-    """A socket of `user_id` watches `targets` (the ones this shard owns). Answer: a list of
-    (target, status) for the targets it may see."""
+    """A socket of `user_id` watches `targets` (the ones this shard owns). Answer: a `Shown`
+    per target it may see."""
 
     user_id: str
     socket_id: str
@@ -157,6 +208,9 @@ class Watch(NamedTuple):
 
     def needs(self) -> Needs:
         return ((self.user_id, *self.targets), (), ())
+
+    def read(self, raw: object) -> list[Shown]:
+        return read_shown(raw)
 
 
 class Unwatch(NamedTuple):
@@ -171,10 +225,13 @@ class Unwatch(NamedTuple):
     def needs(self) -> Needs:
         return NOTHING
 
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
+
 
 class Query(NamedTuple):
     """One-off lookup of `targets` by `reader` (whose own visibility is `reader_visibility`).
-    Answer: a list of (target, status, lastSeenAt as the contract's ISO string or None).
+    Answer: a `Found` per target the reader may see.
 
     Beyond `needs`, the shell loads the rows of the targets the reader may see, which it knows
     once the relations are loaded (`ShardState.audience_of_query`)."""
@@ -189,12 +246,15 @@ class Query(NamedTuple):
     def needs(self) -> Needs:
         return ((self.reader, *self.targets), (), ())
 
+    def read(self, raw: object) -> list[Found]:
+        return read_found(raw)
+
 
 # ---------------------------------------------------------------------------- channels
 
 
 class ChannelSubscribe(NamedTuple):
-    """Answer: True, or False for a channel the store does not know."""
+    """Answer: `Verdict` (NOT_ALLOWED also for a channel the store does not know)."""
 
     channel_id: str
     user_id: str
@@ -205,6 +265,9 @@ class ChannelSubscribe(NamedTuple):
 
     def needs(self) -> Needs:
         return ((self.user_id,), (), (self.channel_id,))
+
+    def read(self, raw: object) -> Verdict:
+        return read_verdict(raw)
 
 
 class ChannelUnsubscribe(NamedTuple):
@@ -219,9 +282,12 @@ class ChannelUnsubscribe(NamedTuple):
     def needs(self) -> Needs:
         return NOTHING
 
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
+
 
 class TypingStart(NamedTuple):
-    """Answer: True, False (not allowed there) or "rate_limited"."""
+    """Answer: `Verdict`."""
 
     channel_id: str
     user_id: str
@@ -231,6 +297,9 @@ class TypingStart(NamedTuple):
 
     def needs(self) -> Needs:
         return ((self.user_id,), (), (self.channel_id,))
+
+    def read(self, raw: object) -> Verdict:
+        return read_verdict(raw)
 
 
 class TypingStop(NamedTuple):
@@ -245,9 +314,12 @@ class TypingStop(NamedTuple):
     def needs(self) -> Needs:
         return NOTHING
 
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
+
 
 class VoiceJoin(NamedTuple):
-    """Answer: True, False (not allowed there) or "rate_limited".
+    """Answer: `Verdict` (RATE_LIMITED: the account's voice budget is spent).
 
     `own`: a client's own join, charged to the account's voice budget; a join registered again
     after a shard restart is not (it was charged when it happened)."""
@@ -263,6 +335,9 @@ class VoiceJoin(NamedTuple):
     def needs(self) -> Needs:
         return ((self.user_id,), (), (self.channel_id,))
 
+    def read(self, raw: object) -> Verdict:
+        return read_verdict(raw)
+
 
 class VoiceLeave(NamedTuple):
     """Answer: None."""
@@ -275,6 +350,9 @@ class VoiceLeave(NamedTuple):
 
     def needs(self) -> Needs:
         return NOTHING
+
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
 
 
 class DropSocket(NamedTuple):
@@ -289,6 +367,9 @@ class DropSocket(NamedTuple):
     def needs(self) -> Needs:
         return NOTHING
 
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
+
 
 # ---------------------------------------------------------------------------- the edge's lease
 
@@ -302,6 +383,9 @@ class Ping(NamedTuple):
 
     def needs(self) -> Needs:
         return NOTHING
+
+    def read(self, raw: object) -> None:
+        return read_nothing(raw)
 
 
 PING = Ping()
@@ -329,7 +413,7 @@ Op = (
 
 
 # The name of each kind in the metrics (`shard_ops_total{op=...}`).
-KIND: dict[type[Op], str] = {
+KIND: dict[type[Operation[object]], str] = {
     Connect: "connect",
     Disconnect: "disconnect",
     Departed: "departed",

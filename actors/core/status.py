@@ -14,6 +14,7 @@ Status = Literal["online", "idle", "dnd", "invisible", "offline"]
 ChosenStatus = Literal["online", "dnd", "invisible"]
 LastSeenVisibility = Literal["everyone", "friends", "nobody"]
 
+STATUSES: tuple[Status, ...] = ("online", "idle", "dnd", "invisible", "offline")
 CHOSEN_STATUSES: frozenset[str] = frozenset({"online", "dnd", "invisible"})
 VISIBILITIES: frozenset[str] = frozenset({"everyone", "friends", "nobody"})
 

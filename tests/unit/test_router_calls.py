@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from actors.core import ops
+from actors.core.answers import Shown
 from actors.core.backoff import Backoff
 from actors.core.contract import MOVED, UNAVAILABLE
 from actors.core.slots import SlotMap
@@ -86,12 +87,12 @@ def user_on(m: SlotMap, shard: int, n: int = 1) -> list[str]:
 
 
 async def test_operations_go_to_the_owning_shards_grouped(fake: MakeFake) -> None:
-    f = await fake(lambda shard, op: f"from {shard}")
+    f = await fake(lambda shard, op: [(f"from {shard}", "online")])  # a Watch's answer, wire form
     a, b = user_on(f.published, 0, 2)
     c = user_on(f.published, 1)[0]
-    answers = await f.router.to_users([a, c, b], lambda us: ops.Unwatch("s1", tuple(us)))
-    assert sorted(answers) == ["from 0", "from 1"]
-    assert sorted(f.sent) == [(0, ops.Unwatch("s1", (a, b))), (1, ops.Unwatch("s1", (c,)))]
+    answers = await f.router.to_users([a, c, b], lambda us: ops.Watch("w", "s1", tuple(us)))
+    assert sorted(answers, key=str) == [[Shown("from 0", "online")], [Shown("from 1", "online")]]
+    assert sorted(f.sent) == [(0, ops.Watch("w", "s1", (a, b))), (1, ops.Watch("w", "s1", (c,)))]
 
 
 async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips(fake: MakeFake) -> None:
@@ -102,11 +103,11 @@ async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips(fake: Mak
         if shard == 0:
             f.flip(tuple(1 for _ in f.published.owners), 2)  # the resize flips while we wait
             return MOVED
-        return "applied"
+        return "dnd"
 
     f = await fake(answer)
     user = user_on(f.published, 0)[0]
-    assert await f.router.to_user(user, ops.Settings(user, "friends")) == "applied"
+    assert await f.router.to_user(user, ops.SetStatus(user, "s1", "dnd")) == "dnd"
     assert [s for s, _ in f.sent] == [0, 1]
     assert counter(f.router, "edge_moved_total") == 1
 
@@ -116,7 +117,7 @@ async def test_moved_while_the_directory_restarts_waits_for_the_directory(fake: 
     then finds the directory restarting (Ray's ActorUnavailableError, a CALL_ERRORS). The router
     asks it again until the retry window ends instead of failing the operation (which closed the
     socket with 1011 in test_rollout on a loaded machine)."""
-    f = await fake(lambda shard, op: MOVED if shard == 0 else "applied")
+    f = await fake(lambda shard, op: MOVED if shard == 0 else "dnd")
     published = f.pool.get_map
     restarting = [TimeoutError(), ValueError("no such actor yet"), TimeoutError()]
 
@@ -128,7 +129,7 @@ async def test_moved_while_the_directory_restarts_waits_for_the_directory(fake: 
 
     f.pool.get_map = directory  # type: ignore[method-assign]
     user = user_on(f.published, 0)[0]
-    assert await f.router.to_user(user, ops.Settings(user, "friends")) == "applied"
+    assert await f.router.to_user(user, ops.SetStatus(user, "s1", "dnd")) == "dnd"
     assert not restarting
 
 
@@ -139,10 +140,10 @@ async def test_a_restarting_shard_is_retried_until_it_answers(
     failures = [TimeoutError(), ValueError("not registered yet"), UNAVAILABLE]
 
     def answer(shard: int, op: ops.Op) -> Any:
-        return failures.pop(0) if failures else "back"
+        return failures.pop(0) if failures else None
 
     f = await fake(answer)
-    assert await f.router.to_shard(0, ops.PING) == "back"
+    assert await f.router.to_shard(0, ops.PING) is True
     assert len(f.sent) == 4
 
 
@@ -152,7 +153,7 @@ async def test_a_shard_retired_by_a_shrink_answers_moved(
     monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.001, 0.002))
     f = await fake(lambda shard, op: TimeoutError())
     f.flip(tuple(0 for _ in f.published.owners), 1)  # shard 1 is gone; the router notices on failure
-    assert await f.router.to_shard(1, ops.PING) == MOVED
+    assert await f.router.to_shard(1, ops.PING) is False  # not applied: its slots live elsewhere
 
 
 async def test_one_budget_for_a_routed_call(monkeypatch: pytest.MonkeyPatch, fake: MakeFake) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import jwt
 import pytest
 
+from actors.core.answers import Connected, Shown, Verdict
 from edge import protocol as p
 from edge.session import (
     ChannelCommand,
@@ -54,7 +55,7 @@ def identify(tok: str) -> str:
 def authed(limits: Limits | None = None, user: str = "u1") -> Session:
     s = Session(secret=SECRET, now=T0, limits=limits or Limits())
     assert s.receive(identify(token(user)), T0) == [Connect(user)]
-    s.connected("online", "everyone")
+    s.connected(Connected("online", "everyone"))
     return s
 
 
@@ -78,7 +79,7 @@ class TestIdentify:
 
     def test_ready_frame(self) -> None:
         s = authed()
-        ready = s.connected("invisible", "nobody").frame
+        ready = s.connected(Connected("invisible", "nobody")).frame
         assert ready == {
             "type": "ready",
             "userId": "u1",
@@ -348,9 +349,9 @@ class TestChannels:
         s = authed()
         (cmd,) = s.receive(frame(type="channel.subscribe", channelId="c1"), T0)
         assert isinstance(cmd, ChannelCommand)
-        assert errors(s.channel_result(cmd, False)) == ["not_allowed"]
+        assert errors(s.channel_result(cmd, Verdict.NOT_ALLOWED)) == ["not_allowed"]
         assert s.channels == set()
-        assert s.channel_result(cmd, True) == []
+        assert s.channel_result(cmd, Verdict.ALLOWED) == []
         assert s.channels == {"c1"}
         s.receive(frame(type="channel.unsubscribe", channelId="c1"), T0)
         assert s.channels == set()
@@ -359,18 +360,18 @@ class TestChannels:
     def test_not_allowed(self, kind: str) -> None:
         s = authed()
         (cmd,) = s.receive(frame(type=kind, channelId="c1"), T0)
-        assert errors(s.channel_result(cmd, False)) == ["not_allowed"]  # type: ignore[arg-type]
+        assert errors(s.channel_result(cmd, Verdict.NOT_ALLOWED)) == ["not_allowed"]  # type: ignore[arg-type]
         assert s.voice_channel is None
 
     def test_voice_join_of_another_channel_leaves_the_old_one(self) -> None:
         s = authed()
         (join,) = s.receive(frame(type="voice.join", channelId="c1"), T0)
-        s.channel_result(join, True)  # type: ignore[arg-type]
+        s.channel_result(join, Verdict.ALLOWED)  # type: ignore[arg-type]
         assert s.voice_channel == "c1"
         cmds = s.receive(frame(type="voice.join", channelId="c2"), T0)
         assert cmds == [ChannelCommand("voice.leave", "c1"), ChannelCommand("voice.join", "c2")]
         for c in cmds:
-            s.channel_result(c, True)  # type: ignore[arg-type]
+            s.channel_result(c, Verdict.ALLOWED)  # type: ignore[arg-type]
         assert s.voice_channel == "c2"
         # Joining the same channel again leaves nothing.
         assert s.receive(frame(type="voice.join", channelId="c2"), T0) == [ChannelCommand("voice.join", "c2")]
@@ -379,19 +380,19 @@ class TestChannels:
         s = authed()
         assert s.receive(frame(type="voice.leave"), T0) == []
         (join,) = s.receive(frame(type="voice.join", channelId="c1"), T0)
-        s.channel_result(join, True)  # type: ignore[arg-type]
+        s.channel_result(join, Verdict.ALLOWED)  # type: ignore[arg-type]
         (leave,) = s.receive(frame(type="voice.leave"), T0)
         assert leave == ChannelCommand("voice.leave", "c1")
-        s.channel_result(leave, True)  # type: ignore[arg-type]
+        s.channel_result(leave, Verdict.ALLOWED)  # type: ignore[arg-type]
         assert s.voice_channel is None
 
     def test_touched_channels(self) -> None:
         s = authed()
         for c in ("c3", "c1"):
             (cmd,) = s.receive(frame(type="channel.subscribe", channelId=c), T0)
-            s.channel_result(cmd, True)  # type: ignore[arg-type]
+            s.channel_result(cmd, Verdict.ALLOWED)  # type: ignore[arg-type]
         (join,) = s.receive(frame(type="voice.join", channelId="c2"), T0)
-        s.channel_result(join, True)  # type: ignore[arg-type]
+        s.channel_result(join, Verdict.ALLOWED)  # type: ignore[arg-type]
         assert s.touched_channels() == ["c1", "c2", "c3"]
 
 
@@ -460,7 +461,7 @@ def test_token_bucket() -> None:
 def test_view_drops_repeats_and_forgets_unsubscribed_accounts() -> None:
     s = authed()
     s.receive(frame(type="presence.subscribe", userIds=["a", "b"]), T0)
-    s.synced([("a", "online"), ("b", "offline")])
+    s.synced([Shown("a", "online"), Shown("b", "offline")])
     assert not s.tell("a", "online")  # already shown: noise
     assert s.tell("a", "dnd")
     assert not s.tell("a", "dnd")
@@ -472,14 +473,14 @@ def test_view_drops_repeats_and_forgets_unsubscribed_accounts() -> None:
 def test_differences_bring_the_view_to_a_fresh_answer() -> None:
     s = authed()
     s.receive(frame(type="presence.subscribe", userIds=["a", "b", "c"]), T0)
-    s.synced([("a", "online"), ("b", "online"), ("c", "idle")])
-    frames = s.differences([("a", "online"), ("b", "offline"), ("c", "dnd")])
+    s.synced([Shown("a", "online"), Shown("b", "online"), Shown("c", "idle")])
+    frames = s.differences([Shown("a", "online"), Shown("b", "offline"), Shown("c", "dnd")])
     assert frames == [
         {"type": "presence.changed", "userId": "b", "status": "offline"},
         {"type": "presence.changed", "userId": "c", "status": "dnd"},
     ]
     assert s.view == {"a": "online", "b": "offline", "c": "dnd"}
-    assert s.differences([("a", "online"), ("b", "offline"), ("c", "dnd")]) == []
+    assert s.differences([Shown("a", "online"), Shown("b", "offline"), Shown("c", "dnd")]) == []
 
 
 def test_a_setting_that_arrives_before_the_ready_answer_is_kept() -> None:
@@ -488,7 +489,7 @@ def test_a_setting_that_arrives_before_the_ready_answer_is_kept() -> None:
     s = Session(secret=SECRET, now=T0)
     s.receive(identify(token()), T0)
     s.note_visibility("nobody", T0 + 1)
-    s.connected("online", "everyone")
+    s.connected(Connected("online", "everyone"))
     assert s.visibility == "nobody"
     assert s.receive(frame(type="presence.query", userIds=["x"]), T0 + 2)[0].reader_visibility == "nobody"
 
@@ -508,7 +509,7 @@ def test_a_repeated_choice_keeps_the_moment_it_was_made() -> None:
     account that never showed itself (test_faults_history's shard kill, m7, under load)."""
     s = Session(secret=SECRET, now=T0)
     s.receive(identify(token()), T0)
-    s.connected("invisible", "everyone")
+    s.connected(Connected("invisible", "everyone"))
     s.acknowledged("invisible", T0 + 1)
     s.acknowledged("idle", T0 + 2)
     assert s.claim()[:2] == ("invisible", 0.0)

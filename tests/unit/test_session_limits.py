@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from actors.core.answers import Connected, Verdict
 from edge import protocol as p
 from edge.session import (
     LOOKUP_CAREFUL_S,
@@ -68,7 +69,7 @@ def authed(admission: Admission, user: str = "u1", ip: str = "10.0.0.1") -> Sess
     s = session(admission, ip)
     assert s.open() == []
     assert s.receive(identify(user), T0) == [Connect(user)]
-    s.connected("online", "everyone")
+    s.connected(Connected("online", "everyone"))
     return s
 
 
@@ -292,7 +293,7 @@ class TestLookupCharges:
         s = authed(Admission(Limits(rate_burst=1_000)))
         [join] = s.receive(frame(type="voice.join", channelId="c1"), T0)
         assert isinstance(join, ChannelCommand)
-        assert errors(s.channel_result(join, "rate_limited")) == ["rate_limited"]
+        assert errors(s.channel_result(join, Verdict.RATE_LIMITED)) == ["rate_limited"]
         assert s.voice_channel is None
 
 
