@@ -18,6 +18,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 
 from presence_client import BackoffPolicy, PresenceClient, PresenceError, TokenContext
 
+from .wsclient import eventually
+
 Script = Callable[[ServerConnection, int], Awaitable[None]]
 FAST = BackoffPolicy(base_s=0.02, cap_s=0.1, throttled_base_s=0.4, throttled_cap_s=1.0)
 
@@ -73,10 +75,7 @@ async def ready(s: Scripted, ws: ServerConnection, n: int, interval_ms: int = 30
 
 
 async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    await eventually(check, timeout, interval=0.01)
 
 
 async def test_a_silent_server_is_dropped_and_the_client_reconnects(scripted: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -21,7 +22,7 @@ import jsonschema
 import psutil
 import pytest
 
-from cluster.embedded import free_port
+from tests.timing import patience, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -90,26 +91,28 @@ def signal_up_when(
         env=env,
         start_new_session=True,
     )
+
+    def up_ready() -> bool:
+        assert up.poll() is None, log_path.read_text()
+        return ready(data_dir, log_path.read_text())
+
     try:
-        deadline = time.monotonic() + 90
-        while not ready(data_dir, log_path.read_text()):
-            assert up.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.02)
+        wait_until(up_ready, 90, interval=0.02, what="presence up to get there", explain=log_path.read_text)
         send(up)
-        code = up.wait(60)
+        code = up.wait(patience(60))
     finally:
         if up.poll() is None:
             up.kill()
     output = log_path.read_text()
     assert code in (0, 130), output  # 0 only if it got all the way up before the signal landed
     assert "stopping PostgreSQL" in output, output
-    deadline = time.monotonic() + 15
-    while processes_using(data_dir):
-        assert time.monotonic() < deadline, (
-            f"left behind: {[p.info['cmdline'] for p in processes_using(data_dir)]}"
-        )
-        time.sleep(0.2)
+    wait_until(
+        lambda: not processes_using(data_dir),
+        15,
+        interval=0.2,
+        what="every process of presence up gone",
+        explain=lambda: f"left behind: {[p.info['cmdline'] for p in processes_using(data_dir)]}",
+    )
 
 
 def test_sigterm_during_start_up_stops_what_was_started(tmp_path: Path, data_dir: Path) -> None:
@@ -138,7 +141,6 @@ def test_sigterm_to_the_whole_process_group_stops_everything(tmp_path: Path, dat
 
 
 def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path) -> None:
-    ws_port, internal_port = free_port(), free_port()
     env = {
         k: v
         for k, v in os.environ.items()
@@ -152,10 +154,12 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
             "up",
             "--shards",
             "2",
+            # Ports of its own choosing (printed): a port picked free here may be taken by a
+            # parallel worker's Ray or PostgreSQL before presence up binds it.
             "--ws-port",
-            str(ws_port),
+            "0",
             "--internal-port",
-            str(internal_port),
+            "0",
             "--data-dir",
             str(data_dir),
         ],
@@ -164,14 +168,17 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
         env=env,
         start_new_session=True,
     )
+    up_log = (tmp_path / "up.log").read_text
+
+    def up_ready() -> bool:
+        assert up.poll() is None, up_log()
+        return "presence is up" in up_log() and "  operator " in up_log()
+
     try:
-        deadline = time.monotonic() + 90
-        while "presence is up" not in (tmp_path / "up.log").read_text():
-            assert up.poll() is None, (tmp_path / "up.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
-            time.sleep(0.2)
+        wait_until(up_ready, 90, interval=0.2, what="presence is up", explain=up_log)
         ready_s = time.monotonic() - started
         print(f"presence up ready in {ready_s:.1f} s")
+        internal_port = int(re.search(r"internal\s+http://127\.0\.0\.1:(\d+)", up_log()).group(1))  # type: ignore[union-attr]
         with urllib.request.urlopen(f"http://127.0.0.1:{internal_port}/healthz", timeout=5) as r:
             assert json.loads(r.read())["ok"] is True
         # The internal token presence up generated (none was configured): the owner's only.
@@ -202,7 +209,7 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
                 [*presence(), *args, "--data-dir", str(data_dir)],
                 capture_output=True,
                 text=True,
-                timeout=60,
+                timeout=patience(60),
                 env=env,
             )
             assert out.returncode == 0, out.stderr
@@ -255,13 +262,13 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
             [*presence(), "load", str(tmp_path / "missing.json"), "--data-dir", str(data_dir)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=patience(60),
             env=env,
         )
         assert bad.returncode == 2 and "cannot read" in bad.stderr
     finally:
         up.send_signal(signal.SIGINT)
-        code = up.wait(90)
+        code = up.wait(patience(90))
     log.close()
     output = (tmp_path / "up.log").read_text()
     assert code == 0, output
@@ -270,8 +277,11 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
     # presence up never prints a password: the URLs it shows are redacted.
     assert not any(p in output for p in passwords), output
     assert "database    postgresql://postgres:<redacted>@127.0.0.1:" in output
-    deadline = time.monotonic() + 15
-    while alive := [p for p in descendants if _is_alive(p)]:
-        assert time.monotonic() < deadline, f"left behind: {[(p.pid, p.name()) for p in alive]}"
-        time.sleep(0.1)
+    wait_until(
+        lambda: not [p for p in descendants if _is_alive(p)],
+        15,
+        interval=0.1,
+        what="every child of presence up gone",
+        explain=lambda: f"left behind: {[(p.pid, p.name()) for p in descendants if _is_alive(p)]}",
+    )
     assert not processes_using(data_dir), "an embedded server outlived presence up"

@@ -16,6 +16,8 @@ from actors.core.audience import Relations
 from cluster import db as database
 from cluster.embedded import EmbeddedPostgres
 
+from .wsclient import eventually
+
 # A choice time (epoch seconds, whole so it survives timestamptz exactly).
 T = 1_790_000_000.0
 
@@ -25,11 +27,10 @@ SENTINEL = "u:__sentinel__"
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
+    try:
+        await eventually(condition, timeout, interval=0.01)
+    except AssertionError as e:
+        raise AssertionError(f"{what}: {e}") from None
 
 
 class Notifications:

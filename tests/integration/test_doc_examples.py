@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from cluster.embedded import free_port
+from tests.timing import patience, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -135,17 +135,21 @@ def live() -> Iterator[Live]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+    def up_log() -> str:
+        return (folder / "up.log").read_text()[-3000:]
+
+    def up_ready() -> bool:
+        assert up.poll() is None, up_log()
+        return "presence is up" in (folder / "up.log").read_text()
+
     try:
-        deadline = time.monotonic() + 180
-        while "presence is up" not in (folder / "up.log").read_text():
-            assert up.poll() is None, (folder / "up.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (folder / "up.log").read_text()[-3000:]
-            time.sleep(0.2)
+        wait_until(up_ready, 60, interval=0.2, what="presence is up", explain=up_log)
         yield Live(folder, env, ports)
     finally:
         up.send_signal(signal.SIGINT)
         try:
-            up.wait(90)
+            up.wait(patience(90))
         except subprocess.TimeoutExpired:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait(10)
@@ -172,19 +176,17 @@ def test_readme_commands_run_as_written(live: Live) -> None:
             )
             assert edge.stdout is not None
             seen = []
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
+            while True:  # until its banner's last line, or its end (readline blocks meanwhile)
                 text = edge.stdout.readline()
                 seen.append(text)
                 if text.strip().startswith("internal") or not text:
                     break
             # Serving (its Ctrl-C handler is in place once it answers), then Ctrl-C.
             healthz = f"http://127.0.0.1:{live.ports['9766']}/healthz"
-            while time.monotonic() < deadline and not _answers(healthz):
-                time.sleep(0.2)
+            wait_until(lambda h=healthz: _answers(h), 30, 0.2, healthz, explain=lambda s=seen: "".join(s))
             edge.send_signal(signal.SIGINT)
             try:
-                rest, _ = edge.communicate(timeout=90)
+                rest, _ = edge.communicate(timeout=patience(90))
             except subprocess.TimeoutExpired:
                 edge.kill()
                 rest, _ = edge.communicate()

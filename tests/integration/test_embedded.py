@@ -8,7 +8,7 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -17,16 +17,9 @@ import pytest
 import redis
 
 from cluster.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServerError, free_port
+from tests.timing import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def live_processes_mentioning(text: str) -> list[psutil.Process]:

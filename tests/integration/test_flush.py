@@ -287,8 +287,10 @@ async def test_overloaded_buffer_holds_new_writes_back(
     await eventually(lambda: holds(actor, pending=5))
     assert (await actor.stats())["overloaded"] == 1
     second = asyncio.create_task(actor.write([(uid, t) for uid in ids[5:]]))
-    await asyncio.sleep(0.05)
+    # One turn of the event loop (the actor runs in it): the write runs until it waits for room.
+    await asyncio.sleep(0)
     # Held back before adding: the entries stay with the caller until there is room.
+    assert not second.done()
     assert (await actor.stats())["pending_rows"] == 5
     await asyncio.wait_for(asyncio.gather(first, second), 5)
     values = await stored(db, ids)

@@ -176,11 +176,24 @@ async def test_flush_actor_killed_with_departures_pending(
         for u, c in zip(users, clients, strict=True):
             departed[u] = time.time()
             await c.close()
-        await asyncio.sleep(1.0)
+        await eventually(lambda: _departures_pending(len(users)))
         FlushClient().kill(restart=True)
-        await asyncio.sleep(1.0)
+        # Its successor is up, PostgreSQL still away, and the shards hand their departures again.
+        await eventually(lambda: _departures_pending(len(users)))
     finally:
         pg.restart()
     got = await eventually(lambda: _all_stored(cluster.database_url, users), timeout=60)
     for u in users:
         assert abs(got[u] - departed[u]) < 1.0
+
+
+async def _departures_pending(at_least: int) -> bool:
+    """At least `at_least` departures wait, unwritten, in the shards (which keep each until the
+    FlushActor acknowledges it), and the FlushActor answers holding some of them."""
+    try:
+        _, _, count = await DirectoryClient().get_map()
+        in_shards = sum([(await ShardClient(i).stats(5)).pending_last_seen for i in range(count)])
+        stats = await FlushClient().stats(5)
+    except Exception:  # the FlushActor restarting: Ray's errors, or no such actor yet
+        return False
+    return in_shards >= at_least and stats["pending_rows"] + stats["in_flight_rows"] > 0

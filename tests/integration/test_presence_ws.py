@@ -10,7 +10,8 @@ import websockets
 
 from edge.server import Edge
 
-from .conftest import Cluster, Ids, load, ws_url
+from .conftest import Cluster, Ids, internal_url, load, ws_url
+from .recorder import operator_view
 from .wsclient import Client, changed, eventually, of_type
 
 pytestmark = pytest.mark.integration
@@ -123,12 +124,19 @@ async def test_account_offline_only_when_its_last_socket_goes(
     b2 = await connect(cluster, second_edge, bob)  # the same account on another edge
     await a.expect(changed(bob, "online"))
     await b1.close()
-    await b2.roundtrip()
-    await asyncio.sleep(0.5)  # give a wrong "offline" the time to arrive
-    assert not [f for f in a.frames if f.get("status") == "offline"], a.frames
+    await eventually(lambda: _shard_counts_sockets(edge, bob, 1))  # its shard removed b1
+    # A marker on the same road as a wrong "offline" would take (bob's shard, then a's edge, in
+    # order): once it is here, anything said about b1's departure is here too.
+    await b2.send({"type": "presence.update", "status": "dnd"})
+    await a.expect(changed(bob, "dnd"))
+    assert [f["status"] for f in a.about(bob) if f["type"] == "presence.changed"] == ["online", "dnd"]
     await b2.close()
     await a.expect(changed(bob, "offline"))
     await a.close()
+
+
+async def _shard_counts_sockets(e: Edge, user: str, n: int) -> bool:
+    return (await operator_view(internal_url(e), user))["sockets"] == n
 
 
 async def test_change_on_one_edge_reaches_subscriber_on_another(

@@ -12,6 +12,8 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from tests.timing import patience
+
 Frame = dict[str, Any]
 
 
@@ -29,7 +31,8 @@ class Client:
     @classmethod
     async def connect(cls, url: str, token: str, via: str = "identify") -> Client:
         headers = {"Authorization": f"Bearer {token}"} if via == "header" else None
-        client = cls(await websockets.connect(url, additional_headers=headers, open_timeout=10))
+        ws = await websockets.connect(url, additional_headers=headers, open_timeout=patience(10))
+        client = cls(ws)
         if via == "identify":
             await client.send({"type": "identify", "token": token})
         client.ready = await client.expect(lambda f: f.get("type") == "ready", timeout=15)
@@ -59,6 +62,9 @@ class Client:
         await self.ws.send(frame if isinstance(frame, str | bytes) else json.dumps(frame))
 
     async def expect(self, pred: Callable[[Frame], bool], timeout: float = 5.0) -> Frame:
+        """The first frame kept that matches `pred` (removed from `frames`), waiting for it at most
+        `patience(timeout)`."""
+        timeout = patience(timeout)
         deadline = time.monotonic() + timeout
         while True:
             self._arrived.clear()
@@ -70,7 +76,7 @@ class Client:
                 raise AssertionError(f"closed ({self.close_code}) while waiting; got {self.frames[-8:]}")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"no matching frame within {timeout} s; got {self.frames[-8:]}")
+                raise AssertionError(f"no matching frame within {timeout:.0f} s; got {self.frames[-8:]}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), left)
 
@@ -91,12 +97,12 @@ class Client:
         ]
 
     async def closed(self, timeout: float = 15.0) -> int | None:
-        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        await asyncio.wait_for(asyncio.shield(self._reader), patience(timeout))
         return self.close_code
 
     async def close(self) -> None:
         await self.ws.close()
-        await asyncio.wait_for(asyncio.shield(self._reader), 5)
+        await asyncio.wait_for(asyncio.shield(self._reader), patience(5))
 
 
 def changed(user: str, status: str) -> Callable[[Frame], bool]:
@@ -110,7 +116,9 @@ def of_type(kind: str) -> Callable[[Frame], bool]:
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    """Wait until `check()` (sync or async) returns something truthy; fail with its last value."""
+    """Wait until `check()` (sync or async) returns something truthy, at most `patience(timeout)`;
+    fail with its last value. `interval` is the polling loop's."""
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -119,5 +127,5 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s (last value {value!r})")
+            raise AssertionError(f"condition not met within {timeout:.0f} s (last value {value!r})")
         await asyncio.sleep(interval)
