@@ -5,9 +5,13 @@ its own server (`edge.server.Edge.start`): websockets' asyncio server on uvloop,
 no keepalive pings, the same maximum frame size and incoming queue. Every text or binary message
 is sent straight back.
 
+With `--sansio`, the floor instead: the same echo on websockets' sans-I/O protocol over uvloop's
+transports (`edge.transport.Socket`, which the edge is built on), with nothing else of ours: what
+the library and the event loop cost by themselves, the least an edge could cost.
+
 Runs as its own process, so that its CPU and memory are its own:
 
-    python -m bench.echo_server [--host 127.0.0.1] [--port 0]
+    python -m bench.echo_server [--host 127.0.0.1] [--port 0] [--sansio]
 
 prints `listening on PORT pid PID` once it accepts connections, and stops on SIGTERM or SIGINT.
 The other bare servers of the benchmarks (`bench.query_server`, `bench.fanout_server`) are set up
@@ -26,6 +30,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
+
+from edge.transport import Socket
+from edge.transport import serve as serve_sockets
 
 # The edge's settings (edge/server.py, EdgeConfig.max_frame_bytes, .listen_backlog and `serve(...)`).
 MAX_FRAME_BYTES = 16 * 1024
@@ -62,6 +69,38 @@ async def serve_until_stopped(handler: Handler, host: str, port: int) -> None:
         await stop.wait()
 
 
+class EchoSocket(Socket):
+    """The floor: every message sent straight back, on the edge's transport with nothing of ours."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(max_size=MAX_FRAME_BYTES)
+
+    def on_message(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            self.send_text(message)
+        else:
+            self.protocol.send_binary(message)
+            self.writelines(self.protocol.data_to_send())
+
+    def on_slow(self) -> None:
+        self.abort()
+
+
+async def serve_sansio_until_stopped(host: str, port: int) -> None:
+    """`EchoSocket` with the edge's listen backlog, until SIGINT or SIGTERM (as `serve_until_stopped`)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = await serve_sockets(EchoSocket, host, port, LISTEN_BACKLOG)
+    bound = server.sockets[0].getsockname()[1]
+    print(f"listening on {bound} pid {os.getpid()}", flush=True)
+    await stop.wait()
+    server.close()
+
+
 def arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """The options every bare server takes (`--host`, `--port`)."""
     p = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
@@ -81,8 +120,16 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments("python -m bench.echo_server", __doc__).parse_args(argv)
-    run(serve_until_stopped(echo, args.host, args.port))
+    p = arguments("python -m bench.echo_server", __doc__)
+    p.add_argument(
+        "--sansio", action="store_true", help="the floor: websockets' sans-I/O protocol, no asyncio layer"
+    )
+    args = p.parse_args(argv)
+    run(
+        serve_sansio_until_stopped(args.host, args.port)
+        if args.sansio
+        else serve_until_stopped(echo, args.host, args.port)
+    )
     return 0
 
 

@@ -16,7 +16,7 @@ from edge.reregistration import Registered
 from edge.session import Session
 
 if TYPE_CHECKING:
-    from websockets.asyncio.server import ServerConnection
+    from edge.transport import Socket
 
 
 class Phase(Enum):
@@ -35,7 +35,7 @@ class Phase(Enum):
 
 @dataclass(eq=False)
 class Conn:
-    ws: ServerConnection
+    ws: Socket
     session: Session
     phase: Phase = Phase.IDENTIFYING
     # When the connection went (LEAVING, GONE): its departure is stamped with this time.

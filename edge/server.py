@@ -11,20 +11,16 @@ closed instead of holding anybody else up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
-from websockets.server import ServerProtocol
 
 from actors import gc_policy
 from actors.clients import DirectoryClient, ShardClients
@@ -41,7 +37,7 @@ from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.http_server import HttpServer
 from edge.opening import Entry, OpeningGate, Turns
-from edge.outbound import fan_out, prepare, send_batch, send_prepared
+from edge.outbound import fan_out, prepare, send_batch
 from edge.reregistration import Departure, reregistration
 from edge.router import Router, ShardUnavailable
 from edge.session import (
@@ -64,6 +60,7 @@ from edge.session import (
     UpdateStatus,
 )
 from edge.tokens import demo_secret
+from edge.transport import Socket, serve
 
 log = logging.getLogger("presence.edge")
 
@@ -101,58 +98,38 @@ def _peer_ip(transport: asyncio.BaseTransport) -> str:
     return str(peer[0]) if peer else "unknown"
 
 
-class CountedConnection(ServerConnection):
-    """A public connection, counted against its client address from accept until it has
-    authenticated or gone (`Admission.handshake_begin` / `handshake_end`): half-open upgrades and
-    sockets that never identify are bounded per address. Each edge makes a subclass naming it.
+class EdgeSocket(Socket):
+    """A public connection (edge/transport.py), counted against its client address from accept
+    until it has authenticated or gone (`Admission.handshake_begin` / `handshake_end`): half-open
+    upgrades and sockets that never identify are bounded per address. Each edge makes a subclass
+    naming it.
 
     Edge-wide, it also takes a place at the opening gate (edge/opening.py) for the same span;
-    while it waits for one, what it receives is kept unread (`early`) and reading is paused."""
+    while it waits for one, what it sends is kept unread (`Socket.hold`)."""
 
+    __slots__ = ("busy", "conn", "gated", "greeted", "handshake_ip")
     edge: Edge
-    handshake_ip: str | None = None
-    # Its place at the gate: itself, or the `_Waiting` it was built from once its turn came.
-    gate_key: Opening | None = None
-    waiting: bool = False
-    early: list[bytes] | None = None
+
+    def __init__(self) -> None:
+        config = self.edge.config
+        super().__init__(max_size=config.max_frame_bytes, write_limit=config.send_buffer_bytes)
+        self.handshake_ip: str | None = None
+        self.gated = False  # holds a place at the opening gate (or waits for one)
+        self.greeted = False  # its first commands (identify) were carried out
+        self.busy = False  # a command is being carried out: its next frames wait (`Socket.pause`)
+        self.conn: Conn | None = None  # from the handshake until its departure was journalled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if self.gate_key is not None:  # built on its turn (`_Waiting`): counted and let in already
-            return
         # With a client address header, counted once the header is read instead.
         if self.edge.config.client_ip_header is None and not self.begin_handshake(_peer_ip(transport)):
             return
-        self.gate_key = self
+        self.gated = True
         self.edge.opening_begin(self)
-
-    def data_received(self, data: bytes) -> None:
-        if self.waiting:  # its turn has not come: keep the bytes, read nothing more meanwhile
-            if self.early is None:
-                self.early = []
-            self.early.append(data)
-            assert self.transport is not None
-            self.transport.pause_reading()
-            return
-        super().data_received(data)
-
-    def eof_received(self) -> None:
-        if self.waiting:  # gone before its turn: the transport closes, nothing was opened
-            return
-        super().eof_received()
 
     def take_turn(self) -> None:
         """Its turn at the gate: what arrived meanwhile is read now, and reading resumes."""
-        if not self.waiting:
-            return
-        self.waiting = False
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        early, self.early = self.early or [], None
-        for data in early:
-            super().data_received(data)
-        transport.resume_reading()
+        self.release()
 
     def begin_handshake(self, ip: str) -> bool:
         assert self.transport is not None
@@ -166,66 +143,27 @@ class CountedConnection(ServerConnection):
         if self.handshake_ip is not None:
             self.edge.admission.handshake_end(self.handshake_ip)
             self.handshake_ip = None
-        if self.gate_key is not None:
-            self.edge.opening_end(self.gate_key)
+        if self.gated:
+            self.gated = False
+            self.edge.opening_end(self)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def on_request(self, request: Request) -> Response | None:
+        return self.edge._public_request(self, request)
+
+    def on_open(self) -> None:
+        self.edge._opened(self)
+
+    def on_message(self, message: str | bytes) -> None:
+        if self.conn is not None:
+            self.edge._message(self, self.conn, message)
+
+    def on_close(self) -> None:
         self.end_handshake()
-        super().connection_lost(exc)
+        self.edge._closed(self)
 
-
-class _Waiting(asyncio.Protocol):
-    """An accepted connection waiting its turn at the opening gate, before websockets built its
-    connection object and handler task (~70 µs of the edge's CPU, and a storm brings thousands
-    at once): it is counted against its address as usual, what it sends meanwhile is kept unread
-    (reading paused), and on its turn it becomes the edge's connection as if just accepted."""
-
-    def __init__(self, edge: Edge, build: Callable[[], CountedConnection]) -> None:
-        self.edge = edge
-        self.build = build
-        self.transport: asyncio.Transport | None = None
-        self.early: list[bytes] = []
-        self.handshake_ip: str | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = t = cast(asyncio.Transport, transport)
-        edge = self.edge
-        if edge.config.client_ip_header is None:  # else counted once the header is read
-            ip = _peer_ip(t)
-            if not edge.handshake_begin(t, ip):
-                return
-            self.handshake_ip = ip
-        edge.opening_begin(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.early.append(data)
-        assert self.transport is not None
-        self.transport.pause_reading()
-
-    def eof_received(self) -> bool | None:
-        return None  # gone before its turn: the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.handshake_ip is not None:
-            self.edge.admission.handshake_end(self.handshake_ip)
-            self.handshake_ip = None
-        self.edge.opening_end(self)
-
-    def take_turn(self) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            return  # its connection_lost gives the place back
-        conn = self.build()
-        conn.gate_key, conn.handshake_ip, self.handshake_ip = self, self.handshake_ip, None
-        t.set_protocol(conn)
-        conn.connection_made(t)
-        for data in self.early:
-            conn.data_received(data)
-        self.early = []
-        t.resume_reading()
-
-
-Opening = CountedConnection | _Waiting
+    def on_slow(self) -> None:
+        # Not inside the transport's write that noticed it: aborted in a step of its own.
+        asyncio.get_running_loop().call_soon(self.edge._too_slow, self)
 
 
 class _Refused(asyncio.Protocol):
@@ -317,10 +255,12 @@ class Edge:
         # When to look at each socket for the liveness rule (`_liveness_loop`).
         self.deadlines: Deadlines[str] = Deadlines()
         self.admission = Admission(config.limits)
-        self.opening: OpeningGate[Opening] = OpeningGate(
+        self.opening: OpeningGate[EdgeSocket] = OpeningGate(
             config.limits.max_opening, config.limits.max_opening_queued, config.limits.opening_queue_s
         )
-        self._connection_class = type("EdgeConnection", (CountedConnection,), {"edge": self})
+        self._socket_class: type[EdgeSocket] = type(
+            "EdgeConnection", (EdgeSocket,), {"__slots__": (), "edge": self}
+        )
         # Recent departures with their sockets' claims, oldest first: see `_reregister`.
         self.departures: deque[Departure] = deque()
         self.counts = CountReader(config.redis_url, ttl_s=config.count_ttl_s)
@@ -335,8 +275,9 @@ class Edge:
         # database): elsewhere / and /demo/token answer 404 and demo tokens are refused.
         self.demo = DemoSite(config.secret) if config.demo and is_loopback(config.ws_host) else None
         self.demo_key = demo_secret(config.secret) if self.demo is not None else None
-        self._servers: list[Server] = []
+        self._servers: list[asyncio.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
+        # Tasks carrying out a socket's commands, and its clean-up once gone.
         self._handlers: set[asyncio.Task[Any]] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._drain: asyncio.Task[None] | None = None
@@ -349,16 +290,7 @@ class Edge:
         await self.router.start()
         self._servers.append(
             await serve(
-                self._handle,
-                self.config.ws_host,
-                self.config.ws_port,
-                process_request=self._public_request,
-                create_connection=cast(type[ServerConnection], self._new_connection),
-                max_size=self.config.max_frame_bytes,
-                compression=None,
-                ping_interval=None,
-                max_queue=16,
-                backlog=self.config.listen_backlog,
+                self._new_connection, self.config.ws_host, self.config.ws_port, self.config.listen_backlog
             )
         )
         await self.internal_http.start(self.config.internal_host, self.config.internal_port)
@@ -402,10 +334,9 @@ class Edge:
         )
         await asyncio.sleep(cfg.drain_grace_s)
         if self._servers:
-            self._servers[0].close(close_connections=False)  # stop listening; sockets stay open
+            self._servers[0].close()  # stop listening; sockets stay open
         for ws in self.opening.drain():  # never read: nothing to close gracefully
-            if ws.transport is not None:
-                ws.transport.abort()
+            ws.abort()
         conns = list(self.conns.values())
         started = loop.time()
         step = max(1, len(conns) // 10)
@@ -418,16 +349,14 @@ class Edge:
                 log.warning("edge %s draining: %d of %d sockets closed", self.edge_id, i + 1, len(conns))
         for conn in list(self.conns.values()):  # still identifying when the list was taken
             self._close_for_restart(conn)
-        handlers = set(self._handlers)
-        if handlers:
-            _, late = await asyncio.wait(handlers, timeout=cfg.drain_handoff_s)
-            if late:
-                log.error(
-                    "edge %s draining: %d departures not handed to the shards after %.1f s; stopping anyway",
-                    self.edge_id,
-                    len(late),
-                    cfg.drain_handoff_s,
-                )
+        late = await self._departed(cfg.drain_handoff_s)
+        if late:
+            log.error(
+                "edge %s draining: %d departures not handed to the shards after %.1f s; stopping anyway",
+                self.edge_id,
+                late,
+                cfg.drain_handoff_s,
+            )
         log.warning(
             "edge %s drained: %d sockets closed in %.1f s, their departures handed to the shards",
             self.edge_id,
@@ -443,24 +372,40 @@ class Edge:
             return
         conn.closed_by_server(time.time())
         self.metrics.inc("closes_total", code=str(p.CLOSE_SERVICE_RESTART))
-        task = asyncio.create_task(conn.ws.close(p.CLOSE_SERVICE_RESTART, "service restart; reconnect"))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        conn.ws.close(p.CLOSE_SERVICE_RESTART, "service restart; reconnect")
+
+    async def _departed(self, timeout: float) -> int:
+        """Wait (at most `timeout`) until every socket is gone and its departure handed to the
+        shards; returns how many were not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.conns or self._handlers:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            # Sockets wait for their clients' close frames with no task of their own: looked at
+            # again every 50 ms, or as soon as a clean-up finishes.
+            if self._handlers:
+                await asyncio.wait(set(self._handlers), timeout=min(left, 0.05))
+            else:
+                await asyncio.sleep(min(left, 0.05))
+        return len(self.conns) + len(self._handlers)
 
     async def stop(self) -> None:
         """Close every socket (each one's departure is registered upstream), then stop."""
         if self._drain is not None and not self._drain.done():
             self._drain.cancel()  # stopped at once (a second SIGTERM): whatever is left goes now
         for server in self._servers:
-            server.close(close_connections=True)
+            server.close()
         for ws in self.opening.drain():  # never read: nothing to close gracefully
-            if ws.transport is not None:
-                ws.transport.abort()
-        for server in self._servers:
-            await server.wait_closed()
+            ws.abort()
+        for ws in list(self.opening.active):
+            if ws.conn is None:  # still in its upgrade
+                ws.abort()
+        for conn in list(self.conns.values()):
+            conn.ws.close(1001)  # as websockets' `Server.close` closes its connections
+        await self._departed(30.0)
         await self.internal_http.close()
-        if self._handlers:
-            await asyncio.wait(self._handlers, timeout=30)
         for t in self._tasks:
             t.cancel()
         await self.router.close()
@@ -468,19 +413,14 @@ class Edge:
 
     # ------------------------------------------------------------------ the opening gate
 
-    def _new_connection(self, protocol: ServerProtocol, server: Server, **kwargs: Any) -> asyncio.Protocol:
-        """websockets' connection factory, called at accept: with the gate's line full, the
-        connection is dropped before websockets builds anything more for it (a refusal then
-        costs ~45 µs of the edge's CPU instead of ~115: a storm brings thousands a second)."""
+    def _new_connection(self) -> asyncio.Protocol:
+        """The public port's protocol factory, called at accept: with the gate's line full, the
+        connection is dropped before anything more is built for it (a storm brings thousands a
+        second)."""
         if self.opening.full():
             self.metrics.inc("opening_refused_total")
             return _Refused()
-
-        def build() -> CountedConnection:
-            conn: CountedConnection = self._connection_class(protocol, server, **kwargs)
-            return conn
-
-        return build() if self.opening.has_place() else _Waiting(self, build)
+        return self._socket_class()
 
     def handshake_begin(self, transport: asyncio.BaseTransport, ip: str) -> bool:
         """Count a connection still opening against its address (`Admission.handshake_begin`);
@@ -493,115 +433,136 @@ class Edge:
         cast(asyncio.Transport, transport).abort()
         return False
 
-    def opening_begin(self, ws: Opening) -> None:
+    def opening_begin(self, ws: EdgeSocket) -> None:
         """A connection was accepted: open it now, let it wait its turn unread, or drop it."""
         match self.opening.enter(ws, time.monotonic()):
             case Entry.GO:
-                if isinstance(ws, _Waiting):  # a place came free since it was accepted
-                    asyncio.get_running_loop().call_soon(ws.take_turn)
+                pass
             case Entry.WAIT:
-                if isinstance(ws, CountedConnection):  # a place was taken since it was accepted
-                    ws.waiting = True
+                ws.hold()
                 self.metrics.inc("opening_waited_total")
             case Entry.REFUSE:
                 self.metrics.inc("opening_refused_total")
-                assert ws.transport is not None
-                ws.transport.abort()
+                ws.abort()
 
-    def opening_end(self, ws: Opening) -> None:
+    def opening_end(self, ws: EdgeSocket) -> None:
         """`ws` is authenticated or gone: its place goes to the next in line."""
         self._take_turns(self.opening.leave(ws, time.monotonic()))
 
-    def _take_turns(self, turns: Turns[Opening]) -> None:
+    def _take_turns(self, turns: Turns[EdgeSocket]) -> None:
         loop = asyncio.get_running_loop()
         for ws, waited in turns.admitted:
             self.metrics.observe("opening_wait_seconds", waited)
             loop.call_soon(ws.take_turn)  # not inside the caller's callback: its own turn
         for ws in turns.expired:
             self.metrics.inc("opening_expired_total")
-            if ws.transport is not None:
-                ws.transport.abort()
+            ws.abort()
 
     # ------------------------------------------------------------------ HTTP on the public port
 
-    async def _public_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    def _public_request(self, ws: EdgeSocket, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == WS_PATH:
-            if (
-                self.config.client_ip_header is not None
-                and isinstance(connection, CountedConnection)
-                and not connection.begin_handshake(self._client_ip(connection))
+            if self._servers and not self._servers[0].is_serving():  # as websockets' server says it
+                return ws.protocol.reject(503, "Server is shutting down.\n")
+            if self.config.client_ip_header is not None and not ws.begin_handshake(
+                self._client_ip(ws, request)
             ):
-                return json_response(connection, 429, {"error": "too many connections from this address"})
+                return json_response(None, 429, {"error": "too many connections from this address"})
             return None
         if self.demo is not None:
             response = self.demo.handle(request)
             if response is not None:
                 return response
-        return json_response(
-            connection, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"}
-        )
+        return json_response(None, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"})
 
     # ------------------------------------------------------------------ one socket
+    #
+    # No task per socket: its transport calls `_opened`, `_message` and `_closed`. A frame whose
+    # commands wait on the shards is carried out by a task of its own (`_serve`), and the
+    # socket's next frames wait unread meanwhile (`Socket.pause`), so each socket's frames are
+    # handled in order; a heartbeat is answered inside the callback.
 
-    async def _handle(self, ws: ServerConnection) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
+    def _opened(self, ws: EdgeSocket) -> None:
+        """The upgrade was accepted."""
         now = time.time()
+        assert ws.request is not None
         session = Session(
             secret=self.config.secret,
             now=now,
             limits=self.config.limits,
             admission=self.admission,
-            ip=self._client_ip(ws),
+            ip=self._client_ip(ws, ws.request),
             demo_key=self.demo_key,
         )
-        conn = Conn(ws, session)
+        conn = ws.conn = Conn(ws, session)
         self.conns[session.socket_id] = conn
         self.deadlines.add(session.socket_id, session.deadline())
-        ws.connection_lost_waiter.add_done_callback(lambda _: conn.went(time.time()))
         self.metrics.inc("connections_total")
+        # Else it waits for identify, closed by `_liveness_loop` if none comes in time.
+        commands = session.open() or session.authenticate_header(ws.request.headers.get("Authorization"), now)
+        if commands:
+            self._begin(ws, conn, commands)
+
+    def _message(self, ws: EdgeSocket, conn: Conn, raw: str | bytes) -> None:
+        session = conn.session
+        commands = session.receive(raw, time.time())
+        if commands is HEARTBEAT_ACKED:  # most frames: answered on the shortest road
+            self._ack_heartbeat(conn)
+            return
+        kind = (session.last_frame_type or "refused") if ws.greeted else "identify"
+        self.metrics.inc("frames_in_total", type=kind)
+        if commands or not ws.greeted:
+            self._begin(ws, conn, commands)
+
+    def _begin(self, ws: EdgeSocket, conn: Conn, commands: list[Command]) -> None:
+        ws.busy = True
+        ws.pause()
+        task = asyncio.create_task(self._serve(ws, conn, commands))
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _serve(self, ws: EdgeSocket, conn: Conn, commands: list[Command]) -> None:
+        """Carry out one frame's commands (or the upgrade's), then read the socket's next frame."""
         try:
-            assert ws.request is not None
-            commands = session.open() or session.authenticate_header(
-                ws.request.headers.get("Authorization"), now
-            )
-            if not commands:
-                try:
-                    raw = await asyncio.wait_for(ws.recv(), max(0.0, session.deadline() - time.time()))
-                except TimeoutError:
-                    commands = [Close(p.CLOSE_AUTH, "no identify within the time allowed")]
-                else:
-                    self.metrics.inc("frames_in_total", type="identify")
-                    commands = session.receive(raw, time.time())
-            if not await self._run(conn, commands):
-                return
-            # Authenticated: its deadline is now the liveness timeout's instead of the identify
-            # timeout's (which may be the later one, when configured so).
-            self.deadlines.add(session.socket_id, session.deadline())
-            if isinstance(ws, CountedConnection):
-                ws.end_handshake()  # authenticated: from now on it counts as a socket
-            async for raw in ws:
-                commands = session.receive(raw, time.time())
-                if commands is HEARTBEAT_ACKED:  # most frames: answered on the shortest road
-                    self._ack_heartbeat(conn)
-                    continue
-                self.metrics.inc("frames_in_total", type=session.last_frame_type or "refused")
-                if not await self._run(conn, commands):
-                    return
-        except ConnectionClosed:
-            pass
+            if await self._run(conn, commands) and not ws.greeted:
+                ws.greeted = True
+                # Authenticated: its deadline is now the liveness timeout's instead of the
+                # identify timeout's (which may be the later one, when configured so), and from
+                # now on it counts as a socket.
+                self.deadlines.add(conn.session.socket_id, conn.session.deadline())
+                ws.end_handshake()
+        except Exception:
+            log.exception("closing %s: its frame failed", conn.session.socket_id)
+            ws.close(1011, "internal error")
         finally:
-            self.conns.pop(session.socket_id, None)
-            # In the same step as the pop (no await between): a restart noticed from now on
-            # finds the socket either live or in the journal, never in neither.
-            self._journal_departure(conn)
-            session.gone()
-            try:
-                await self._cleanup(conn)
-            finally:
-                self._handlers.discard(task)
+            ws.busy = False
+            if ws.lost:
+                self._finish(conn)
+            else:
+                ws.resume()
+
+    def _closed(self, ws: EdgeSocket) -> None:
+        """The connection is gone; its departure waits for the command in flight, if any (a
+        `connect` that lands after all must be undone)."""
+        conn = ws.conn
+        if conn is None:
+            return
+        conn.went(time.time())
+        if not ws.busy:
+            self._finish(conn)
+
+    def _finish(self, conn: Conn) -> None:
+        s = conn.session
+        self.conns.pop(s.socket_id, None)
+        # In the same step as the pop (no await between): a restart noticed from now on
+        # finds the socket either live or in the journal, never in neither.
+        self._journal_departure(conn)
+        s.gone()
+        if conn.registered and s.user_id is not None:
+            task = asyncio.create_task(self._cleanup(conn))
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
 
     def _journal_departure(self, conn: Conn) -> None:
         if not conn.registered or conn.session.user_id is None:
@@ -615,10 +576,10 @@ class Edge:
         while self.departures and self.departures[0].at < horizon:
             self.departures.popleft()
 
-    def _client_ip(self, ws: ServerConnection) -> str:
+    def _client_ip(self, ws: Socket, request: Request) -> str:
         header = self.config.client_ip_header
-        if header is not None and ws.request is not None:
-            forwarded = ws.request.headers.get(header)
+        if header is not None:
+            forwarded = request.headers.get(header)
             if forwarded:
                 return forwarded.rsplit(",", 1)[-1].strip()
         peer = ws.remote_address
@@ -633,7 +594,7 @@ class Edge:
             except ShardUnavailable as e:
                 log.warning("closing %s: %s", conn.session.socket_id, e)
                 conn.closed_by_server(time.time())
-                await conn.ws.close(p.CLOSE_UNAVAILABLE, "presence is restarting; reconnect")
+                conn.ws.close(p.CLOSE_UNAVAILABLE, "presence is restarting; reconnect")
                 return False
         return True
 
@@ -647,7 +608,9 @@ class Edge:
                 self._send(conn, text if text is not None else frames.text(frame))
             case Close(code=code, reason=reason):
                 self.metrics.inc("closes_total", code=str(code))
-                await self._close_draining(conn.ws, code, reason)
+                # What the client still sends is dropped (edge/transport.py), so a flooding
+                # client's answering close frame is read, not stuck behind its frames.
+                conn.ws.close(code, reason)
                 return False
             case Connect(user_id=user_id):
                 connected = await self.router.to_user(user_id, ops.Connect(user_id, sid))
@@ -704,7 +667,6 @@ class Edge:
                         answered.append(orjson.dumps(frames.changed(u, a.status, a.last_seen_at)))
                 if send_batch(conn.ws, answered):  # the answers in one write
                     self.metrics.inc("frames_out_total", n=len(answered))
-                    self._check_backlog(conn)
             case UpdateStatus(status=status):
                 assert user is not None
                 await self.router.to_user(user, ops.SetStatus(user, sid, status))
@@ -720,25 +682,6 @@ class Edge:
                 verdict = await self.router.to_channel(channel, _channel_op(kind, channel, user, sid))
                 return await self._run(conn, s.channel_result(cmd, verdict))
         return True
-
-    @staticmethod
-    async def _close_draining(ws: ServerConnection, code: int, reason: str) -> None:
-        """Close from the socket's own handler, reading and dropping what the client still sends.
-
-        A client closed for flooding has frames in flight; unread, they fill the connection's
-        queue, which pauses reading, so the client's answering close frame is never seen and the
-        handshake hangs until the close timeout (10 s) with the socket held open."""
-
-        async def discard() -> None:
-            with contextlib.suppress(ConnectionClosed):
-                while True:
-                    await ws.recv()
-
-        drain = asyncio.create_task(discard())
-        try:
-            await ws.close(code, reason)
-        finally:
-            drain.cancel()
 
     async def _spend(self, user: str | None, n: int) -> bool:
         """Charge `n` ids to the account's lookup budget, kept by its shard (so it holds across
@@ -780,18 +723,16 @@ class Edge:
     # ------------------------------------------------------------------ frames out
 
     def _send(self, conn: Conn, payload: str) -> None:
-        fan_out((conn.ws,), payload)
+        conn.ws.send_text(payload)
         self.metrics.inc("frames_out_total")
-        self._check_backlog(conn)
 
     def _ack_heartbeat(self, conn: Conn) -> None:
         """What `_run` does for `HEARTBEAT_ACKED`, without building anything per frame."""
         inc = self.metrics.inc_key
         inc(HEARTBEAT_COUNTS[0])
         inc(HEARTBEAT_COUNTS[1])
-        if send_prepared(conn.ws, HEARTBEAT_ACK_TEXT, HEARTBEAT_ACK_BYTES):
+        if conn.ws.write(HEARTBEAT_ACK_BYTES):
             inc(HEARTBEAT_COUNTS[2])
-            self._check_backlog(conn)
 
     def _release(self, conn: Conn) -> None:
         conn.hold -= 1
@@ -804,12 +745,13 @@ class Edge:
 
     def _deliver(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets. The hot loop
-        of fan-out (every delivery passes here): one pass over the recipients, the write and the
-        backlog check in `fan_out`."""
+        of fan-out (every delivery passes here): one pass over the recipients, then the write in
+        `fan_out` (a client whose unread output passes the limit is noticed by its transport:
+        `EdgeSocket.on_slow`)."""
         if is_internal(payload):
             self._internal(socket_ids, payload)
             return
-        ready: list[ServerConnection] = []
+        ready: list[Socket] = []
         about = changed_about(payload)
         conns = self.conns
         repeats = 0
@@ -828,11 +770,7 @@ class Edge:
         if repeats:
             self.metrics.inc("repeats_dropped_total", n=repeats)
         if ready:
-            slow: list[ServerConnection] = []
-            written = fan_out(ready, payload, self.config.send_buffer_bytes, slow)
-            self.metrics.inc("frames_out_total", n=written)
-            for ws in slow:
-                self._too_slow(ws)
+            self.metrics.inc("frames_out_total", n=fan_out(ready, payload))
 
     def _internal(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """Frames from the shards meant for the edge itself, never for clients."""
@@ -847,17 +785,13 @@ class Edge:
                 case ChosenNote(status, at):
                     conn.session.note_chosen(status, at)
 
-    def _check_backlog(self, conn: Conn) -> None:
-        transport = conn.ws.transport
-        if transport is not None and transport.get_write_buffer_size() > self.config.send_buffer_bytes:
-            self._too_slow(conn.ws)
-
-    def _too_slow(self, ws: ServerConnection) -> None:
-        """A client whose unread output passed the limit is closed instead of holding anybody up."""
+    def _too_slow(self, ws: Socket) -> None:
+        """A client whose unread output passed the limit (`send_buffer_bytes`, the transport's
+        high-water mark) is closed instead of holding anybody up."""
         if ws.transport is not None:
             self.metrics.inc("slow_clients_closed_total")
             # Abort rather than close: a client that does not read would not read a close frame.
-            ws.transport.abort()
+            ws.abort()
 
     # ------------------------------------------------------------------ background duties
 
@@ -877,9 +811,7 @@ class Edge:
                         # Per the contract, a silent socket departs when it was last heard.
                         conn.went(conn.session.last_frame_at)
                     self.metrics.inc("closes_total", code=str(close.code))
-                    task = asyncio.create_task(conn.ws.close(close.code, close.reason))
-                    self._closing.add(task)
-                    task.add_done_callback(self._closing.discard)
+                    conn.ws.close(close.code, close.reason)
             self.metrics.set("open_connections", len(self.conns))
             self.admission.sweep(now)
             self._take_turns(self.opening.expire(time.monotonic()))

@@ -1,0 +1,342 @@
+"""edge.transport (websockets' sans-I/O protocol on asyncio transports) and edge.outbound, over real
+sockets on localhost with websockets' own asyncio client (no Ray: nothing here needs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gc
+import os
+import socket
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request, Response
+
+from edge import transport
+from edge.http import json_response
+from edge.outbound import fan_out, prepare, send_batch
+from edge.transport import Socket, serve
+
+
+class Recorder(Socket):
+    """Records what happens to it; `refuse` answers the upgrade with a 404, `pause_on` pauses
+    after a message of that text (the test resumes it)."""
+
+    __slots__ = ("events", "messages", "pause_on", "refuse", "requests")
+
+    def __init__(self, write_limit: int = 1 << 20) -> None:
+        super().__init__(max_size=1024, write_limit=write_limit)
+        self.events: list[str] = []
+        self.messages: list[str | bytes] = []
+        self.refuse = False
+        self.pause_on: str | None = None
+        self.requests: list[weakref.ref[Request]] = []
+
+    def on_request(self, request: Request) -> Response | None:
+        self.events.append(f"request {request.path}")
+        self.requests.append(weakref.ref(request))
+        return json_response(None, 404, {"error": "nothing here"}) if self.refuse else None
+
+    def on_open(self) -> None:
+        assert self.request is not None  # still there for the edge to read its headers
+        self.events.append("open")
+
+    def on_message(self, message: str | bytes) -> None:
+        self.messages.append(message)
+        if message == self.pause_on:
+            self.pause()
+
+    def on_close(self) -> None:
+        self.events.append("close")
+
+    def on_slow(self) -> None:
+        self.events.append("slow")
+        self.abort()
+
+
+class Server:
+    def __init__(self, make: Callable[[], Recorder]) -> None:
+        self.sockets: list[Recorder] = []
+        self.arrived = asyncio.Condition()
+        self.make = make
+        self.port = 0
+
+    def factory(self) -> Recorder:
+        s = self.make()
+        self.sockets.append(s)
+        return s
+
+    async def until(self, check: Callable[[], bool], timeout: float = 5.0) -> None:
+        async def wait() -> None:
+            while not check():
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(wait(), timeout)
+
+
+@asynccontextmanager
+async def _server(make: Callable[[], Recorder] = Recorder) -> AsyncIterator[Server]:
+    s = Server(make)
+    listener = await serve(s.factory, "127.0.0.1", 0)
+    s.port = listener.sockets[0].getsockname()[1]
+    try:
+        yield s
+    finally:
+        listener.close()
+        for sock in s.sockets:
+            sock.abort()
+
+
+async def _client(s: Server, path: str = "/ws", **kw: Any) -> ClientConnection:
+    return await connect(f"ws://127.0.0.1:{s.port}{path}", **kw)
+
+
+async def _recv(c: ClientConnection) -> Any:
+    return await asyncio.wait_for(c.recv(), 5)
+
+
+async def test_a_socket_opens_hands_over_text_and_binary_in_order_and_answers_pings() -> None:
+    async with _server() as s:
+        c = await _client(s, "/ws/presence?v=1")
+        sock = s.sockets[0]
+        await c.send("héllo")
+        await c.send(b"\x00\x01")
+        pong = await c.ping()
+        await asyncio.wait_for(pong, 5)
+        await s.until(lambda: len(sock.messages) == 2)
+        assert sock.messages == ["héllo", b"\x00\x01"]
+        assert sock.events == ["request /ws/presence?v=1", "open"]
+        assert sock.request is None  # dropped once open: a socket keeps no headers
+        assert sock.open and sock.remote_address is not None
+        await c.close()
+        await s.until(lambda: sock.lost)
+        assert sock.events[-1] == "close" and sock.events.count("close") == 1
+
+
+async def test_a_refused_upgrade_gets_the_answer_and_never_opens() -> None:
+    def refusing() -> Recorder:
+        r = Recorder()
+        r.refuse = True
+        return r
+
+    async with _server(refusing) as s:
+        with pytest.raises(InvalidStatus) as e:
+            await _client(s)
+        assert e.value.response.status_code == 404
+        sock = s.sockets[0]
+        await s.until(lambda: sock.lost)
+        assert sock.events == ["request /ws", "close"]
+
+
+async def test_fragments_are_joined_and_a_message_too_big_closes_1009() -> None:
+    async with _server() as s:
+        c = await _client(s)
+        sock = s.sockets[0]
+        await c.send(["ab", "c", "dé"])  # one message in three frames
+        await s.until(lambda: len(sock.messages) == 1)
+        assert sock.messages == ["abcdé"]
+        await c.send("x" * 2000)  # over max_size (1024)
+        with pytest.raises(ConnectionClosed):
+            await _recv(c)
+        assert c.close_code == 1009
+
+
+async def test_a_text_frame_that_is_not_utf8_closes_1007() -> None:
+    async with _server() as s:
+        c = await _client(s)
+        await c.send(b"\xff\xfe", text=True)
+        with pytest.raises(ConnectionClosed):
+            await _recv(c)
+        assert c.close_code == 1007
+        assert s.sockets[0].messages == []
+
+
+async def test_messages_after_a_pause_wait_in_order_until_resume() -> None:
+    def pausing() -> Recorder:
+        r = Recorder()
+        r.pause_on = "wait"
+        return r
+
+    async with _server(pausing) as s:
+        c = await _client(s)
+        sock = s.sockets[0]
+        for m in ("wait", "1", "2", "wait", "3"):
+            await c.send(m)
+        await s.until(lambda: len(sock.messages) == 1)
+        await asyncio.sleep(0.05)  # the others arrive meanwhile, and are held
+        assert sock.messages == ["wait"]
+        sock.resume()
+        assert sock.messages == ["wait", "1", "2", "wait"]  # paused again by the second
+        sock.resume()
+        await s.until(lambda: len(sock.messages) == 5)
+        assert sock.messages == ["wait", "1", "2", "wait", "3"]
+        await c.send("4")  # reading went on
+        await s.until(lambda: len(sock.messages) == 6)
+
+
+async def test_close_sends_the_code_and_reason_and_drops_what_arrives_after() -> None:
+    async with _server() as s:
+        c = await _client(s)
+        sock = s.sockets[0]
+        sock.close(4001, "no")
+        assert not sock.open
+        await c.send("late")  # may or may not leave before the close frame is read
+        with pytest.raises(ConnectionClosed):
+            await _recv(c)
+        assert (c.close_code, c.close_reason) == (4001, "no")
+        await s.until(lambda: sock.lost)
+        assert sock.messages == [] and sock.events.count("close") == 1
+        assert not sock.send_text("gone") and not sock.write(prepare("gone"))
+
+
+def _upgrade_request(port: int) -> bytes:
+    key = base64.b64encode(os.urandom(16)).decode()
+    return (
+        f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nX-Padding: {'p' * 2000}\r\n\r\n"
+    ).encode()
+
+
+def _raw_upgrade(port: int, then: bytes = b"") -> socket.socket:
+    """A client socket past the handshake (`then` sent in the same write as the request), that
+    reads nothing more unless told."""
+    raw = socket.create_connection(("127.0.0.1", port))
+    raw.sendall(_upgrade_request(port) + then)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += raw.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 101")
+    return raw
+
+
+async def test_a_client_that_does_not_read_is_reported_slow() -> None:
+    async with _server(lambda: Recorder(write_limit=64 * 1024)) as s:
+        raw = await asyncio.to_thread(_raw_upgrade, s.port)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.open)
+            chunk = prepare("x" * 16_000)
+            for _ in range(2000):  # 32 MB: far more than the kernel's buffers hold
+                if not sock.write(chunk):
+                    break
+                if "slow" in sock.events:
+                    break
+            await s.until(lambda: sock.lost)
+            assert "slow" in sock.events
+        finally:
+            raw.close()
+
+
+async def test_a_client_that_never_answers_the_close_is_dropped_after_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transport, "CLOSE_TIMEOUT_S", 0.2)
+    async with _server() as s:
+        raw = await asyncio.to_thread(_raw_upgrade, s.port)
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.open)
+            sock.close(1012, "restart")
+            await s.until(lambda: sock.lost, timeout=3)
+        finally:
+            raw.close()
+
+
+async def test_a_connection_that_never_sends_its_request_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "OPEN_TIMEOUT_S", 0.2)
+    async with _server() as s:
+        raw = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", s.port))
+        try:
+            await s.until(lambda: bool(s.sockets) and s.sockets[0].lost, timeout=3)
+            assert s.sockets[0].events == ["close"]
+        finally:
+            raw.close()
+
+
+async def test_a_held_connection_is_read_only_once_released() -> None:
+    def holding() -> Recorder:
+        r = Recorder()
+        r.hold()
+        return r
+
+    async with _server(holding) as s:
+        opening = asyncio.create_task(_client(s))
+        await s.until(lambda: bool(s.sockets))
+        sock = s.sockets[0]
+        await asyncio.sleep(0.05)
+        assert sock.held and sock.events == [] and not opening.done()
+        sock.release()
+        c = await asyncio.wait_for(opening, 5)
+        assert sock.events == ["request /ws", "open"]
+        await c.close()
+
+
+async def test_fan_out_reaches_every_open_socket_and_skips_closed_ones() -> None:
+    async with _server() as s:
+        clients = [await _client(s) for _ in range(3)]
+        await clients[2].close()
+        await s.until(lambda: s.sockets[2].lost)
+        assert fan_out(s.sockets, '{"type":"presence.changed","userId":"é"}') == 2
+        assert [await _recv(c) for c in clients[:2]] == ['{"type":"presence.changed","userId":"é"}'] * 2
+
+
+async def test_writes_stay_in_order_whatever_road_they_take() -> None:
+    async with _server() as s:
+        c = await _client(s)
+        sock = s.sockets[0]
+        assert sock.send_text("one")
+        fan_out([sock], "two")
+        assert send_batch(sock, [b"three", "ü".encode()])
+        assert sock.write(prepare("x" * 70_000))  # a 64-bit length header
+        assert [await _recv(c) for _ in range(5)] == ["one", "two", "three", "ü", "x" * 70_000]
+        assert not send_batch(sock, [])
+
+
+def test_prepare_is_websockets_own_unmasked_text_frame() -> None:
+    frame = Frame(Opcode.TEXT, b'{"a":1}')
+    assert prepare('{"a":1}') == frame.serialize(mask=False)
+
+
+async def test_an_open_socket_keeps_nothing_of_its_upgrade_request() -> None:
+    """websockets' own parser would keep the request (headers and all) for the socket's life."""
+    async with _server() as s:
+        c = await _client(s, additional_headers={"X-Padding": "p" * 2000})
+        sock = s.sockets[0]
+        await c.send("after")
+        await s.until(lambda: sock.messages == ["after"])
+        gc.collect()
+        assert [r() for r in sock.requests] == [None]
+        await c.send("still parsed")
+        await s.until(lambda: len(sock.messages) == 2)
+        await c.close()
+
+
+def _masked(text: str) -> bytes:
+    return Frame(Opcode.TEXT, text.encode()).serialize(mask=True)
+
+
+async def test_frames_sent_with_the_request_and_split_anywhere_are_read() -> None:
+    """A client may send frames before the 101 arrives (in the request's own segment), and a
+    frame may be cut anywhere: the request is still dropped only between frames."""
+    async with _server() as s:
+        whole, cut = _masked("with the request"), _masked("cut in two" * 30)
+        raw = await asyncio.to_thread(_raw_upgrade, s.port, whole + cut[:5])
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.messages == ["with the request"])
+            await asyncio.sleep(0.05)
+            await asyncio.to_thread(raw.sendall, cut[5:] + _masked("next"))
+            await s.until(lambda: len(sock.messages) == 3)
+            assert sock.messages[1:] == ["cut in two" * 30, "next"]
+            gc.collect()
+            assert [r() for r in sock.requests] == [None]
+        finally:
+            raw.close()
