@@ -71,9 +71,17 @@ def source_address(connection_index: int) -> str:
     return f"127.{1 + n // 62_500}.{(n // 250) % 250}.{n % 250 + 1}"
 
 
-def raise_nofile() -> int:
-    """Raise this process's soft open-file limit to its hard limit; returns the limit."""
+def raise_nofile(at_least: int = 0) -> int:
+    """Raise this process's soft open-file limit to its hard limit, and the hard limit itself to
+    `at_least` where the process may (root; the processes it starts inherit both); returns the
+    soft limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < at_least:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (at_least, at_least))
+            return at_least
+        except (ValueError, OSError):
+            pass  # not allowed: the hard limit stays, and the caller says what is missing
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard

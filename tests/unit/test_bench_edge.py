@@ -1,0 +1,39 @@
+"""`presence bench edge`'s arguments, turns and open-file limit (the run itself: the bench smoke test)."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+
+from bench import edge, loadgen
+
+
+def test_quick_is_small_and_the_full_size_is_the_target() -> None:
+    full = edge.parse([])
+    assert full.sockets == edge.TARGET_SOCKETS == 100_000
+    quick = edge.parse(["--quick"])
+    assert (quick.sockets, quick.connections) == (2_000, 50)
+
+
+def test_the_heartbeating_connections_are_part_of_the_sockets() -> None:
+    with pytest.raises(SystemExit):
+        edge.parse(["--sockets", "100", "--connections", "200"])
+
+
+def test_every_server_gets_as_many_windows_each_side_of_the_others() -> None:
+    assert edge._order(2) == ["bare", "floor", "ours", "ours", "floor", "bare"]
+    assert edge._order(1) == ["bare", "floor", "ours"]
+
+
+def test_the_open_file_limit_is_raised_where_allowed_and_reported_where_not() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        got = loadgen.raise_nofile(hard + 10)
+        now = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if got >= hard + 10:  # privileged: both limits moved
+            assert now == (hard + 10, hard + 10)
+        else:  # not: the soft limit reached the hard one, and the caller is told so
+            assert got == hard and now == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # lowering is always allowed
