@@ -348,6 +348,14 @@ def gcs_address() -> str:
     return str(ray.get_runtime_context().gcs_address)
 
 
+def raylet_address() -> tuple[str, int]:
+    """This process's raylet (host, port): what an edge probes to know it still has Ray."""
+    node = ray._private.worker.global_worker.node
+    if node is None:
+        raise RuntimeError("not joined to Ray")
+    return str(node.node_ip_address), int(node.node_manager_port)
+
+
 def auth_mode() -> str | None:
     return os.environ.get("RAY_AUTH_MODE")
 

@@ -259,6 +259,9 @@ class LaneServer:
             reply: tuple[int, bool, Any] = (request_id, True, await handler(*args))
         except asyncio.CancelledError:
             raise
+        except TimeoutError as e:  # a refusal the edge retries (a suspended shard): no traceback
+            log.info("lane: %s refused: %s", method, e)
+            reply = (request_id, False, (type(e).__name__, str(e)))
         except Exception as e:  # the edge sees it as it would see a failed Ray call
             log.exception("lane: %s failed", method)
             reply = (request_id, False, (type(e).__name__, str(e)))

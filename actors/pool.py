@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
+import asyncpg
 import psutil
 import ray
+from ray._private import state as ray_state
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.clients import (
@@ -36,6 +39,7 @@ from actors.clients import (
     shard_name,
 )
 from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats
+from actors.core.liveness import Fence, GcsAnswer, Standing, gcs_answer
 from actors.core.ops import Operation
 from actors.core.placement import SHARD_RESOURCE, eligible, place
 from actors.core.shard import SlotExport
@@ -104,6 +108,8 @@ class ShardHost:
         self._lane = LaneServer({LANE_APPLY: self.apply_and_collect, LANE_PULL: self.pull})
         self._lane_address: tuple[str, int] | None = None
         self._node_watch: asyncio.Task[None] | None = None
+        self._fence = Fence(FENCE_LEASE_S)
+        self._standing = Standing.SERVING
 
     async def _flush_write(self, entries: list[tuple[str, float]]) -> None:
         # A restarted or replaced FlushActor is looked up again by the next call.
@@ -130,26 +136,80 @@ class ShardHost:
         _, port = await self._lane.start(node_ip if host == "node" else host)
         # Listening on every interface: the edges are told the node's address, not the wildcard.
         self._lane_address = (node_ip if host in ("node", "0.0.0.0", "::", "") else host, port)
-        self._node_watch = asyncio.get_running_loop().create_task(self._watch_nodes())
+        self._fence.started(time.monotonic())
+        self._node_watch = asyncio.get_running_loop().create_task(self._watch_cluster())
 
-    async def _watch_nodes(self) -> None:
-        """Edges on a node Ray declared dead depart at once (their lease would keep their
-        accounts online for up to 90 s more): every NODE_WATCH_S, Ray's node table; each edge's
-        node is in its registration with the directory."""
+    async def _watch_cluster(self) -> None:
+        """Every NODE_WATCH_S, Ray's view of the cluster, for two rules:
+
+        - edges on a node Ray declared dead depart at once (their lease would keep their
+          accounts online for up to 90 s more); each edge's node is in its registration with the
+          directory;
+        - the fence (actors/core/liveness.py `Fence`): a shard on a node cut off from most of the
+          others suspends itself within FENCE_LEASE_S, before Ray can restart it elsewhere, and
+          one Ray replaced meanwhile exits, so no two incarnations ever serve the same slots."""
         handled: set[str] = set()
         directory = DirectoryClient()
+        my_node = ray.get_runtime_context().get_node_id()
+        actor_id = ray.get_runtime_context().get_actor_id()
+        peers: list[tuple[str, int]] = []
+        pending: asyncio.Future[_GcsView] | None = None
         while True:
             await asyncio.sleep(NODE_WATCH_S)
+            if pending is None or pending.done():
+                pending = asyncio.ensure_future(asyncio.to_thread(_gcs_view, my_node, actor_id))
             try:
-                fresh = await asyncio.to_thread(_dead_nodes) - handled
+                view: _GcsView | None = await asyncio.wait_for(asyncio.shield(pending), GCS_WAIT_S)
+            except Exception as e:  # the GCS away or slow (a head restart, a partition)
+                log.info("asking Ray's GCS failed: %s", e)
+                view = None
+            answer = GcsAnswer.NO_ANSWER
+            if view is not None:
+                answer, peers = view.answer, view.peers
+            reachable = 1 + sum(await asyncio.gather(*(_answers(host, port) for host, port in peers)))
+            self._stand(self._fence.observe(answer, reachable, 1 + len(peers), time.monotonic()))
+            if view is None:
+                continue
+            try:
+                fresh = view.dead - handled
                 if not fresh:
                     continue
                 gone = self.impl.edges_died(await directory.edges_on(sorted(fresh)))
                 if gone:
                     log.warning("edges %s departed: Ray declared their node dead", ", ".join(gone))
                 handled |= fresh
-            except Exception as e:  # Ray or the directory away for a moment: the next round
+            except Exception as e:  # the directory away for a moment: the next round
                 log.info("watching Ray's nodes failed: %s", e)
+
+    def _stand(self, standing: Standing) -> None:
+        """Carry out the fence's verdict (one log line per change)."""
+        if standing is self._standing:
+            return
+        index = self.impl.config.shard_index
+        if standing is Standing.FENCED:
+            log.error(
+                "shard %d: Ray restarted this shard elsewhere (its node was declared dead): this "
+                "incarnation stops serving for good and exits",
+                index,
+            )
+            os._exit(1)
+        if standing is Standing.SUSPENDED:
+            log.error(
+                "shard %d: suspended: it has not reached most of the nodes for %.0f s (this node cut "
+                "off?); operations refused until it does",
+                index,
+                FENCE_LEASE_S,
+            )
+        else:
+            log.warning("shard %d: serving again (it reaches most of the nodes)", index)
+        self._standing = standing
+
+    def _serving(self) -> None:
+        """Refuse an operation while suspended: the edge retries it (TimeoutError, as a slow
+        call), then closes the socket with 1011, and its client reconnects to a healthy edge."""
+        if self._standing is not Standing.SERVING:
+            index = self.impl.config.shard_index
+            raise ShardSuspended(f"shard {index} is suspended (cut off from most nodes)")
 
     async def wire_version(self) -> int:
         """The internal wire version this shard speaks (actors/core/contract.py WIRE_VERSION):
@@ -178,11 +238,13 @@ class ShardHost:
     async def apply_and_collect(
         self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
     ) -> ApplyReply:
+        self._serving()
         return await (await self._ready()).apply_and_collect(edge_id, ops, incarnation, acked_seq)
 
     async def pull(
         self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
     ) -> Mail:
+        self._serving()
         return await (await self._ready()).pull(edge_id, incarnation, acked_seq, wait_s, resend)
 
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
@@ -208,13 +270,56 @@ class ShardHost:
         await (await self._ready()).stop()
 
 
-# How often a shard reads Ray's node table for nodes that died.
+# How often a shard reads Ray's node table for nodes that died, and checks its fence.
 NODE_WATCH_S = 1.0
+# The longest a round waits for the GCS's answer (a GCS away: no answer, the round goes on).
+GCS_WAIT_S = 2.0
+# A shard that has not reached most of the nodes for this long suspends itself: well under Ray's
+# quickest verdict on a silent node (5 failed health checks 3 s apart: 15 s; ~65 s measured).
+FENCE_LEASE_S = 8.0
+# How long a probe of another node's raylet may take.
+PROBE_S = 0.5
 
 
-def _dead_nodes() -> set[str]:
+class ShardSuspended(TimeoutError):
+    """An operation refused by a suspended shard (a TimeoutError: edges retry it as a slow call)."""
+
+
+class _GcsView(NamedTuple):
+    answer: GcsAnswer
+    peers: list[tuple[str, int]]  # the raylets of the other nodes that may carry shards
+    dead: set[str]  # nodes Ray declared dead
+
+
+def _gcs_view(my_node: str, actor_id: str | None) -> _GcsView:
+    """What Ray's GCS says of this shard and of the nodes (blocking calls: run in a thread)."""
     nodes: Callable[[], list[dict[str, Any]]] = ray.nodes
-    return {str(n["NodeID"]) for n in nodes() if not n["Alive"]}
+    table = nodes()
+    mine = next((n for n in table if str(n["NodeID"]) == my_node), None)
+    actor: dict[str, Any] = {}
+    if actor_id is not None:
+        actor = cast(dict[str, Any], ray_state.actors(actor_id=actor_id)) or {}
+    answer = gcs_answer(
+        my_node,
+        None if mine is None else bool(mine["Alive"]),
+        actor.get("State"),
+        (actor.get("Address") or {}).get("NodeID"),
+    )
+    alive = {str(n["NodeID"]): n for n in table if n["Alive"]}
+    carriers = eligible({node: dict(n.get("Resources") or {}) for node, n in alive.items()})
+    peers = [(str(alive[n]["NodeManagerAddress"]), int(alive[n]["NodeManagerPort"])) for n in carriers]
+    peers = [p for n, p in zip(carriers, peers, strict=True) if n != my_node]
+    return _GcsView(answer, peers, {str(n["NodeID"]) for n in table if not n["Alive"]})
+
+
+async def _answers(host: str, port: int) -> bool:
+    """Whether a node's raylet accepts a connection within PROBE_S."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_S)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 def _node_ip() -> str:
@@ -223,9 +328,102 @@ def _node_ip() -> str:
     return get()
 
 
+class DirectoryHost:
+    """The slot directory's Ray face (`DirectoryActor` in actors.clients): every map it publishes
+    is also written to PostgreSQL, and a directory Ray restarts (its node died; the head came back
+    with GCS fault tolerance) serves that map again, with a newer version, instead of the even
+    map it was created with (after a `presence scale` that map names the wrong shards)."""
+
+    def __init__(self, shard_count: int, shard_config: dict[str, Any] | None = None) -> None:
+        self.impl = SlotDirectory(shard_count, shard_config)
+        database_url: str | None = (shard_config or {}).get("database_url")
+        self._store = MapStore(database_url) if database_url else None
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._started = LazyStart(self._start)
+
+    async def _start(self) -> None:
+        if self._store is None:
+            return
+        saved = await self._store.load() if self._restarted else None
+        if saved is not None:
+            version = await self.impl.restore(*saved)
+            log.warning(
+                "slot directory restarted: serving the saved map (%d shards) as version %d", saved[2], version
+            )
+        else:
+            await self._save()
+
+    async def _save(self) -> None:
+        if self._store is not None:
+            m = self.impl.map
+            await self._store.save(m.version, m.owners, m.shard_count)
+
+    async def _ready(self) -> SlotDirectory:
+        await self._started.wait()
+        return self.impl
+
+    async def get_shard_config(self) -> dict[str, Any]:
+        return await (await self._ready()).get_shard_config()
+
+    async def get_map(self) -> tuple[int, tuple[int, ...], int]:
+        return await (await self._ready()).get_map()
+
+    async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int:
+        version = await (await self._ready()).set_map(owners, shard_count)
+        await self._save()
+        return version
+
+    async def restore(self, version: int, owners: tuple[int, ...], shard_count: int) -> int:
+        served = await (await self._ready()).restore(version, owners, shard_count)
+        await self._save()
+        return served
+
+    async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
+        await (await self._ready()).register_edge(edge_id, info)
+
+    async def list_edges(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
+        return await (await self._ready()).list_edges(max_age_s)
+
+    async def edges_on(self, node_ids: list[str]) -> list[str]:
+        return await (await self._ready()).edges_on(node_ids)
+
+
+_SAVE_MAP = (
+    "INSERT INTO slot_map (version, shard_count, owners) VALUES ($1, $2, $3) "
+    "ON CONFLICT (one) DO UPDATE SET version = EXCLUDED.version, "
+    "shard_count = EXCLUDED.shard_count, owners = EXCLUDED.owners, set_at = now()"
+)
+
+
+class MapStore:
+    """Where the directory keeps its map: one PostgreSQL connection, opened again after a failure
+    (a resize flips the map dozens of times: a connection each cost seconds on a busy machine)."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._conn: asyncpg.Connection | None = None
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self.database_url)
+        return self._conn
+
+    async def save(self, version: int, owners: tuple[int, ...], shard_count: int) -> None:
+        try:
+            await (await self._connection()).execute(_SAVE_MAP, version, shard_count, list(owners))
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            self._conn = None  # once more, on a fresh connection
+            await (await self._connection()).execute(_SAVE_MAP, version, shard_count, list(owners))
+
+    async def load(self) -> tuple[int, tuple[int, ...], int] | None:
+        """The map the directory last published (None: never saved)."""
+        row = await (await self._connection()).fetchrow("SELECT version, owners, shard_count FROM slot_map")
+        return None if row is None else (int(row["version"]), tuple(row["owners"]), int(row["shard_count"]))
+
+
 _FlushActor = ray.remote(FlushHost)
 _PresenceActor = ray.remote(ShardHost)
-_Directory = ray.remote(SlotDirectory)
+_Directory = ray.remote(DirectoryHost)
 
 
 # ---------------------------------------------------------------------------- placement

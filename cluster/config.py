@@ -67,6 +67,13 @@ class Settings(BaseSettings):
     # which `ray up` writes on the head; without it, no wait), at most placement_wait_s.
     shard_nodes: int = 0
     placement_wait_s: float = 180.0
+    # Losing Ray (docs/operations.md "The head dies"): `presence edge` gives up joining Ray after
+    # ray_join_timeout_s (its supervisor starts it again); an edge whose node's raylet has not
+    # answered for ray_lost_s exits, and one that could not reach most of the shards for
+    # cut_off_s (its node cut off) drains its sockets (1012) and exits.
+    ray_join_timeout_s: float = 120.0
+    ray_lost_s: float = 5.0
+    cut_off_s: float = 15.0
 
     # Protocol timings (the contract fixes 10 s identify and 90 s liveness).
     identify_timeout_s: float = 10.0

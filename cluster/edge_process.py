@@ -9,13 +9,18 @@ on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from actors import clients
+from actors.core.liveness import LossWatch
 from cluster.config import Settings, allowed_hosts
 from cluster.runtime import (
     INTERNAL_TOKEN_FILE,
@@ -117,12 +122,134 @@ def install_loop() -> None:
         pass
 
 
-async def serve_edge(config: EdgeConfig, announce: Callable[[Edge], None]) -> None:
+# Exit code of an edge that lost Ray or was cut off: its supervisor starts it again.
+LOST_RAY_EXIT = 3
+# How often an edge probes its raylet and its own health.
+WATCH_S = 1.0
+# Why `watch` stopped an edge.
+LOST_RAY = "lost Ray"
+CUT_OFF = "cut off"
+
+
+def join_ray(address: str, namespace: str, node_ip: str | None, timeout_s: float, **init_kwargs: Any) -> None:
+    """Join Ray at `address`, at most `timeout_s`: first wait for its GCS's port (a line every
+    10 s saying so), then `ray.init` (which, with no local raylet or an unanswering GCS, retries
+    on its own for minutes: `presence edge` hung after a head restart). Past the deadline the
+    process exits with one line and LOST_RAY_EXIT, and its supervisor tries again."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    host, _, port = address.rpartition(":")
+    said = started
+    while host and port.isdigit() and not _port_open(host, int(port)):
+        now = time.monotonic()
+        if now >= deadline:
+            _give_up(f"Ray's GCS at {address} did not answer within {timeout_s:.0f} s")
+        if now - said >= 10:
+            print(f"  still waiting for Ray's GCS at {address} ({now - started:.0f} s) …", flush=True)
+            said = now
+        time.sleep(0.5)
+    failed: list[BaseException] = []
+    joining = threading.Thread(
+        target=lambda: _catch(failed, lambda: clients.connect(address, namespace, node_ip, **init_kwargs)),
+        daemon=True,
+    )
+    joining.start()
+    while joining.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _give_up(
+                f"could not join Ray at {address} within {timeout_s:.0f} s (is Ray running on this "
+                "node? `ray start` comes first)"
+            )
+        joining.join(min(10.0, left))
+        if joining.is_alive():
+            print(f"  still joining Ray at {address} ({time.monotonic() - started:.0f} s) …", flush=True)
+    if failed:
+        raise failed[0]
+
+
+def _catch(failed: list[BaseException], fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except BaseException as e:  # handed to the waiting thread
+        failed.append(e)
+
+
+def _give_up(why: str) -> None:
+    print(f"presence: {why}; exiting (its supervisor starts it again)", file=sys.stderr, flush=True)
+    # A thread stuck inside ray.init cannot be stopped: leave at once.
+    os._exit(LOST_RAY_EXIT)
+
+
+def _port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def raylet_probe() -> Callable[[], bool]:
+    """Whether this process's raylet still answers (a TCP connect to its port)."""
+    host, port = clients.raylet_address()
+    return lambda: _port_open(host, port)
+
+
+async def watch(
+    edge: Edge,
+    stop: asyncio.Event,
+    raylet_ok: Callable[[], bool] | None,
+    ray_lost_s: float,
+    cut_off_s: float | None,
+    clock: Callable[[], float] = time.monotonic,
+) -> str | None:
+    """Why this edge must go (LOST_RAY, CUT_OFF), once it must: its raylet lost (Ray on this
+    node is gone: the edge closes its sockets and exits; Ray's own client never recovers), or
+    most of the shards out of reach for `cut_off_s` after it had served (its node cut off: it
+    drains, so that its clients reconnect to a healthy edge; None: never). None while it serves."""
+    raylet = LossWatch(ray_lost_s)
+    shards = LossWatch(cut_off_s) if cut_off_s is not None else None
+    served = False
+    while not stop.is_set():
+        await asyncio.sleep(WATCH_S)
+        now = clock()
+        if raylet_ok is not None and raylet.observe(await asyncio.to_thread(raylet_ok), now):
+            print(
+                f"presence edge {edge.edge_id}: lost Ray (this node's raylet has not answered for "
+                f"{ray_lost_s:.0f} s); closing its sockets and exiting",
+                file=sys.stderr,
+                flush=True,
+            )
+            stop.set()
+            return LOST_RAY
+        healthy = edge.router.healthy()
+        served = served or healthy
+        if shards is not None and served and not edge.draining and shards.observe(healthy, now):
+            print(
+                f"presence edge {edge.edge_id}: most of the shards out of reach for {cut_off_s:.0f} s "
+                "(this node cut off?); draining its sockets (1012) and exiting",
+                file=sys.stderr,
+                flush=True,
+            )
+            edge.drain()
+            return CUT_OFF
+    return None
+
+
+async def serve_edge(
+    config: EdgeConfig,
+    announce: Callable[[Edge], None],
+    raylet_ok: Callable[[], bool] | None = None,
+    ray_lost_s: float = 5.0,
+    cut_off_s: float | None = None,
+) -> str | None:
+    """Serve until Ctrl-C, a drain, or `watch` says the edge must go (returns why then)."""
     edge = Edge(config)
     await edge.start()
     announce(edge)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    watching = asyncio.create_task(watch(edge, stop, raylet_ok, ray_lost_s, cut_off_s))
 
     def terminate() -> None:
         # The first SIGTERM drains (protocol.md "Drain and resume"); a second one stops at once.
@@ -140,8 +267,15 @@ async def serve_edge(config: EdgeConfig, announce: Callable[[Edge], None]) -> No
     await asyncio.wait((drained, stopped), return_when=asyncio.FIRST_COMPLETED)
     drained.cancel()
     stopped.cancel()
+    why = watching.result() if watching.done() else None
+    watching.cancel()
     print("\nstopping: closing sockets …", flush=True)
-    await edge.stop()
+    if why == LOST_RAY:  # departures cannot land: do not wait for them long
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(edge.stop(), 10)
+    else:
+        await edge.stop()
+    return why
 
 
 def refuse_insecure(settings: Settings) -> bool:
@@ -167,10 +301,10 @@ def edge(settings: Settings) -> int:
             f"{settings.data_dir / INTERNAL_TOKEN_FILE} (written by `presence up`)"
         )
     stop_like_ctrl_c_on_sigterm()
-    step(
-        f"joining Ray at {info.ray_address}",
-        lambda: clients.connect(info.ray_address, info.ray_namespace, settings.ray_node_ip),
-    )
+    print(f"  joining Ray at {info.ray_address} (at most {settings.ray_join_timeout_s:.0f} s) …", flush=True)
+    started = time.monotonic()
+    join_ray(info.ray_address, info.ray_namespace, settings.ray_node_ip, settings.ray_join_timeout_s)
+    print(f"  joined Ray ({time.monotonic() - started:.1f} s)", flush=True)
 
     def announce(e: Edge) -> None:
         print(f"edge {e.edge_id} is up", flush=True)
@@ -179,9 +313,14 @@ def edge(settings: Settings) -> int:
         print(f"  internal    http://{settings.internal_host}:{e.internal_port}", flush=True)
 
     install_loop()
+    config = edge_config(settings, secret, info.redis_url, internal_token=api_token)
     try:
-        config = edge_config(settings, secret, info.redis_url, internal_token=api_token)
-        asyncio.run(serve_edge(config, announce))
-    finally:
+        served = serve_edge(config, announce, raylet_probe(), settings.ray_lost_s, settings.cut_off_s)
+        why = asyncio.run(served)
+    except BaseException:
         clients.shutdown()
-    return 0
+        raise
+    if why == LOST_RAY:
+        os._exit(LOST_RAY_EXIT)  # Ray's client, its raylet gone, can hang in ray.shutdown
+    clients.shutdown()
+    return 0 if why is None else LOST_RAY_EXIT

@@ -54,6 +54,17 @@ CREATE TABLE IF NOT EXISTS pool_size (
     set_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- The slot map the directory last published (owner of each of the 4,096 slots), written by the
+-- directory at each change: a directory Ray restarts (its node died, or the head with GCS fault
+-- tolerance) serves it again instead of the even map it was created with (issue 25).
+CREATE TABLE IF NOT EXISTS slot_map (
+    one         boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version     integer NOT NULL,
+    shard_count integer NOT NULL CHECK (shard_count > 0),
+    owners      smallint[] NOT NULL,
+    set_at      timestamptz NOT NULL DEFAULT now()
+);
+
 -- Audience changes made by anybody (our `presence load` or the host application writing these
 -- tables directly) reach the shards through NOTIFY, so no restart and no polling is needed.
 -- Payload: 'u:<user id>' for a user whose friends or servers changed, 'c:<channel id>' for a

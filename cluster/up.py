@@ -28,6 +28,8 @@ from cluster.config import Settings, redact_url
 from cluster.edge_process import (
     edge_config,
     install_loop,
+    join_ray,
+    raylet_probe,
     refuse_insecure,
     serve_edge,
     step,
@@ -201,15 +203,26 @@ def _up(settings: Settings) -> int:
             step("loading the demo accounts", lambda: asyncio.run(_load_fixture(database_url, DEMO_GRAPH)))
         secret = token_secret(settings, create=True)
         stack.enter_context(_cleanup("Ray", clients.shutdown))
-        step(
-            "starting Ray" if not settings.ray_address else f"joining Ray at {settings.ray_address}",
-            lambda: clients.connect(
-                settings.ray_address,
-                settings.ray_namespace,
-                settings.ray_node_ip,
-                logging_config=ray_logging_config(settings.log_level, settings.log_json),
-            ),
-        )
+        logging_config = ray_logging_config(settings.log_level, settings.log_json)
+        if settings.ray_address:
+            address = settings.ray_address
+            step(
+                f"joining Ray at {address} (at most {settings.ray_join_timeout_s:.0f} s)",
+                lambda: join_ray(
+                    address,
+                    settings.ray_namespace,
+                    settings.ray_node_ip,
+                    settings.ray_join_timeout_s,
+                    logging_config=logging_config,
+                ),
+            )
+        else:
+            step(
+                "starting Ray",
+                lambda: clients.connect(
+                    None, settings.ray_namespace, settings.ray_node_ip, logging_config=logging_config
+                ),
+            )
         shards = pool_size(settings, database_url)
         if settings.ray_address:
             wait_for_nodes(settings)
@@ -288,6 +301,9 @@ def _up(settings: Settings) -> int:
 
         install_loop()
         config = edge_config(settings, secret, redis_url, demo=demo, internal_token=api_token)
-        asyncio.run(serve_edge(config, announce))
+        # Joined to a cluster, the head's edge exits when its raylet goes (its supervisor starts
+        # it again); it never drains on its own when cut off: stopping would stop the pool.
+        probe = raylet_probe() if settings.ray_address else None
+        asyncio.run(serve_edge(config, announce, probe, settings.ray_lost_s))
     print("presence: stopped", flush=True)
     return 0

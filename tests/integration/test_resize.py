@@ -238,3 +238,31 @@ async def test_resize_2_6_3_under_load(
 
 async def _stored_all(conn: asyncpg.Connection, users: list[str]) -> dict[str, float]:
     return {u: v for u in users if (v := await stored(conn, u)) is not None}
+
+
+async def test_a_directory_ray_restarts_serves_the_resized_map_again(cluster: Cluster) -> None:
+    """Its node died, or the head came back with GCS fault tolerance: Ray restarts the directory
+    with the arguments it was created with (the even map of the first pool size). It serves the
+    map it last published instead, with a newer version (issue 25; before: the even map, version
+    1, and every edge routed the resized pool's slots to the wrong shards)."""
+    directory = clients.DirectoryClient()
+    _, _, count = await directory.get_map()
+    await resize(count + 1, progress=lambda _: None)
+    version, owners, grown = await directory.get_map()
+    assert grown == count + 1
+    directory.kill(restart=True)
+
+    async def restored() -> tuple[int, tuple[int, ...], int] | None:
+        try:
+            return await clients.DirectoryClient().get_map()
+        except Exception:
+            return None
+
+    deadline = time.monotonic() + 30
+    after = await restored()
+    while (after is None or after[0] <= 1) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        after = await restored()
+    assert after is not None
+    assert after[2] == count + 1 and tuple(after[1]) == tuple(owners) and after[0] > version
+    await resize(count, progress=lambda _: None)

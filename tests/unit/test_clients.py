@@ -48,6 +48,7 @@ def _signature(cls: type, name: str) -> tuple[list[Any], list[bool], Any]:
     [
         (clients.ShardActor, pool.ShardHost),
         (clients.DirectoryActor, SlotDirectory),
+        (clients.DirectoryActor, pool.DirectoryHost),
         (clients.FlushActorCalls, pool.FlushHost),
         (pool._FlushDrain, pool.FlushHost),
     ],

@@ -1,0 +1,194 @@
+"""The rules of losing Ray and of fencing a shard cut off (actors/core/liveness.py), and the
+edge's watch that acts on them (cluster/edge_process.py `watch`) on a fake edge and clock."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.core.liveness import Fence, GcsAnswer, LossWatch, Standing, gcs_answer, majority
+from cluster import edge_process
+
+
+def test_a_loss_is_every_probe_failing_for_the_whole_grace_without_a_break() -> None:
+    watch = LossWatch(5.0)
+    assert not watch.observe(False, 100.0)
+    assert not watch.observe(False, 104.9)
+    assert not watch.observe(True, 105.0)  # one answer starts the count again
+    assert not watch.observe(False, 106.0)
+    assert watch.failing_for(110.0) == 4.0
+    assert watch.observe(False, 111.0)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 3)), max_size=40))
+def test_lost_exactly_when_the_last_unbroken_run_of_failures_spans_the_grace(
+    probes: list[tuple[bool, float]],
+) -> None:
+    watch, now, since = LossWatch(5.0), 0.0, None
+    for ok, step in probes:
+        now += step
+        since = None if ok else (now if since is None else since)
+        assert watch.observe(ok, now) == (since is not None and now - since >= 5.0)
+
+
+def test_majority_counts_this_node_and_a_pool_on_one_node_always_has_it() -> None:
+    assert majority(1, 1) and majority(2, 3) and majority(3, 4)
+    assert not majority(1, 3) and not majority(1, 2) and not majority(2, 4)
+
+
+def test_the_gcs_replaced_a_shard_whose_node_it_declared_dead_or_that_runs_elsewhere() -> None:
+    assert gcs_answer("me", True, "ALIVE", "me") is GcsAnswer.CURRENT
+    assert gcs_answer("me", False, "ALIVE", "me") is GcsAnswer.REPLACED
+    assert gcs_answer("me", True, "ALIVE", "other") is GcsAnswer.REPLACED
+    assert gcs_answer("me", True, "DEAD", "me") is GcsAnswer.REPLACED
+    # Ray restarting it, or an answer without the actor: nobody else serves yet.
+    assert gcs_answer("me", True, "RESTARTING", "") is GcsAnswer.CURRENT
+    assert gcs_answer("me", None, None, None) is GcsAnswer.CURRENT
+
+
+def test_a_node_cut_off_alone_suspends_its_shards_within_the_lease_and_they_serve_again_after() -> None:
+    fence = Fence(lease_s=8.0)
+    fence.started(0.0)
+    assert fence.observe(GcsAnswer.CURRENT, 3, 3, 1.0) is Standing.SERVING
+    # Cut off: no GCS, neither other node answers.
+    for t in range(2, 10):
+        assert fence.observe(GcsAnswer.NO_ANSWER, 1, 3, float(t)) is Standing.SERVING
+    assert fence.observe(GcsAnswer.NO_ANSWER, 1, 3, 9.5) is Standing.SUSPENDED
+    # The checks themselves stuck (a GCS call that hangs): the lease runs out all the same.
+    assert Fence(8.0, _quorum_at=0.0).decide(8.1) is Standing.SUSPENDED
+    # Healed before Ray's verdict: the same incarnation serves again.
+    assert fence.observe(GcsAnswer.CURRENT, 3, 3, 30.0) is Standing.SERVING
+
+
+def test_a_shard_ray_replaced_never_serves_again() -> None:
+    fence = Fence(lease_s=8.0)
+    fence.started(0.0)
+    assert fence.observe(GcsAnswer.REPLACED, 3, 3, 70.0) is Standing.FENCED
+    assert fence.observe(GcsAnswer.CURRENT, 3, 3, 71.0) is Standing.FENCED
+    assert fence.decide(72.0) is Standing.FENCED
+
+
+def test_the_workers_go_on_serving_while_the_head_and_its_gcs_are_away() -> None:
+    fence = Fence(lease_s=8.0)
+    fence.started(0.0)
+    for t in range(1, 120):  # two minutes of a head restart: the other worker answers
+        assert fence.observe(GcsAnswer.NO_ANSWER, 2, 3, float(t)) is Standing.SERVING
+
+
+def test_a_head_cut_off_alone_stops_even_though_its_gcs_answers_it() -> None:
+    fence = Fence(lease_s=8.0)
+    fence.started(0.0)
+    for t in range(1, 20):
+        standing = fence.observe(GcsAnswer.CURRENT, 1, 3, float(t))
+    assert standing is Standing.SUSPENDED
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(GcsAnswer)), st.integers(1, 5), st.floats(0, 4)), max_size=50))
+def test_a_shard_serves_only_within_a_lease_of_hearing_a_majority_and_never_after_being_replaced(
+    rounds: list[tuple[GcsAnswer, int, float]],
+) -> None:
+    fence, now, heard, replaced = Fence(lease_s=8.0), 0.0, 0.0, False
+    fence.started(0.0)
+    for answer, reachable, step in rounds:
+        now += step
+        replaced = replaced or answer is GcsAnswer.REPLACED
+        if majority(reachable, 5):
+            heard = now
+        standing = fence.observe(answer, reachable, 5, now)
+        if replaced:
+            assert standing is Standing.FENCED
+        else:
+            assert (standing is Standing.SERVING) == (now - heard <= 8.0)
+
+
+# ---------------------------------------------------------------------------- the edge's watch
+
+
+@dataclass
+class FakeRouter:
+    health: list[bool] = field(default_factory=list)
+
+    def healthy(self) -> bool:
+        return self.health.pop(0) if len(self.health) > 1 else self.health[0]
+
+
+@dataclass
+class FakeEdge:
+    router: FakeRouter
+    edge_id: str = "e1"
+    draining: bool = False
+
+    def drain(self) -> None:
+        self.draining = True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0  # one watch round a second
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def fast_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(edge_process, "WATCH_S", 0.001)
+
+
+def test_an_edge_whose_raylet_stops_answering_says_so_in_one_line_and_stops(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    edge = FakeEdge(FakeRouter([True]))
+    answers = [True, True, *[False] * 10]
+    stop = asyncio.Event()
+    why = asyncio.run(
+        edge_process.watch(edge, stop, lambda: answers.pop(0), 5.0, 15.0, clock=Clock())  # type: ignore[arg-type]
+    )
+    assert why == edge_process.LOST_RAY and stop.is_set() and not edge.draining
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lost Ray" in err[0] and "exiting" in err[0]
+    assert len(answers) == 10 - 6  # lost at the sixth failed probe: 5 s of failures
+
+
+def test_an_edge_cut_off_from_most_shards_drains_but_one_never_healthy_is_left_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    edge = FakeEdge(FakeRouter([True, True, *[False] * 30]))
+    why = asyncio.run(edge_process.watch(edge, asyncio.Event(), lambda: True, 5.0, 15.0, clock=Clock()))  # type: ignore[arg-type]
+    assert why == edge_process.CUT_OFF and edge.draining
+    assert "draining its sockets (1012)" in capsys.readouterr().err
+
+    async def never_healthy() -> str | None:
+        stop = asyncio.Event()
+        edge = FakeEdge(FakeRouter([False]))
+        task = asyncio.create_task(edge_process.watch(edge, stop, None, 5.0, 15.0, clock=Clock()))  # type: ignore[arg-type]
+        await asyncio.sleep(0.2)  # well over 30 rounds
+        stop.set()
+        return await task
+
+    assert asyncio.run(never_healthy()) is None
+
+
+def test_joining_a_ray_whose_gcs_does_not_answer_gives_up_at_the_deadline_saying_where_it_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+    import time
+
+    def give_up(why: str) -> None:
+        raise SystemExit(why)
+
+    monkeypatch.setattr(edge_process, "_give_up", give_up)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed: nothing listens
+    started = time.monotonic()
+    with pytest.raises(SystemExit, match=f"GCS at 127.0.0.1:{port} did not answer within 11 s"):
+        edge_process.join_ray(f"127.0.0.1:{port}", "presence", None, 11.0)
+    assert 11.0 <= time.monotonic() - started < 15.0
+    assert "still waiting for Ray's GCS" in capsys.readouterr().out
