@@ -558,6 +558,17 @@ def start_pool(
     ray.get([h.stats.remote() for h in handles])
 
 
+def surviving_pool(timeout_s: float = 60.0) -> int | None:
+    """The shard count of a pool that outlived the head's restart (GCS fault tolerance keeps the
+    detached actors; Ray restarts those of the dead head elsewhere), or None when there is none
+    (a fresh Ray: `start_pool`)."""
+    directory = _find(DIRECTORY)
+    if directory is None:
+        return None
+    _, _, count = ray.get(cast(DirectoryActor, directory).get_map.remote(), timeout=timeout_s)
+    return int(count)
+
+
 def stop_pool(drain_timeout_s: float = 30.0) -> int:
     """Drain last-seen (shards → FlushActor → PostgreSQL), then kill every actor of the pool.
     Returns the number of last-seen values that could not be written."""

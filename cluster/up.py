@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from actors import clients
-from actors.pool import drain_pool, start_pool, wait_for_shard_nodes
+from actors.pool import drain_pool, start_pool, surviving_pool, wait_for_shard_nodes
 from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings, redact_url
@@ -223,18 +223,23 @@ def _up(settings: Settings) -> int:
                     None, settings.ray_namespace, settings.ray_node_ip, logging_config=logging_config
                 ),
             )
-        shards = pool_size(settings, database_url)
-        if settings.ray_address:
-            wait_for_nodes(settings)
-        step(
-            f"starting {shards} PresenceActor shards and the FlushActor",
-            lambda: start_pool(
-                shards,
-                shard_config(settings, database_url, redis_url),
-                settings.flush_interval_s,
-                settings.flush_max_rows,
-            ),
-        )
+        survived = surviving_pool() if settings.ray_address else None
+        if survived is not None:
+            # GCS fault tolerance kept the pool through the head's restart: serve it as it is.
+            print(f"  the pool survived (GCS fault tolerance): {survived} shards, adopted", flush=True)
+        else:
+            shards = pool_size(settings, database_url)
+            if settings.ray_address:
+                wait_for_nodes(settings)
+            step(
+                f"starting {shards} PresenceActor shards and the FlushActor",
+                lambda: start_pool(
+                    shards,
+                    shard_config(settings, database_url, redis_url),
+                    settings.flush_interval_s,
+                    settings.flush_max_rows,
+                ),
+            )
 
         gcs = clients.gcs_address()
 

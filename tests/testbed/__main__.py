@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
                         "down: clean what a killed run left")  # fmt: skip
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) after a run")
+    parser.add_argument("--gcs-ft", action="store_true",
+                        help="Ray's GCS fault tolerance on (a Redis of Ray's own): the head restart "
+                        "keeps presence serving on the workers")  # fmt: skip
+    parser.add_argument("--partition-s", type=float, action="append",
+                        help="cut a worker off this long, then heal (repeatable; default 30)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "down":
         down_from_state()
@@ -29,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     WORK_ROOT.mkdir(mode=0o755, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=WORK_ROOT))
     work.chmod(0o755)  # the embedded PostgreSQL runs as its own user
-    bed = Testbed(work, args.nodes)
+    bed = Testbed(work, args.nodes, gcs_ft=args.gcs_ft)
     ok = False
     try:
         bed.up()
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(3600)
         from tests.testbed.scenarios import run_all
 
-        ok = run_all(bed)
+        ok = run_all(bed, partitions=args.partition_s or [30.0])
     except KeyboardInterrupt:
         log("interrupted: tearing down")
     finally:

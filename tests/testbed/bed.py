@@ -49,7 +49,7 @@ PREFIX = "prtb"
 BRIDGE = f"{PREFIX}-br"
 SUBNET = "10.225.25"
 GATEWAY = f"{SUBNET}.1"
-PG_PORT, REDIS_PORT = 15432, 16379
+PG_PORT, REDIS_PORT, RAY_GCS_REDIS_PORT = 15432, 16379, 16380
 WORK_ROOT = Path("/var/lib/presence-testbed")
 STATE = WORK_ROOT / "state.json"  # what `down` cleans after a run that could not
 DEBIAN_PACKAGES = {"sshd": "openssh-server", "haproxy": "haproxy", "rsync": "rsync"}
@@ -122,13 +122,18 @@ class Node:
 class Testbed:
     work: Path
     size: int = 3
+    # Ray's GCS fault tolerance: the head's `ray start` with RAY_REDIS_ADDRESS (a Redis of Ray's
+    # own, not the service's), as the yaml's comment says to turn it on.
+    gcs_ft: bool = False
     nodes: list[Node] = field(default_factory=list)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     lb_port: int = 0
     secret: str = ""
     internal_token: str = ""
     database_url: str = ""  # as seen from this machine (127.0.0.1)
+    ray_redis_url: str = ""
     redis_url: str = ""
+    ray_redis_password: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     _stores: list[Any] = field(default_factory=list)
 
@@ -222,6 +227,11 @@ class Testbed:
         self._stores = [pg, rd]
         self.database_url = pg.start(stores)
         self.redis_url = rd.start(stores)
+        if self.gcs_ft:  # Ray's own Redis: a separate server, outside every node (it outlives the head)
+            ray_redis = EmbeddedRedis()
+            self._stores.append(ray_redis)
+            self.ray_redis_url = ray_redis.start(stores / "ray-gcs")
+            self.ray_redis_password = self.ray_redis_url.split("://:", 1)[1].split("@", 1)[0]
         self._save_state()
         import asyncio
 
@@ -246,6 +256,13 @@ class Testbed:
         self.lb_port = free_port()
         pg_port = int(self.database_url.rsplit(":", 1)[1].split("/")[0])
         redis_port = int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
+        ray_redis = ""
+        if self.gcs_ft:
+            ray_redis_port = int(self.ray_redis_url.rsplit(":", 1)[1].split("/")[0])
+            ray_redis = (
+                f"listen raygcs\n  mode tcp\n  bind {GATEWAY}:{RAY_GCS_REDIS_PORT}\n"
+                f"  server raygcs 127.0.0.1:{ray_redis_port}\n"
+            )
         servers = "\n".join(
             f"  server {n.name} {n.ip}:8765 check port 8766"
             for n in (Node(i, self.work) for i in range(1, self.size + 1))
@@ -281,7 +298,7 @@ listen redis
   mode tcp
   bind {GATEWAY}:{REDIS_PORT}
   server redis 127.0.0.1:{redis_port}
-"""
+{ray_redis}"""
         )
         haproxy = _tool("haproxy")
         assert haproxy
@@ -408,6 +425,8 @@ Subsystem sftp {sftp}
         config["provider"]["worker_ips"] = [n.ip for n in self.nodes[1:]]
         config["auth"] = {"ssh_user": "root", "ssh_private_key": str(self.work / "keys" / "id_ed25519")}
         config["max_workers"] = len(self.nodes) - 1
+        if self.gcs_ft:
+            with_gcs_fault_tolerance(config, f"{GATEWAY}:{RAY_GCS_REDIS_PORT}", self.ray_redis_password)
         return config
 
     def _ray_up(self) -> None:
@@ -466,6 +485,16 @@ Subsystem sftp {sftp}
         self._boot(node)
         wait_for(lambda: _port_open(node.ip, 22), 30, f"sshd on {node.ip}")
 
+    def keep_head_disk(self) -> str:
+        """The head's copy of the local provider's cluster state (which workers it launched), read
+        before the head dies: the testbed's /tmp is a tmpfs, lost with the node, and without it
+        the restarted head's autoscaler would launch every worker again (`ray stop` there)."""
+        return self.ssh(self.nodes[0], "cat /tmp/cluster-presence.state 2>/dev/null || true")
+
+    def restore_head_disk(self, state: str) -> None:
+        if state.strip():
+            self.ssh(self.nodes[0], f"cat > /tmp/cluster-presence.state <<'EOF'\n{state}\nEOF")
+
     def ray_up_again(self) -> float:
         """The operator's one step after a head restart: `ray up ray_cluster.yaml` again."""
         t = time.monotonic()
@@ -509,6 +538,20 @@ Subsystem sftp {sftp}
                 store.stop()
         clean_network([n.name for n in self.nodes], [BRIDGE, *(n.veth for n in self.nodes)])
         STATE.unlink(missing_ok=True)
+
+
+def with_gcs_fault_tolerance(config: dict[str, Any], redis_address: str, password: str) -> None:
+    """Turn on GCS fault tolerance in the yaml's start commands, exactly as its comment says."""
+    wait = "RAY_gcs_rpc_server_reconnect_timeout_s=600"
+    mode = "export RAY_AUTH_MODE=token"
+    head = config["head_start_ray_commands"]
+    head[1] = head[1].replace(mode, f"export RAY_REDIS_ADDRESS={redis_address} {wait} RAY_AUTH_MODE=token", 1)
+    head[1] = head[1].replace("ray start --head", f"ray start --head --redis-password={password}", 1)
+    worker = config["worker_start_ray_commands"]
+    worker[1] = worker[1].replace(mode, f"export {wait} RAY_AUTH_MODE=token", 1)
+    for commands in (head, worker):  # the edges' own Ray clients wait as long
+        commands[2] = commands[2].replace(mode, f"export {wait} RAY_AUTH_MODE=token", 1)
+    assert all(redis_address in c or wait in c for c in (head[1], head[2], worker[1], worker[2]))
 
 
 def _kill_netns_pids(name: str) -> None:

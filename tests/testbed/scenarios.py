@@ -159,7 +159,7 @@ def edge_of(client: RecordedClient) -> str:
     return str(client.ws.response.headers.get("X-Presence-Edge", "?"))
 
 
-async def load_graph(bed: Testbed, users: list[str]) -> None:
+async def load_graph(bed: Testbed, users: list[str], server: str = SERVER) -> None:
     import asyncpg
 
     from cluster import db
@@ -167,7 +167,7 @@ async def load_graph(bed: Testbed, users: list[str]) -> None:
     conn = await asyncpg.connect(bed.database_url)
     try:
         await db.load_fixture(
-            conn, {"users": [{"id": u} for u in users], "servers": [{"id": SERVER, "members": users}]}
+            conn, {"users": [{"id": u} for u in users], "servers": [{"id": server, "members": users}]}
         )
     finally:
         await conn.close()
@@ -433,7 +433,216 @@ def head_restart(bed: Testbed, report: Report) -> None:
         report.expect(name, f"{w.name}'s edge back", t_w is not None)
 
 
-def run_all(bed: Testbed) -> bool:
+async def _watchers(
+    bed: Testbed, prefix: str, per_edge: int = 3
+) -> tuple[Recorder, list[str], dict[str, RecordedClient], str]:
+    """Watchers spread by HAProxy, each subscribed to every other account of its own server."""
+    users = [f"{prefix}-u{i}" for i in range(per_edge * len(bed.nodes))]
+    server = f"{prefix}-g"
+    await load_graph(bed, users, server)
+    url = f"ws://127.0.0.1:{bed.lb_port}/ws/presence"
+    rec = Recorder(Graph(frozenset(users), servers={server: frozenset(users)}))
+    clients = {u: await connect_watcher(rec, url, u, users, bed.secret) for u in users}
+    return rec, users, clients, url
+
+
+async def _keep_connected(
+    rec: Recorder, url: str, users: list[str], clients: dict[str, RecordedClient], bed: Testbed,
+    gone: list[str],
+) -> None:  # fmt: skip
+    """Clients HAProxy closed (their edge pulled) reconnect through it until they are in."""
+
+    async def one(u: str) -> None:
+        while True:
+            try:
+                clients[u] = await connect_watcher(rec, url, u, users, bed.secret)
+                return
+            except Exception:
+                await asyncio.sleep(0.5)
+
+    await asyncio.gather(*(one(u) for u in gone))
+
+
+def everybody_shows(clients: dict[str, RecordedClient], users: list[str], status: str) -> bool:
+    """Every watcher shows `status` for each of `users` (but itself)."""
+    return all(shows(c, o) == status for u, c in clients.items() for o in users if o != u)
+
+
+def _closed(c: RecordedClient) -> bool:
+    return c.close_code is not None or c._reader.done()
+
+
+async def _judge(
+    name: str, bed: Testbed, report: Report, rec: Recorder, clients: dict[str, RecordedClient],
+    truth: dict[str, str], since: float, bound_s: float, node: Node,
+) -> None:  # fmt: skip
+    """Every live watcher shows the truth (measured from `since`), and the history checker."""
+
+    def converged() -> bool:
+        return all(shows(c, t) == st for u, c in clients.items() for t, st in truth.items() if t != u)
+
+    t_conv = await wait_until(converged, bound_s + 60)
+    report.measure(name, "every watcher's view equals the truth", None if t_conv is None else t_conv - since)
+    report.expect(name, f"converged within {bound_s:.0f} s", t_conv is not None and t_conv - since <= bound_s)
+    h = rec.history
+    for u in truth:
+        view = await asyncio.to_thread(internal_get, bed, node, f"/api/v1/internal/presence/users/{u}")
+        h.final_status[u], h.final_sockets[u] = view["status"], view["sockets"]
+    h.watchers = {c.name for c in clients.values()}
+    violations = check(h, VIEW_CHECKS)
+    report.expect(name, "history checker: views, frames", not violations, f"{len(violations)} violations")
+    for v in violations[:10]:
+        log(f"violation: {v}")
+
+
+def _node_log_lines(bed: Testbed, node: Node, pattern: str) -> list[str]:
+    """Lines of the node's Ray worker logs (the shards') matching `pattern` (grep -E)."""
+    logs = "/tmp/ray/session_latest/logs/*.err"
+    out = bed.ssh(node, f"grep -hE {pattern!r} {logs} 2>/dev/null || true", check=False)
+    return [ln for ln in out.splitlines() if ln.strip()]
+
+
+async def partition(bed: Testbed, report: Report, observer: Observer, seconds: float) -> None:
+    """A worker cut off (its link down: every packet dropped both ways) for `seconds`, then healed.
+    Its edge's clients are closed by HAProxy and reconnect through it; its shards suspend
+    themselves (the fence) and serve again after the heal if Ray did not replace them. After the
+    heal: a status change reaches every watcher, every view equals the truth, no violation."""
+    name = f"partition {seconds:.0f} s"
+    rec, users, clients, url = await _watchers(bed, f"tp{int(seconds)}")
+    await wait_until(lambda: everybody_shows(clients, users, "online"), 30)
+    victim = bed.nodes[-1]
+    on_victim = [u for u, c in clients.items() if edge_of(c) == victim.name]
+    cut_at = time.time()
+    rec.fault(f"cut {victim.name}")
+    bed.cut(victim)
+    log(f"cut {victim.name} off for {seconds:.0f} s ({len(on_victim)} clients on its edge)")
+    closed = await wait_until(lambda: all(_closed(clients[u]) for u in on_victim), 30)
+    report.measure(name, "its edge's clients closed by HAProxy", None if closed is None else closed - cut_at)
+    back = asyncio.create_task(_keep_connected(rec, url, users, clients, bed, on_victim))
+    await asyncio.sleep(max(0.0, cut_at + seconds - time.time()))
+    bed.heal(victim)
+    healed_at = time.time()
+    log(f"healed {victim.name}")
+    t_back = None
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(back, 180)
+        t_back = time.time()
+    report.measure(name, "its clients reconnected, from the cut", None if t_back is None else t_back - cut_at)
+    ray_dead = observer.first(
+        lambda smp: any(n["ip"] == victim.ip and not n["alive"] for n in smp["nodes"].values()), cut_at
+    )
+    report.measure(name, "Ray declared the node dead", None if ray_dead is None else ray_dead - cut_at)
+    # A status change after the heal reaches everybody (the cut-off shards serve again, or Ray's
+    # new incarnations do).
+    first = users[0]
+    t0 = time.time()
+    await clients[first].send({"type": "presence.update", "status": "dnd"})
+    seen = await wait_until(lambda: everybody_shows(clients, [first], "dnd"), 60)
+    report.measure(name, "a status change after the heal seen by all", None if seen is None else seen - t0)
+    truth = {u: "online" for u in users} | {first: "dnd"}
+    await _judge(name, bed, report, rec, clients, truth, healed_at, 90.0, bed.nodes[0])
+    suspended = _node_log_lines(bed, victim, "suspended: it has not reached|stops serving for good")
+    resumed = _node_log_lines(bed, victim, "serving again")
+    report.rows.append(
+        Row(name, "its shards: suspended / serving again (their logs)", f"{len(suspended)} / {len(resumed)}")
+    )
+    report.expect(name, "the cut-off shards suspended themselves (fence)", bool(suspended))
+    for c in clients.values():
+        await c.close()
+
+
+async def head_restart_gcs_ft(bed: Testbed, report: Report) -> None:
+    """GCS fault tolerance: the head dies whole and comes back (its disk kept, `ray up` again).
+    Throughout, the workers' edges stay healthy and status changes made through them by accounts
+    whose shards live on the workers reach every watcher on the workers; after, the pool is the
+    same (adopted) and every view equals the truth."""
+    from tests.testbed.bed import healthy, wait_for
+
+    name = "head restart, GCS FT"
+    head, workers = bed.nodes[0], bed.nodes[1:]
+    rec, users, clients, url = await _watchers(bed, "tft")
+    await wait_until(lambda: everybody_shows(clients, users, "online"), 30)
+    disk = bed.keep_head_disk()
+    on_head = [u for u, c in clients.items() if edge_of(c) == head.name]
+    killed_at = time.time()
+    rec.fault("kill the head")
+    bed.kill(head)
+    rec.killed([clients[u] for u in on_head], at=killed_at, by=killed_at)
+    log("killed the head (GCS fault tolerance on)")
+    unhealthy: list[str] = []
+    stop = asyncio.Event()
+
+    async def poll_health() -> None:
+        while not stop.is_set():
+            for w in workers:
+                try:
+                    ok = await asyncio.to_thread(healthy, w.edge)
+                except Exception:
+                    ok = False
+                if not ok:
+                    unhealthy.append(f"{w.name}@{time.time() - killed_at:.0f}s")
+            await asyncio.sleep(1)
+
+    polling = asyncio.create_task(poll_health())
+    back = asyncio.create_task(_keep_connected(rec, url, users, clients, bed, on_head))
+    await asyncio.sleep(5)
+    # Accounts whose shard lives on a worker answer the operator view through a worker's edge.
+    on_workers = [u for u in users if u not in on_head]
+    alive = []
+    for u in on_workers:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.to_thread(internal_get, bed, workers[0], f"/api/v1/internal/presence/users/{u}"), 4
+            )
+            alive.append(u)
+    changed, rounds_ok = [], 0
+    for u in alive[:3]:
+        t0 = time.time()
+        await clients[u].send({"type": "presence.update", "status": "dnd"})
+        watchers = [c for w, c in clients.items() if w in on_workers and w != u and not _closed(c)]
+        if await wait_until(lambda u=u, ws=watchers: all(shows(c, u) == "dnd" for c in ws), 10):
+            rounds_ok += 1
+        changed.append(u)
+        log(f"status change by {u} during the head's absence: {time.time() - t0:.1f} s")
+    report.expect(
+        name,
+        "changes through the workers while the head is away reach their watchers",
+        bool(changed) and rounds_ok == len(changed),
+        f"{rounds_ok} of {len(changed)} (accounts answering: {len(alive)} of {len(on_workers)})",
+    )
+    await asyncio.sleep(max(0.0, killed_at + 40 - time.time()))
+    bed.revive(head)
+    bed.restore_head_disk(disk)
+    report.measure(name, "ray up again (the head)", bed.ray_up_again())
+    t_head = None
+    with contextlib.suppress(TimeoutError):
+        await asyncio.to_thread(wait_for, lambda: healthy(head.edge), 300, "the head's edge")
+        t_head = time.time()
+    report.measure(name, "head's edge healthy, from the kill", None if t_head is None else t_head - killed_at)
+    stop.set()
+    await polling
+    report.expect(
+        name, "the workers' edges healthy throughout", not unhealthy, ", ".join(unhealthy[:6]) or "yes"
+    )
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(back, 120)
+    status = json.loads(bed.ssh(head, ON_HEAD.format("status --json"), check=False) or "{}")
+    shards = status.get("shards", [])
+    report.expect(
+        name,
+        "the pool back whole at its size (12)",
+        len(shards) == 12 and all("error" not in st for st in shards),
+        f"{len(shards)} shards, {sum('error' in st for st in shards)} unavailable",
+    )
+    truth = {u: "online" for u in users} | dict.fromkeys(changed, "dnd")
+    await _judge(name, bed, report, rec, clients, truth, t_head or time.time(), 60.0, workers[0])
+    for c in clients.values():
+        await c.close()
+
+
+def run_all(bed: Testbed, partitions: list[float] | None = None) -> bool:
+    from tests.testbed.bed import healthy, wait_for
+
     report = Report()
     for what, seconds in bed.timings.items():
         report.measure("bring-up", what, seconds)
@@ -451,9 +660,21 @@ def run_all(bed: Testbed) -> bool:
                 json.dumps(spread),
             )
         placement(bed, report, observer)
-        asyncio.run(node_death(bed, report, observer))
-        observer.close()
-        head_restart(bed, report)
+        if bed.gcs_ft:
+            observer.close()
+            asyncio.run(head_restart_gcs_ft(bed, report))
+        else:
+            for seconds in partitions or []:
+                asyncio.run(partition(bed, report, observer, seconds))
+                t = time.time()
+                for node in bed.nodes:  # an edge that drained when cut off is back by itself
+                    wait_for(lambda node=node: healthy(node.edge), 240, f"the edge on {node.ip} back")
+                report.measure(
+                    f"partition {seconds:.0f} s", "every edge healthy again, from the end", time.time() - t
+                )
+            asyncio.run(node_death(bed, report, observer))
+            observer.close()
+            head_restart(bed, report)
     finally:
         observer.close()
         print(report.table(), flush=True)
