@@ -21,7 +21,6 @@ from typing import Any, NamedTuple, Protocol, cast
 import asyncpg
 import psutil
 import ray
-from ray._private import state as ray_state
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.clients import (
@@ -151,13 +150,12 @@ class ShardHost:
         handled: set[str] = set()
         directory = DirectoryClient()
         my_node = ray.get_runtime_context().get_node_id()
-        actor_id = ray.get_runtime_context().get_actor_id()
         peers: list[tuple[str, int]] = []
         pending: asyncio.Future[_GcsView] | None = None
         while True:
             await asyncio.sleep(NODE_WATCH_S)
             if pending is None or pending.done():
-                pending = asyncio.ensure_future(asyncio.to_thread(_gcs_view, my_node, actor_id))
+                pending = asyncio.ensure_future(asyncio.to_thread(_gcs_view, my_node))
             try:
                 view: _GcsView | None = await asyncio.wait_for(asyncio.shield(pending), GCS_WAIT_S)
             except Exception as e:  # the GCS away or slow (a head restart, a partition)
@@ -291,20 +289,12 @@ class _GcsView(NamedTuple):
     dead: set[str]  # nodes Ray declared dead
 
 
-def _gcs_view(my_node: str, actor_id: str | None) -> _GcsView:
-    """What Ray's GCS says of this shard and of the nodes (blocking calls: run in a thread)."""
+def _gcs_view(my_node: str) -> _GcsView:
+    """What Ray's GCS says of the nodes (a blocking call: run in a thread)."""
     nodes: Callable[[], list[dict[str, Any]]] = ray.nodes
     table = nodes()
     mine = next((n for n in table if str(n["NodeID"]) == my_node), None)
-    actor: dict[str, Any] = {}
-    if actor_id is not None:
-        actor = cast(dict[str, Any], ray_state.actors(actor_id=actor_id)) or {}
-    answer = gcs_answer(
-        my_node,
-        None if mine is None else bool(mine["Alive"]),
-        actor.get("State"),
-        (actor.get("Address") or {}).get("NodeID"),
-    )
+    answer = gcs_answer(None if mine is None else bool(mine["Alive"]))
     alive = {str(n["NodeID"]): n for n in table if n["Alive"]}
     carriers = eligible({node: dict(n.get("Resources") or {}) for node, n in alive.items()})
     peers = [(str(alive[n]["NodeManagerAddress"]), int(alive[n]["NodeManagerPort"])) for n in carriers]
@@ -632,6 +622,16 @@ class PoolClient:
             for i, node in zip(indices, targets, strict=True)
         ]
         await asyncio.gather(*(h.stats.remote() for h in handles))
+
+    async def start_shard_on(self, index: int, config: dict[str, Any], node: str) -> None:
+        """Create shard `index` on `node` (a rebalance) and wait until it answers."""
+        handle = cast(
+            ShardActor,
+            _PresenceActor.options(name=shard_name(index), **_shard_options(node), **_ACTOR_OPTIONS).remote(
+                {**config, "shard_index": index}
+            ),
+        )
+        await handle.stats.remote()
 
     async def node_of(self, index: int) -> str | None:
         """The Ray node shard `index` runs on (None if it does not answer within 10 s)."""

@@ -188,9 +188,10 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     prepare_to_join(settings)
+    from cluster.rollout import rebalance
     from cluster.scale import scale
 
-    return scale(settings, args.shards)
+    return scale(settings, args.shards, rebalance)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -253,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--internal-port", type=int, default=None, help="internal HTTP port (default 8766)")
     p.set_defaults(fn=cmd_edge)
 
-    p = add("scale", "resize the actor pool of a running cluster, live")
+    p = add("scale", "resize the actor pool of a running cluster, live (at its own size: spread it again)")
     p.add_argument("shards", type=int, help="the number of PresenceActor shards to resize to")
     p.set_defaults(fn=cmd_scale)
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypedDict, cast
 
 from actors import clients
+from actors.core import placement
 from cluster.config import Settings
 from cluster.runtime import cluster_info_or_exit
 from cluster.scale import MAIL_POLL_S, MAIL_WAIT_S, RETIRE_DRAIN_S, Shard
@@ -39,6 +40,7 @@ class Fleet(Protocol):
 
     def shard(self, index: int) -> Shard: ...
     async def restart_shard(self, index: int) -> None: ...
+    async def move_shard(self, index: int, node: str) -> None: ...
     async def restart_flush(self) -> int: ...
     async def restart_directory(self, version: int, owners: tuple[int, ...], shard_count: int) -> None: ...
 
@@ -61,7 +63,10 @@ async def rollout(
     fleet: Fleet | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    relocate: Mapping[int, str] | None = None,
 ) -> RolloutSummary:
+    """Replace every shard, then the FlushActor and the directory; with `relocate` (shard →
+    node, a rebalance), only those shards, each started again on its node."""
     d: Directory = directory if directory is not None else clients.DirectoryClient()
     f: Fleet = fleet if fleet is not None else RayFleet()
     started = clock()
@@ -85,7 +90,7 @@ async def rollout(
             await d.set_map(tuple(current), count)
             moved += len(part)
 
-    for index in range(count):
+    for index in range(count) if relocate is None else sorted(relocate):
         mine = [s for s, owner in enumerate(current) if owner == index]
         others = [i for i in range(count) if i != index]
         # Its slots spread over the others while it is replaced (round robin).
@@ -101,10 +106,16 @@ async def rollout(
         left = await old.drain(RETIRE_DRAIN_S)
         if left:
             progress(f"shard {index}: {left} last-seen values or choices not handed on before restart")
-        await f.restart_shard(index)
+        if relocate is None:
+            await f.restart_shard(index)
+        else:
+            await f.move_shard(index, relocate[index])
         for src, slots in sorted(plan.items()):
             await move(src, index, slots)
-        progress(f"shard {index} replaced ({len(mine)} slots moved out and back)")
+        where = "" if relocate is None else f" on node {relocate[index][:12]}"
+        progress(f"shard {index} replaced{where} ({len(mine)} slots moved out and back)")
+    if relocate is not None:
+        return {"shards": len(relocate), "moved_slots": moved, "seconds": clock() - started}
     left = await f.restart_flush()
     progress("FlushActor replaced" + (f" ({left} rows left behind)" if left else ""))
     version, owners_now, count_now = await d.get_map()
@@ -113,11 +124,60 @@ async def rollout(
     return {"shards": count, "moved_slots": moved, "seconds": clock() - started}
 
 
+class Spread(Protocol):
+    """Where the shards run, and the nodes that may carry them (a rebalance's inputs)."""
+
+    async def node_of(self, index: int) -> str | None: ...
+    async def shard_nodes(self) -> list[str]: ...
+
+
+async def rebalance(
+    progress: Callable[[str], object] = print,
+    *,
+    directory: Directory | None = None,
+    fleet: Fleet | None = None,
+    spread: Spread | None = None,
+) -> RolloutSummary:
+    """`presence scale N` at the pool's own size: the shards spread again over the alive nodes
+    that may carry them, moving the fewest (actors/core/placement.py `rebalance`), each one as
+    `presence rollout` replaces a shard (its slots out, a fresh actor on its new node, its slots
+    back): nobody is told anything. For a node that joined or came back after the pool was made
+    (Ray never moves a running actor; a shard restarted after its node died stays where Ray put
+    it)."""
+    d: Directory = directory if directory is not None else clients.DirectoryClient()
+    f: Fleet = fleet if fleet is not None else RayFleet()
+    where: Spread = spread if spread is not None else cast(Spread, f)
+    _, _, count = await d.get_map()
+    nodes = await asyncio.gather(*(where.node_of(i) for i in range(count)))
+    current = dict(zip(range(count), nodes, strict=True))
+    moves = placement.rebalance(current, await where.shard_nodes())
+    if not moves:
+        progress("the shards are spread evenly already: nothing to move")
+        return {"shards": 0, "moved_slots": 0, "seconds": 0.0}
+    progress(f"moving {len(moves)} of {count} shards to spread them evenly")
+    return await rollout(progress, directory=d, fleet=f, relocate=moves)
+
+
 class RayFleet:
     """The real pool: Ray restarts each actor in a fresh worker process (the code installed now)."""
 
     def shard(self, index: int) -> clients.ShardClient:
         return clients.ShardClient(index)
+
+    async def node_of(self, index: int) -> str | None:
+        return await _pool().node_of(index)
+
+    async def shard_nodes(self) -> list[str]:
+        from actors.pool import shard_nodes
+
+        return await asyncio.to_thread(shard_nodes)
+
+    async def move_shard(self, index: int, node: str) -> None:
+        """Replace shard `index` (emptied of its slots) by a fresh actor on `node`."""
+        config = await clients.DirectoryClient().get_shard_config()
+        clients.ShardClient(index).kill(restart=False)
+        # Its name is free once Ray has finished with the old actor.
+        await _until_answers(lambda: _pool().start_shard_on(index, config, node), lambda _: True)
 
     async def restart_shard(self, index: int) -> None:
         client = clients.ShardClient(index)
@@ -140,6 +200,13 @@ class RayFleet:
         directory = clients.DirectoryClient()
         directory.kill(restart=True)
         await _until_answers(lambda: directory.restore(version, owners, shard_count), lambda v: v is not None)
+
+
+def _pool() -> Any:
+    # Only a rebalance creates shards here: the pool's module (the shard shell) is loaded then.
+    from actors.pool import PoolClient
+
+    return PoolClient()
 
 
 async def _incarnation(index: int) -> str | None:

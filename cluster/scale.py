@@ -123,17 +123,33 @@ def _pool_client() -> Pool:
     return PoolClient()
 
 
-def scale(settings: Settings, shards: int) -> int:
+# `presence scale N` at the pool's own size: cluster/rollout.py `rebalance` (given by the command
+# line: rollout builds on this module, so this one cannot import it).
+Rebalance = Callable[..., Awaitable[Any]]
+
+
+def scale(settings: Settings, shards: int, rebalance: Rebalance | None = None) -> int:
     if shards < 1:
         print("presence scale: a pool needs at least one shard", file=sys.stderr)
         return 2
     info = cluster_info_or_exit(settings)
     ray_reachable_or_exit(info.ray_address, "scale")
     clients.connect(info.ray_address, info.ray_namespace)
+
+    def progress(line: str) -> None:
+        print(f"  {line}", flush=True)
+
     try:
-        summary = asyncio.run(resize(shards, progress=lambda line: print(f"  {line}", flush=True)))
+        summary = asyncio.run(resize(shards, progress=progress))
         # The size outlives Ray's memory of it: `presence up` starts the pool at it again.
         asyncio.run(db.record_pool_size(info.database_url, shards))
+        if summary["from"] == shards and rebalance is not None:
+            spread = asyncio.run(rebalance(progress))
+            print(
+                f"pool of {shards} shards rebalanced: {spread['shards']} moved to other nodes "
+                f"({spread['moved_slots']} slots moved out and back) in {spread['seconds']:.2f} s"
+            )
+            return 0
     finally:
         clients.shutdown()
     print(

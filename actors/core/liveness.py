@@ -8,7 +8,7 @@ one), so it exits and its supervisor starts it again (docs/operations.md "The he
 
 `Fence`: the rule that keeps a shard cut off from the cluster from serving beside the
 incarnation Ray restarts elsewhere (docs/architecture.md "Fencing"). Every second a shard asks
-Ray's GCS about itself (is its node alive, does the named actor still run on its node) and probes
+Ray's GCS about itself (is its node still alive in Ray's node table?) and probes
 the raylets of the other nodes that carry shards. It serves while a strict majority of those
 nodes (itself included) answered within `lease_s`, whether or not the GCS answers: with GCS
 fault tolerance the head may be away for minutes, and the workers (a majority) go on serving,
@@ -16,7 +16,7 @@ while a node cut off alone (a minority) stops. `lease_s` stays well under Ray's 
 verdict on a silent node (five failed health checks, 15 s at the least), so a cut-off shard has
 stopped (*suspended*: operations refused, lanes closed) before Ray restarts it elsewhere; it
 serves again once it hears a majority again, if Ray did not replace it meanwhile. A shard the
-GCS says was replaced (its node declared dead, or the named actor running on another node) is
+GCS says was replaced (its node declared dead) is
 *fenced* for good: it never serves again, and its process exits.
 """
 
@@ -53,24 +53,16 @@ class Standing(Enum):
 
 
 class GcsAnswer(Enum):
-    CURRENT = "current"  # the named actor is this process, its node alive
-    REPLACED = "replaced"  # another actor holds the name, or this node was declared dead
+    CURRENT = "current"  # its node alive in Ray's node table
+    REPLACED = "replaced"  # its node declared dead: Ray restarted its actors elsewhere
     NO_ANSWER = "no answer"
 
 
-def gcs_answer(
-    my_node: str, node_alive: bool | None, actor_state: str | None, actor_node: str | None
-) -> GcsAnswer:
-    """What the GCS's tables say of this shard process: `node_alive`, whether its node is alive in
-    Ray's node table (None: not listed); the named actor's state and node in Ray's actor table
-    (Ray keeps an actor's id across restarts, so its node tells an incarnation elsewhere)."""
-    if node_alive is False:
-        return GcsAnswer.REPLACED
-    if actor_state == "ALIVE" and actor_node not in (None, "", my_node):
-        return GcsAnswer.REPLACED
-    if actor_state == "DEAD":
-        return GcsAnswer.REPLACED
-    return GcsAnswer.CURRENT
+def gcs_answer(node_alive: bool | None) -> GcsAnswer:
+    """What Ray's node table says of this shard's node (None: not listed, or no table). Ray
+    restarts an actor elsewhere only when its process died (then nothing of it runs) or when its
+    node was declared dead: a shard whose node is dead in the table has been replaced."""
+    return GcsAnswer.REPLACED if node_alive is False else GcsAnswer.CURRENT
 
 
 def majority(reachable: int, nodes: int) -> bool:

@@ -260,7 +260,7 @@ async def test_a_directory_ray_restarts_serves_the_resized_map_again(cluster: Cl
 
     deadline = time.monotonic() + 30
     after = await restored()
-    while (after is None or after[0] <= 1) and time.monotonic() < deadline:
+    while (after is None or after[0] == version) and time.monotonic() < deadline:  # the kill lands
         await asyncio.sleep(0.2)
         after = await restored()
     assert after is not None

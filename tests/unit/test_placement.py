@@ -75,3 +75,14 @@ def test_presence_up_waits_for_the_nodes_ray_up_launched(tmp_path: Path) -> None
     bootstrap.write_text("provider: {type: local, head_ip: 10.0.0.10, worker_ips: [10.0.0.11, 10.0.0.12]}\n")
     assert expected_shard_nodes(Settings(), bootstrap) == 3
     assert expected_shard_nodes(Settings(shard_nodes=5), bootstrap) == 5
+
+
+def test_a_node_back_after_its_shards_moved_gets_its_share_by_the_fewest_moves() -> None:
+    """`presence scale 12` at 12: a worker died, its 4 shards went to the others (6/6), it came
+    back empty: 4 shards move to it, 2 from each of the others, and nothing else moves."""
+    current: dict[int, str | None] = {i: ("head" if i < 6 else "w1") for i in range(12)}
+    moves = rebalance(current, ["head", "w1", "w2"])
+    assert len(moves) == 4 and set(moves.values()) == {"w2"}
+    assert Counter(current[s] for s in moves) == {"head": 2, "w1": 2}
+    assert sorted(Counter({**current, **moves}.values()).values()) == [4, 4, 4]
+    assert rebalance({**current, **moves}, ["head", "w1", "w2"]) == {}

@@ -100,3 +100,42 @@ async def test_a_pool_of_one_is_refused_with_what_to_do() -> None:
     with pytest.raises(SingleShard, match="presence scale 2"):
         await rollout(lambda _: None, directory=fleet, fleet=fleet)
     assert fleet.log == [] and fleet.shards[0].incarnation == 0
+
+
+class FakeSpreadFleet(FakeFleet):
+    """A fleet whose shards run on nodes: the head holds all but shard 3."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.node = {i: ("head" if i != 3 else "w1") for i in range(count)}
+
+    async def node_of(self, index: int) -> str | None:
+        return self.node[index]
+
+    async def shard_nodes(self) -> list[str]:
+        return ["head", "w1", "w2"]
+
+    async def move_shard(self, index: int, node: str) -> None:
+        assert not self.shards[index].owned, "moved while it still held slots"
+        self.node[index] = node
+        self.log.append(("move", index, node))
+
+
+async def test_scale_at_the_same_size_moves_the_fewest_shards_each_emptied_and_given_its_slots_back() -> None:
+    from collections import Counter
+
+    from cluster.rollout import rebalance
+
+    fleet = FakeSpreadFleet(6)
+    before = fleet.owners
+    summary = await rebalance(lambda _: None, directory=fleet, fleet=fleet)
+    assert sorted(Counter(fleet.node.values()).values()) == [2, 2, 2]
+    moved = [entry for entry in fleet.log if entry[0] == "move"]
+    assert summary["shards"] == len(moved) == 3  # head 5 → 2, w1 1 → 2, w2 0 → 2
+    assert fleet.owners == before and not any(
+        entry[0] in ("restart", "flush", "directory") for entry in fleet.log
+    )
+    for i, shard in fleet.shards.items():
+        assert shard.owned == set(SlotMap(0, before, 6).slots_of(i))
+    again = await rebalance(lambda _: None, directory=fleet, fleet=fleet)
+    assert again["shards"] == 0
