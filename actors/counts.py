@@ -1,4 +1,4 @@
-"""Cross-shard online counts in Redis: the only thing Redis is used for.
+"""Cross-shard online counts in Redis (the other thing kept there: held places, actors/held.py).
 
 Idempotent structures, never counters: every key is a sorted set whose members are scored by the
 time their owner last refreshed them, and every read counts only members refreshed within the

@@ -53,6 +53,7 @@ HELP: dict[str, str] = {
     "last_seen_flush_failures_total": "failed hand-overs to the FlushActor (retried with back-off up to 30 s)",
     "checkpoint_rows_total": "rows written by the 10-minute checkpoint of accounts that stay online",
     "shard_errors_total": "a background duty of the shard failed and was restarted",
+    "shard_held_write_failures_total": "writing the held places of the resume window to Redis failed (kept and tried again every second)",
     "shard_preload_failures_total": "loading accounts or channels from PostgreSQL failed; the batch was applied with what the shard had in memory",
     "shard_ops_unavailable_total": "operations refused because their account or channel could not be loaded (PostgreSQL away); the edge retries them",
     "slots_exported_total": "slots handed to another shard (resizing)",

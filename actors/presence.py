@@ -25,13 +25,22 @@ from actors.core.audience import Relations
 from actors.core.backoff import Backoff
 from actors.core.budgets import Allowance
 from actors.core.contract import MOVED, UNAVAILABLE, MailChunk, ShardStats, iso_ms
-from actors.core.effects import Activity, Deliver, OnlineCount, PersistChosen, PersistVisibility, SocketCount
+from actors.core.effects import (
+    Activity,
+    Deliver,
+    HeldPlaces,
+    OnlineCount,
+    PersistChosen,
+    PersistVisibility,
+    SocketCount,
+)
 from actors.core.loaded import NotLoaded
 from actors.core.mailbox import Mailbox
 from actors.core.ops import NOTHING, Operation
 from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
+from actors.held import HeldStore, Places
 from actors.metrics import Metrics
 from actors.retry import retry, supervise
 from actors.store import AudienceEvents, ShardStore
@@ -111,6 +120,10 @@ class PresenceShard:
         self._edge_order: dict[str, asyncio.Lock] = {}
         self.metrics = Metrics()
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
+        # Held places (actors/held.py): the latest of each account's, waiting to be written.
+        self.held = HeldStore(config.redis_url) if config.redis_url else None
+        self._held_dirty: dict[str, Places] = {}
+        self._held_wake = asyncio.Event()
         # account → (value, when it was chosen): the newest choice waiting to be saved.
         self.persist_status: dict[str, tuple[str, float]] = {}
         self.persist_visibility: dict[str, tuple[str, float]] = {}
@@ -145,7 +158,9 @@ class PresenceShard:
                 on_reset=self._reload_everything,
             )
         )
+        await self._restore_held()
         for loop in (
+            self._held_loop,
             self._sweep_loop,
             self._flush_loop,
             self._persist_loop,
@@ -163,6 +178,8 @@ class PresenceShard:
         for t in self._tasks:
             t.cancel()
         await self.counts.close()
+        if self.held is not None:
+            await self.held.close()
         await self.store.stop()
 
     async def _forever(self, loop: Callable[[], Awaitable[None]]) -> None:
@@ -464,6 +481,9 @@ class PresenceShard:
             elif isinstance(e, Activity):
                 score = activity.live_until(e.at, self.config.checkpoint_interval_s) if e.live else e.at
                 self.counts.active([(e.user_id, score)])
+            elif isinstance(e, HeldPlaces) and self.held is not None:
+                self._held_dirty[e.user_id] = e.held
+                self._held_wake.set()
         for edge_id in touched:
             self.mail[edge_id].event.set()
         if self.state.pending_last_seen:
@@ -530,6 +550,50 @@ class PresenceShard:
             if entries:
                 await self.flush_write(entries)
                 self.metrics.inc("checkpoint_rows_total", n=len(entries))
+
+    async def _held_loop(self) -> None:
+        """Write each account's held places as they change (the latest only), for the next
+        incarnation of this shard. Redis away: kept and tried again every second."""
+        while True:
+            await self._held_wake.wait()
+            self._held_wake.clear()
+            if self.held is None:
+                continue
+            batch, self._held_dirty = self._held_dirty, {}
+            try:
+                await self.held.write(batch)
+            except Exception as e:
+                for user_id, places in batch.items():
+                    self._held_dirty.setdefault(user_id, places)  # unless it changed since
+                self.metrics.inc("shard_held_write_failures_total")
+                log.warning("shard %s: held places not saved (%s)", self.config.shard_index, type(e).__name__)
+                await asyncio.sleep(1.0)
+                self._held_wake.set()
+
+    async def _restore_held(self) -> None:
+        """The held places an earlier incarnation kept in this shard's slots (it died during their
+        window): back before this one serves anything, so a resume still tells nobody and an
+        account not back departs as of its close. Redis or PostgreSQL away: started without."""
+        if self.held is None or not self.owned:
+            return
+        try:
+            saved = await self.held.read(self.owned)
+            if not saved:
+                return
+            async with self.store.loading() as loads:
+                relations = await loads.relations(list(saved))
+                rows = await loads.accounts(list(saved))
+        except Exception as e:
+            log.warning("shard %s: held places not restored (%s)", self.config.shard_index, type(e).__name__)
+            return
+        now = self.clock()
+        for user_id, rel in relations.items():
+            self.state.set_relations(user_id, rel, now)
+        for user_id, row in rows.items():
+            self.state.load_account(user_id, row, now)
+            self.state.restore_holds(user_id, saved[user_id], now)
+        self._carry_out()
+        log.info("shard %s: held places of %d accounts restored", self.config.shard_index, len(rows))
 
     async def _persist_loop(self) -> None:
         def failed(e: BaseException, wait: float) -> None:

@@ -61,7 +61,17 @@ class Activity:
     at: float
 
 
-Effect = Deliver | PersistChosen | PersistVisibility | OnlineCount | SocketCount | Activity
+@dataclass(frozen=True, slots=True)
+class HeldPlaces:
+    """The account's held places changed (protocol.md "Drain and resume"): `held` is all of them
+    now, each (closed_at, until, idle); none: the account holds nothing. The shell keeps them where
+    the next incarnation of this shard finds them, should this one die during their window."""
+
+    user_id: str
+    held: tuple[tuple[float, float, bool], ...]
+
+
+Effect = Deliver | PersistChosen | PersistVisibility | OnlineCount | SocketCount | Activity | HeldPlaces
 
 
 @dataclass

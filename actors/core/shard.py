@@ -39,7 +39,7 @@ from .budgets import (
 )
 from .channels import Channel, ChannelState
 from .contract import AccountRow
-from .effects import Activity, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
+from .effects import Activity, HeldPlaces, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
 from .loaded import Loaded
 from .slots import channel_key, slot_of
 from .status import (
@@ -61,6 +61,7 @@ class Socket:
     edge_id: str
     idle: bool = False
     focus: str | None = None
+    connected_at: float = 0.0  # when it was registered here (shard clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +323,7 @@ class ShardState:
             return
         acc.held = [h for h in acc.held if h.until > now]
         self._watch_holds(acc)
+        self._held_changed(acc)
         at = max(h.closed_at for h in expired)
         if not acc.sockets and not acc.held:
             self.outbox.add(Activity(user_id, False, at))
@@ -330,6 +332,27 @@ class ShardState:
     def _watch_holds(self, acc: Account) -> None:
         if acc.held:
             heapq.heappush(self._holds, (min(h.until for h in acc.held), acc.user_id))
+
+    def _held_changed(self, acc: Account) -> None:
+        self.outbox.add(HeldPlaces(acc.user_id, tuple((h.closed_at, h.until, h.idle) for h in acc.held)))
+
+    def restore_holds(self, user_id: str, held: Iterable[tuple[float, float, bool]], now: float) -> None:
+        """Held places an earlier incarnation of this shard kept when it died (each (closed_at,
+        until, idle), as `HeldPlaces` saved them): back in the account's status, so that a resume
+        still tells nobody anything and an account not back departs as of its close. Places whose
+        window ran out meanwhile are a departure at their close (its last-seen; the watchers of
+        this new incarnation already see the account offline). The account must be loaded."""
+        acc = self.accounts[user_id]
+        places = [Held(closed_at, until, idle) for closed_at, until, idle in held]
+        live = [h for h in places if h.until > now and h not in acc.held]
+        ended = [h.closed_at for h in places if h.until <= now]
+        if live:
+            acc.held = sorted([*acc.held, *live], key=lambda h: h.closed_at)
+            acc.touched_at = now
+            self._watch_holds(acc)
+            self._settle(acc, now)
+        elif ended and not acc.sockets and not acc.held:
+            self.departed(user_id, max(ended), now)
 
     def edge_died(self, edge_id: str, now: float) -> bool:
         """The edge's node is dead (Ray said so): everything it registered goes now, each socket
@@ -396,7 +419,8 @@ class ShardState:
                 acc.held.remove(taken)
                 idle = idle or taken.idle
                 self._watch_holds(acc)
-            acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle)
+                self._held_changed(acc)
+            acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle, connected_at=now)
             self.edge_sockets.setdefault(edge_id, set()).add((user_id, socket_id))
             self.outbox.add(SocketCount(user_id, socket_id, True))
             if len(acc.sockets) == 1:
@@ -428,7 +452,12 @@ class ShardState:
         # Never after now. Not clamped from below: a client may leave while its connect is still
         # on the way, so a departure before the shard registered the socket is real.
         when = now if at is None else min(at, now)
-        if when + resume_s > now:
+        # A socket of the account registered since this one closed is its resume already (its
+        # client came back before the departure got here): a place held beside it would keep
+        # the account awake, whatever that socket says, for the whole window.
+        assert acc is not None  # it has the socket
+        back = any(s.connected_at >= when for s in acc.sockets.values() if s.socket_id != socket_id)
+        if when + resume_s > now and not back:
             self._hold_socket(user_id, socket_id, when, when + resume_s, now)
         else:
             self._remove_socket(user_id, socket_id, when)
@@ -444,6 +473,7 @@ class ShardState:
         acc.held.append(Held(closed_at, until, sock.idle))
         acc.touched_at = now
         self._watch_holds(acc)
+        self._held_changed(acc)
         if is_visibly_present(acc.real) and not acc.sockets:
             # Written at once, like a checkpoint of a present account: should this shard die
             # during the window, the stored last-seen is already the moment the socket closed,

@@ -21,6 +21,10 @@ from typing import Any
 import asyncpg
 import pytest
 
+from actors import clients
+from actors.core.slots import slot_of
+from actors.counts import connect as redis_connect
+from actors.held import key as held_key
 from cluster.drain import get_json
 from edge.server import Edge
 
@@ -177,3 +181,79 @@ async def test_client_closed_socket_on_a_draining_edge_departs_at_once(
 async def get_online(e: Edge, server: str, expected: int) -> bool:
     status, body = await get(e, f"/api/v1/internal/presence/online?serverId={server}")
     return status == 200 and body["online"] == expected
+
+
+# Long enough that a shard killed a second into it is back (and the watcher's edge has resynced)
+# well before it ends, on a loaded machine too.
+RESTART_RESUME_S = 12.0
+
+
+async def drained_then_shard_killed(
+    cluster: Cluster, d: Edge, edge: Edge, alice: str, bob: str
+) -> tuple[Client, float, float]:
+    """alice on the draining edge `d`, watched by bob from `edge`; `d` drained (alice's place held
+    and saved), then the shard owning alice killed and back. (watcher, asked, told_closed)."""
+    a = await connect(cluster, d, alice)
+    watcher = await watching(cluster, edge, bob, alice)
+    asked = time.time()
+    status, _ = await get(d, "/api/v1/internal/edge/drain")
+    assert status == 200
+    assert await a.closed(timeout=10) == 1012
+    told_closed = time.time()
+    await asyncio.wait_for(d.drained.wait(), 15)  # the departure reached the shard: held
+    redis = redis_connect(cluster.redis_url)
+    try:
+        await eventually(lambda: redis.hexists(held_key(slot_of(alice)), alice))  # saved
+    finally:
+        await redis.aclose()
+    _, owners, _ = await clients.DirectoryClient().get_map()
+    shard = clients.ShardClient(owners[slot_of(alice)])
+    before = (await shard.stats(10)).incarnation
+    shard.kill(restart=True)
+
+    async def new_incarnation() -> bool:
+        try:
+            return (await shard.stats(2)).incarnation != before
+        except Exception:
+            return False
+
+    await eventually(new_incarnation, timeout=60, interval=0.3)
+    return watcher, asked, told_closed
+
+
+async def test_drained_account_whose_shard_restarts_in_the_window_departs_once_at_its_close(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """Before the held places were saved, the new incarnation knew nothing of alice's: the
+    watcher's resync told it `offline` within seconds of the restart, not at the window's end."""
+    alice, bob, _ = await pair(conn, ids)
+    async with draining_edge(cluster, resume_s=RESTART_RESUME_S) as d:
+        watcher, asked, told_closed = await drained_then_shard_killed(cluster, d, edge, alice, bob)
+        await watcher.expect(changed(alice, "offline"), timeout=RESTART_RESUME_S + 20)
+        assert time.time() - told_closed >= RESTART_RESUME_S - 0.5  # not before the window ran out
+        status, view = await get(edge, f"/api/v1/internal/presence/users/{alice}")
+        assert status == 200 and view["status"] == "offline"
+        seen = epoch(view["lastSeenAt"])
+        assert asked + 0.5 - 0.05 <= seen <= told_closed + 0.01, (asked, seen, told_closed)
+        await watcher.roundtrip()
+        assert [f["status"] for f in changes_about(watcher, alice)] == ["offline"]
+
+
+async def test_drained_account_back_after_its_shard_restarted_tells_nobody(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """Before, the watcher's resync after the restart showed alice `offline`, and her return
+    `online`. She comes back once the watcher's edge has resynced (on an edge of its own, so
+    that its first resync is this one)."""
+    alice, bob, _ = await pair(conn, ids)
+    async with draining_edge(cluster, resume_s=RESTART_RESUME_S) as d, draining_edge(cluster) as w:
+        watcher, _, told_closed = await drained_then_shard_killed(cluster, d, w, alice, bob)
+        await eventually(lambda: any(k[0] == "resync_frames_total" for k in w.metrics.counters), timeout=30)
+        back = await connect(cluster, edge, alice)
+        assert back.ready is not None and back.ready["status"] == "online"
+        assert time.time() - told_closed < RESTART_RESUME_S  # within the window
+        await asyncio.sleep(max(0.0, told_closed + RESTART_RESUME_S + 1.5 - time.time()))  # past it
+        await watcher.roundtrip()
+        assert changes_about(watcher, alice) == []
+        status, view = await get(edge, f"/api/v1/internal/presence/users/{alice}")
+        assert status == 200 and view["status"] == "online" and view["sockets"] == 1

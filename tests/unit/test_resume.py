@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.core.contract import AccountRow
-from actors.core.effects import Activity, Deliver, OnlineCount, SocketCount
+from actors.core.effects import Activity, Deliver, HeldPlaces, OnlineCount, SocketCount
 from actors.core.shard import ShardState
 
 from .conftest import T0
@@ -39,11 +39,16 @@ def frames_about_alice(effects: list) -> list[dict]:
 class TestResume:
     def test_resumed_on_another_edge_within_the_window_tells_nobody(self) -> None:
         w = watched_world()
-        w.s.disconnect("alice", "a0", w.at(1), resume_s=RESUME)
+        closed_at = w.at(1)
+        w.s.disconnect("alice", "a0", closed_at, resume_s=RESUME)
         closed = w.drain()
         assert frames_about_alice(closed) == []
         assert of_type(closed, OnlineCount) == [] and of_type(closed, Activity) == []
-        assert closed == [SocketCount("alice", "a0", False)]  # the socket itself is gone
+        # The socket itself is gone; its place is kept where a restarted shard finds it.
+        assert closed == [
+            SocketCount("alice", "a0", False),
+            HeldPlaces("alice", ((closed_at, closed_at + RESUME, False),)),
+        ]
         assert w.s.visible_status_of("alice") == "online"
         w.s.sweep(w.at(10))
         assert w.s.connect("alice", "a9", "e3", w.at(4)) == "online"  # 14 s after the close
@@ -281,3 +286,105 @@ def test_resume_property(
         assert told == ["offline"] if overlapping else told[-1] == "offline"
         assert w.s.accounts["alice"].last_seen_at == close_at[-1]
         assert w.s.pending_last_seen["alice"] == close_at[-1]
+
+
+def restarted(w: World) -> World:
+    """A new incarnation of `w`'s shard: nothing in memory but the accounts loaded again, the
+    clock where `w`'s is."""
+    return pair_world(now=w.now)
+
+
+def held_then_restarted() -> tuple[World, float, HeldPlaces]:
+    """alice's only socket closed by the server (her place held, and saved), then her shard
+    restarted: the new incarnation, the close time, what the shell saved."""
+    w = watched_world()
+    closed_at = w.at(1)
+    w.s.disconnect("alice", "a0", closed_at, resume_s=RESUME)
+    (saved,) = of_type(w.drain(), HeldPlaces)
+    return restarted(w), closed_at, saved
+
+
+class TestShardRestartDuringTheWindow:
+    """The held places survive a restart of their shard: the shell saves every change of them
+    (`HeldPlaces`) and gives them back to the next incarnation (`restore_holds`) before it serves
+    anything, so the watchers' resync sees the account as it was."""
+
+    def test_every_change_of_the_held_places_is_handed_to_the_shell(self) -> None:
+        w = watched_world(sockets=2)
+        closed_at = w.at(1)
+        w.s.disconnect("alice", "a0", closed_at, resume_s=RESUME)
+        assert of_type(w.drain(), HeldPlaces) == [
+            HeldPlaces("alice", ((closed_at, closed_at + RESUME, False),))
+        ]
+        w.s.connect("alice", "a9", "e3", w.at(2))  # the resume takes it
+        assert of_type(w.drain(), HeldPlaces) == [HeldPlaces("alice", ())]
+        w.s.disconnect("alice", "a1", w.at(1), resume_s=RESUME)
+        w.drain()
+        w.s.sweep(w.at(RESUME + 1))  # not back: the place goes
+        assert of_type(w.drain(), HeldPlaces) == [HeldPlaces("alice", ())]
+
+    def test_resumed_after_the_restart_tells_nobody(self) -> None:
+        w, _, saved = held_then_restarted()
+        w.s.restore_holds("alice", saved.held, w.at(3))
+        assert w.s.watch("bob", "b1", "e2", ["alice"], w.now) == [("alice", "online")]  # the resync
+        assert w.s.connect("alice", "a9", "e3", w.at(2)) == "online"
+        w.s.sweep(w.at(RESUME + 5))
+        effects = w.drain()
+        assert frames_about_alice(effects) == [] and w.s.accounts["alice"].held == []
+
+    def test_not_back_after_the_restart_departs_once_at_its_close_time(self) -> None:
+        w, closed_at, saved = held_then_restarted()
+        w.s.restore_holds("alice", saved.held, w.at(3))
+        w.s.watch("bob", "b1", "e2", ["alice"], w.now)
+        w.drain()
+        w.s.sweep(w.at(RESUME))
+        effects = w.drain()
+        assert changed_to(effects, "b1", "alice") == ["offline"]
+        assert w.s.accounts["alice"].last_seen_at == closed_at
+        assert w.s.pending_last_seen["alice"] == closed_at
+
+    def test_a_window_that_ran_out_while_the_shard_was_down_is_a_departure_at_its_close(self) -> None:
+        w, closed_at, saved = held_then_restarted()
+        w.s.restore_holds("alice", saved.held, w.at(RESUME + 10))
+        assert w.s.real_status_of("alice") == "offline"
+        assert w.s.pending_last_seen["alice"] == closed_at
+
+    def test_restoring_twice_holds_each_place_once(self) -> None:
+        w, _, saved = held_then_restarted()
+        w.s.restore_holds("alice", saved.held, w.at(1))
+        w.s.restore_holds("alice", saved.held, w.at(1))
+        assert len(w.s.accounts["alice"].held) == 1
+
+
+class TestDepartureAfterTheComeback:
+    def test_a_departure_arriving_after_its_client_came_back_holds_nothing(self) -> None:
+        """The client came back on another edge before its old edge's departure reached the shard
+        (bench rollout found it: the rolling restart lost status changes). A place held beside
+        the new socket kept the account awake for the whole window: its `idle` reached nobody."""
+        w = watched_world()
+        closed_at = w.at(1)
+        w.s.connect("alice", "a9", "e3", w.at(0.05))  # back first
+        w.s.disconnect("alice", "a0", w.at(0.2), at=closed_at, resume_s=RESUME)
+        assert w.s.accounts["alice"].held == []
+        assert frames_about_alice(w.drain()) == []  # still nothing to tell anybody
+        w.s.set_status("alice", "a9", "idle", w.at(1))
+        assert changed_to(w.drain(), "b1", "alice") == ["idle"]
+
+    def test_a_tab_that_was_already_open_does_not_count_as_the_comeback(self) -> None:
+        w = watched_world(sockets=2)
+        w.s.set_status("alice", "a1", "idle", w.at(1))
+        w.drain()
+        w.s.disconnect("alice", "a0", w.at(1), resume_s=RESUME)  # a1 is older than the close
+        assert len(w.s.accounts["alice"].held) == 1
+        assert frames_about_alice(w.drain()) == []  # a0's awake place keeps alice online
+
+
+def test_held_places_go_to_redis_and_come_back_as_they_were() -> None:
+    """actors/held.py: one hash per slot, so a shard reads exactly its own."""
+    from actors.core.slots import slot_of
+    from actors.held import decode, encode, key
+
+    places = ((T0 + 0.25, T0 + 15.25, True), (T0 + 1.0, T0 + 16.0, False))
+    assert decode(encode(places)) == places
+    assert decode(encode(())) == ()
+    assert key(slot_of("alice")) == f"presence:held:{slot_of('alice')}"
