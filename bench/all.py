@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench.results import append_row, machine_info, machine_summary, utc_now, write_json
+from bench import results
+from bench.results import machine_info, machine_summary, utc_now
 
 if TYPE_CHECKING:
     from cluster.config import Settings
@@ -82,7 +83,7 @@ def _common(args: argparse.Namespace, name: str, with_shards: bool = True) -> li
         argv += ["--redis-url", args.redis_url]
     if args.shards and with_shards:
         argv += ["--shards", str(args.shards)]
-    if args.results_dir is not None and name != "scale":  # scale has no --output
+    if args.results_dir is not None:
         argv += ["--output", str(args.results_dir / f"{name}.json")]
     return argv
 
@@ -178,7 +179,7 @@ def _targets_of(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
     if name == "lastseen":
         t = report["target"]
         return [
-            lg.target(
+            results.target(
                 "last-seen statements/s (ours)",
                 report["designs"]["ours"]["statements_per_s"],
                 "statements/s",
@@ -207,10 +208,53 @@ def _summary(
     args: argparse.Namespace, runs: dict[str, dict[str, Any]], runtime: float, started_at: str
 ) -> int:
     info = machine_info()
+    rows, targets, failed = _outcomes(args.chosen, runs)
+    print(f"\n{'=' * 30} summary {'=' * 30}")
+    print(
+        f"presence bench all on {machine_summary(info)} (commit {info['commit']})"
+        + (", --quick sizes (targets are for the full sizes)" if args.quick else "")
+        + "\n"
+    )
+    results.print_table(["benchmark", "target", "figure", "goal", "met?"], rows, align_left=2)
+    met = sum(1 for t in targets if t["met"] is True)
+    judged = sum(1 for t in targets if t["met"] is not None)
+    print(f"\n{met}/{judged} targets met; {len(failed)} benchmark(s) failed; total {runtime:.0f} s")
+    payload = {
+        **results.run_record(NAME, started_at, runtime, info),
+        "quick": args.quick,
+        "runs": runs,
+        "targets": targets,
+        "failed": failed,
+    }
+    if args.output is None and args.results_dir is not None:
+        args.output = args.results_dir / "all.json"
+    verdicts = ", ".join(
+        f"{t['benchmark']} {results.met_text(t['met'])}" for t in targets if t["met"] is not None
+    )
+    columns = [
+        *results.lead_columns(info),
+        ("sizes", "quick" if args.quick else "full"),
+        ("targets met", f"{met}/{judged}: {verdicts}"),
+        ("failed", ", ".join(failed) or "none"),
+        ("runtime", f"{runtime:.0f} s"),
+    ]
+    results.record(NAME, payload, args, RESULTS_TITLE, columns)
+    return 1 if failed else 0
+
+
+RESULTS_TITLE = (
+    "`presence bench all`: every benchmark in one invocation; each also appends its own row above."
+)
+
+
+def _outcomes(
+    chosen: list[str], runs: dict[str, dict[str, Any]]
+) -> tuple[list[list[str]], list[dict[str, Any]], list[str]]:
+    """The summary's rows, every target met or missed, and the benchmarks that failed."""
     rows: list[list[str]] = []
     targets: list[dict[str, Any]] = []
     failed = []
-    for name in args.chosen:
+    for name in chosen:
         run = runs.get(name, {"exit": 1, "json": None})
         report = None
         if run.get("json"):
@@ -224,47 +268,6 @@ def _summary(
             continue
         for t in _targets_of(name, report):
             targets.append({"benchmark": name, **t})
-            met = "n/a" if t["met"] is None and t["target"] == "no target" else lg.met_text(t["met"])
+            met = "n/a" if t["met"] is None and t["target"] == "no target" else results.met_text(t["met"])
             rows.append([name, t["name"], _fmt(t["figure"], t["unit"]), t["target"], met])
-    print(f"\n{'=' * 30} summary {'=' * 30}")
-    print(
-        f"presence bench all on {machine_summary(info)} (commit {info['commit']})"
-        + (", --quick sizes (targets are for the full sizes)" if args.quick else "")
-        + "\n"
-    )
-    lg.print_table(["benchmark", "target", "figure", "goal", "met?"], rows, align_left=2)
-    met = sum(1 for t in targets if t["met"] is True)
-    judged = sum(1 for t in targets if t["met"] is not None)
-    print(f"\n{met}/{judged} targets met; {len(failed)} benchmark(s) failed; total {runtime:.0f} s")
-    payload = {
-        "benchmark": NAME,
-        "started_at": started_at,
-        "runtime_s": round(runtime, 1),
-        "machine": info,
-        "quick": args.quick,
-        "runs": runs,
-        "targets": targets,
-        "failed": failed,
-    }
-    out = args.output or (args.results_dir / "all.json" if args.results_dir is not None else None)
-    path = write_json(NAME, payload, out)
-    print(f"results: {path}")
-    if not args.no_record:
-        append_row(
-            NAME,
-            "`presence bench all`: every benchmark in one invocation; each also appends its own row above.",
-            ["date", "machine", "commit", "sizes", "targets met", "failed", "runtime"],
-            [
-                lg.info_date(),
-                machine_summary(info),
-                info["commit"],
-                "quick" if args.quick else "full",
-                f"{met}/{judged}: "
-                + ", ".join(
-                    f"{t['benchmark']} {lg.met_text(t['met'])}" for t in targets if t["met"] is not None
-                ),
-                ", ".join(failed) or "none",
-                f"{runtime:.0f} s",
-            ],
-        )
-    return 1 if failed else 0
+    return rows, targets, failed

@@ -39,6 +39,7 @@ import bisect
 import contextlib
 import math
 import secrets
+import subprocess
 import time
 from array import array
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
+from bench import results
 from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
@@ -271,124 +273,138 @@ def run_load(
     collects its result; `on_prefix` is told the accounts' id prefix (fresh per run, so runs on
     the same database never meet). The first window's figures are also at the top level."""
     tag = secrets.token_hex(3)
-    prefix, q_prefix = f"fo-{tag}-", f"fq-{tag}-"
+    load = _Load(args, queries, f"fo-{tag}-", f"fq-{tag}-", generator_shares(args.generators, queries))
     if on_prefix is not None:
-        on_prefix(prefix)
-    out: dict[str, Any] = {}
-    stage.log(
-        f"loading {args.accounts:,} accounts and their friendships"
-        + (f", {queries.queriers} queriers" if queries else "")
-    )
-    t = time.monotonic()
-    out["friendships"] = asyncio.run(
-        load_graph(env.database_url, prefix, args.accounts, args.subscriptions, queries, q_prefix)
-    )
-    out["load_graph_s"] = time.monotonic() - t
+        on_prefix(load.prefix)
+    out = _load_graph(load, env, stage)
     stage.log(f"starting {args.edges} edge process(es)")
     edges = [env.start_edge() for _ in range(args.edges)]
-    targets = [("127.0.0.1", e.port) for e in edges]
     bare = env.start_server("bare fanout server", ["-m", "bench.fanout_server", "--secret", env.secret]) if (
         getattr(args, "bare", False)
     ) else None  # fmt: skip
-    shares = generator_shares(args.generators, queries)
-    with lg.Workers(len(shares), {"secret": env.secret}) as workers:
-        total = args.accounts + (queries.queriers if queries else 0)
-        stage.log(f"connecting {total:,} sockets and subscribing each account to {args.subscriptions}")
-        setup = workers.call(
-            "fanout_setup",
-            [
-                {
-                    "targets": targets,
-                    "prefix": prefix,
-                    "accounts": args.accounts,
-                    "subscriptions": args.subscriptions,
-                    "concurrency": max(1, args.concurrency // args.generators),
-                    "queriers": queries.queriers if queries else 0,
-                    "query_prefix": q_prefix,
-                    "bare_query_target": queries.bare_target if queries else None,
-                    **share,
-                }
-                for share in shares
-            ],
-            on_progress=stage.progress("connect + subscribe", args.accounts),
-        )
-        out["setup"] = _setup_summary(setup)
-        stage.log(
-            f"{out['setup']['connected']:,} connected in {out['setup']['connect_s']:.1f} s, "
-            f"{out['setup']['subscribed']:,} subscribed in {out['setup']['subscribe_s']:.1f} s"
-        )
-        if out["setup"]["connected"] < args.accounts or out["setup"]["subscribed"] < args.accounts:
-            raise RuntimeError(f"set-up incomplete: {out['setup']}")
+    with (
+        env.serving(*edges, *([bare] if bare else [])),
+        lg.Workers(len(load.shares), {"secret": env.secret}) as w,
+    ):
+        out["setup"] = _setup(load, stage, w, [("127.0.0.1", e.port) for e in edges])
         if bare is not None:
-            stage.log(
-                f"connecting the same {args.accounts:,} accounts to the bare server and subscribing them"
-            )
-            bare_setup = workers.call(
-                "fanout_bare_setup",
-                [
-                    {
-                        "target": ("127.0.0.1", bare.port),
-                        "prefix": prefix,
-                        "accounts": args.accounts,
-                        "subscriptions": args.subscriptions,
-                        "concurrency": max(1, args.concurrency // args.generators),
-                        "account_share": share["account_share"],
-                    }
-                    for share in shares
-                ],
-                on_progress=stage.progress("bare connect + subscribe", args.accounts),
-            )
-            out["bare_setup"] = _setup_summary(bare_setup)
-            if (
-                out["bare_setup"]["connected"] < args.accounts
-                or out["bare_setup"]["subscribed"] < args.accounts
-            ):
-                raise RuntimeError(f"bare set-up incomplete: {out['bare_setup']}")
+            out["bare_setup"] = _bare_setup(load, stage, w, bare)
         pids = pool_pids()
-        # The frames of the set-up (accounts coming online) drain; what the processes use at rest
-        # meanwhile is the floor under every window's CPU.
-        settle = 1.0 if args.quick else 2.0
-        idle0 = {"edges": sum(e.cpu_seconds() for e in edges), "shards": cpu_of(pids["shards"])}
-        time.sleep(settle)
-        out["idle_cpu_cores"] = {
-            "edges": (sum(e.cpu_seconds() for e in edges) - idle0["edges"]) / settle,
-            "shards": (cpu_of(pids["shards"]) - idle0["shards"]) / settle,
-        }
-        windows: list[dict[str, Any]] = []
-        for rate in args.rate:
-            windows.append(
-                _window(
-                    args,
-                    env,
-                    stage,
-                    workers,
-                    rate,
-                    edges,
-                    pids,
-                    "fanout",
-                    queries,
-                    beside,
-                    len(args.rate) > 1,
-                )
-            )
+        out["idle_cpu_cores"] = _idle_cpu(args, edges, pids)
+        windows = [
+            _window(args, env, stage, w, rate, edges, pids, "fanout", queries, beside, len(args.rate) > 1)
+            for rate in args.rate
+        ]
         out.update(windows[0])
         out["windows"] = windows
         out["bare"] = None
         if bare is not None:
             out["bare"] = _window(
-                args, env, stage, workers, args.rate[-1], [bare], pids, "fanout_bare", None, None, True
+                args, env, stage, w, args.rate[-1], [bare], pids, "fanout_bare", None, None, True
             )
-        out["open_at_end"] = sum(workers.call("open_count", {"group": "fanout"}))
-        workers.call("close", {"group": "fanout"})
-        workers.call("close", {"group": "fanout_bare"})
-        if queries:
-            workers.call("close", {"group": "queriers"})
-            workers.call("close", {"group": "queriers_bare"})
-    for e in edges:
-        env.stop(e)
-    if bare is not None:
-        env.stop(bare)
+        out["open_at_end"] = sum(w.call("open_count", {"group": "fanout"}))
+        for group in ("fanout", "fanout_bare", *(("queriers", "queriers_bare") if queries else ())):
+            w.call("close", {"group": group})
     return out
+
+
+@dataclass(frozen=True)
+class _Load:
+    """One run's load: its arguments, queries, the accounts' and queriers' id prefixes (fresh per
+    run) and which generator connects which of them."""
+
+    args: argparse.Namespace
+    queries: Queries | None
+    prefix: str
+    query_prefix: str
+    shares: list[dict[str, Any]]
+
+    @property
+    def concurrency(self) -> int:
+        return max(1, self.args.concurrency // self.args.generators)
+
+
+def _load_graph(load: _Load, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
+    args, queries = load.args, load.queries
+    stage.log(
+        f"loading {args.accounts:,} accounts and their friendships"
+        + (f", {queries.queriers} queriers" if queries else "")
+    )
+    t = time.monotonic()
+    friendships = asyncio.run(
+        load_graph(
+            env.database_url, load.prefix, args.accounts, args.subscriptions, queries, load.query_prefix
+        )
+    )
+    return {"friendships": friendships, "load_graph_s": time.monotonic() - t}
+
+
+def _setup(
+    load: _Load, stage: lg.Stage, workers: lg.Workers, targets: list[tuple[str, int]]
+) -> dict[str, Any]:
+    """Every account connected to the edges and subscribed, the queriers too."""
+    args, queries = load.args, load.queries
+    total = args.accounts + (queries.queriers if queries else 0)
+    stage.log(f"connecting {total:,} sockets and subscribing each account to {args.subscriptions}")
+    kwargs = {
+        "targets": targets,
+        "prefix": load.prefix,
+        "accounts": args.accounts,
+        "subscriptions": args.subscriptions,
+        "concurrency": load.concurrency,
+        "queriers": queries.queriers if queries else 0,
+        "query_prefix": load.query_prefix,
+        "bare_query_target": queries.bare_target if queries else None,
+    }
+    res = workers.call(
+        "fanout_setup",
+        [kwargs | share for share in load.shares],
+        on_progress=stage.progress("connect + subscribe", args.accounts),
+    )
+    setup = _setup_summary(res)
+    stage.log(
+        f"{setup['connected']:,} connected in {setup['connect_s']:.1f} s, "
+        f"{setup['subscribed']:,} subscribed in {setup['subscribe_s']:.1f} s"
+    )
+    if setup["connected"] < args.accounts or setup["subscribed"] < args.accounts:
+        raise RuntimeError(f"set-up incomplete: {setup}")
+    return setup
+
+
+def _bare_setup(load: _Load, stage: lg.Stage, workers: lg.Workers, bare: lg.ServerProcess) -> dict[str, Any]:
+    """The same accounts connected to the bare server and subscribed there."""
+    args = load.args
+    stage.log(f"connecting the same {args.accounts:,} accounts to the bare server and subscribing them")
+    kwargs = {
+        "target": ("127.0.0.1", bare.port),
+        "prefix": load.prefix,
+        "accounts": args.accounts,
+        "subscriptions": args.subscriptions,
+        "concurrency": load.concurrency,
+    }
+    res = workers.call(
+        "fanout_bare_setup",
+        [kwargs | {"account_share": share["account_share"]} for share in load.shares],
+        on_progress=stage.progress("bare connect + subscribe", args.accounts),
+    )
+    setup = _setup_summary(res)
+    if setup["connected"] < args.accounts or setup["subscribed"] < args.accounts:
+        raise RuntimeError(f"bare set-up incomplete: {setup}")
+    return setup
+
+
+def _idle_cpu(
+    args: argparse.Namespace, edges: list[lg.EdgeProcess], pids: dict[str, list[int]]
+) -> dict[str, float]:
+    """The frames of the set-up (accounts coming online) drain; what the processes use at rest
+    meanwhile is the floor under every window's CPU."""
+    settle = 1.0 if args.quick else 2.0
+    idle0 = {"edges": sum(e.cpu_seconds() for e in edges), "shards": cpu_of(pids["shards"])}
+    time.sleep(settle)
+    return {
+        "edges": (sum(e.cpu_seconds() for e in edges) - idle0["edges"]) / settle,
+        "shards": (cpu_of(pids["shards"]) - idle0["shards"]) / settle,
+    }
 
 
 def _setup_summary(setup: list[dict[str, Any]]) -> dict[str, Any]:
@@ -433,51 +449,19 @@ def _window(
     """One window of `args.seconds` at `rate` changes/s on the sockets of `group` ("fanout": ours,
     through `servers`, the edges; "fanout_bare": the bare server, `servers` = [it])."""
     ours = group == "fanout"
-    label = f"{'ours' if ours else 'bare'} at {rate:g}/s"
     start_at = time.monotonic() + 1.0
     collect = beside(start_at, args.seconds) if beside is not None else None
     calls0 = _ray_calls(env) if ours else None
-    cpu0 = {
-        "server": sum(s.cpu_seconds() for s in servers),
-        "shards": cpu_of(pids["shards"]),
-        "flush": cpu_of(pids["flush"]),
-    }
+    cpu0 = _window_cpu(servers, pids)
     stage.log(
-        f"running {label} for {args.seconds:g} s"
+        f"running {'ours' if ours else 'bare'} at {rate:g}/s for {args.seconds:g} s"
         + (f", {queries.rate:g} queries/s of {queries.ids} ids" if queries else "")
     )
-    spies = []
-    if args.profile is not None:
-        # One profile per window when there are several: fanout-800-edge-pyspy.txt, …
-        name = f"{stage.bench}-{rate:g}" if named else stage.bench
-        watched = [("edge" if ours else "bare", servers[0].pid)]
-        if ours and pids["shards"]:
-            watched.append(("shard0", pids["shards"][0]))
-        for who, pid in watched:
-            path = args.profile / f"{name}-{who}-pyspy.txt"
-            spies.append((lg.start_profile(path, pid, args.seconds), path))
-    # Each generator changes its accounts' statuses at its share of `rate` and asks its queriers'
-    # share of the queries (a generator of queriers only asks them all).
-    shares = generator_shares(args.generators, queries)
+    spies = _start_spies(args, stage.bench, rate, named, ours, servers[0].pid, pids)
     ticker = _Ticker(stage, start_at, args.seconds)
     res = workers.call(
         "fanout_run",
-        [
-            {
-                "start_at": start_at,
-                "seconds": args.seconds,
-                "rate": rate / args.generators if share["account_share"][1] else 0.0,
-                "drain_s": args.drain_s,
-                "query_rate": queries.rate * len(share["my_queriers"]) / queries.queriers
-                if queries and queries.queriers
-                else 0.0,
-                "query_ids": queries.ids if queries else 0,
-                "accounts": args.accounts,
-                "query_timeout_s": queries.timeout_s if queries else 5.0,
-                "group": group,
-            }
-            for share in shares
-        ],
+        _run_kwargs(args, rate, queries, group, start_at),
         timeout=args.seconds + args.drain_s + 120,
         on_progress=None,
         tick=ticker,
@@ -487,36 +471,92 @@ def _window(
         lg.finish_profile(spy, path)
     wall = max(r["wall_s"] for r in res)
     window = args.seconds + args.drain_s
-    server_s = sum(s.cpu_seconds() for s in servers) - cpu0["server"]
-    shards_s = cpu_of(pids["shards"]) - cpu0["shards"]
+    used = {k: v - cpu0[k] for k, v in _window_cpu(servers, pids).items()}
     out: dict[str, Any] = {"server": "ours" if ours else "bare", "rate": rate}
     out["cpu_cores"] = {
-        "edges" if ours else "server": server_s / window,
-        "shards": shards_s / window,
-        "flush": (cpu_of(pids["flush"]) - cpu0["flush"]) / window,
+        "edges" if ours else "server": used["server"] / window,
+        "shards": used["shards"] / window,
+        "flush": used["flush"] / window,
         "generators": sum(r["cpu_s"] for r in res) / wall,
     }
     out["beside"] = collect() if collect is not None else None
     stage.log("computing latencies")
     out.update(_latencies(res, args.subscriptions))
-    made = out["deliveries_received"]
-    if ours:
-        edge_us = server_s / made * 1e6 if made else math.nan
-        shard_us = shards_s / made * 1e6 if made else math.nan
-        out["cpu_us_per_delivery"] = {"edges": edge_us, "shards": shard_us, "total": edge_us + shard_us}
-        assert calls0 is not None
-        calls1 = _ray_calls(env)
-        apply_n, pull_n = calls1["apply"] - calls0["apply"], calls1["pull"] - calls0["pull"]
-        out["ray_calls"] = {
-            "apply": apply_n,
-            "pull": pull_n,
-            "per_1000_deliveries": (apply_n + pull_n) / made * 1000 if made else math.nan,
-        }
-    else:
-        out["cpu_us_per_delivery"] = {"total": server_s / made * 1e6 if made else math.nan}
+    out |= _costs(out["deliveries_received"], used, calls0, env)
     out["queries"] = _query_results(res) if queries else None
     out["bare_queries"] = _query_results(res, "bare_") if queries and queries.bare_target else None
     return out
+
+
+def _window_cpu(servers: list[lg.ServerProcess], pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds used so far by the servers under test, the shards and the FlushActor."""
+    return {
+        "server": sum(s.cpu_seconds() for s in servers),
+        "shards": cpu_of(pids["shards"]),
+        "flush": cpu_of(pids["flush"]),
+    }
+
+
+def _costs(
+    made: int, used: dict[str, float], calls0: dict[str, float] | None, env: lg.BenchEnv
+) -> dict[str, Any]:
+    """CPU per delivery made; for ours (`calls0` given), per process and the shards' calls too."""
+    if calls0 is None:
+        return {"cpu_us_per_delivery": {"total": used["server"] / made * 1e6 if made else math.nan}}
+    edge_us = used["server"] / made * 1e6 if made else math.nan
+    shard_us = used["shards"] / made * 1e6 if made else math.nan
+    calls1 = _ray_calls(env)
+    apply_n, pull_n = calls1["apply"] - calls0["apply"], calls1["pull"] - calls0["pull"]
+    return {
+        "cpu_us_per_delivery": {"edges": edge_us, "shards": shard_us, "total": edge_us + shard_us},
+        "ray_calls": {
+            "apply": apply_n,
+            "pull": pull_n,
+            "per_1000_deliveries": (apply_n + pull_n) / made * 1000 if made else math.nan,
+        },
+    }
+
+
+def _start_spies(
+    args: argparse.Namespace, bench: str, rate: float, named: bool, ours: bool, server_pid: int,
+    pids: dict[str, list[int]],
+) -> list[tuple[subprocess.Popen[bytes], Path]]:  # fmt: skip
+    """With `--profile`: py-spy on the server under test (and shard 0 for ours) for the window."""
+    if args.profile is None:
+        return []
+    # One profile per window when there are several: fanout-800-edge-pyspy.txt, …
+    name = f"{bench}-{rate:g}" if named else bench
+    watched = [("edge" if ours else "bare", server_pid)]
+    if ours and pids["shards"]:
+        watched.append(("shard0", pids["shards"][0]))
+    spies = []
+    for who, pid in watched:
+        path = args.profile / f"{name}-{who}-pyspy.txt"
+        spies.append((lg.start_profile(path, pid, args.seconds), path))
+    return spies
+
+
+def _run_kwargs(
+    args: argparse.Namespace, rate: float, queries: Queries | None, group: str, start_at: float
+) -> list[dict[str, Any]]:
+    """Each generator changes its accounts' statuses at its share of `rate` and asks its queriers'
+    share of the queries (a generator of queriers only asks them all)."""
+    return [
+        {
+            "start_at": start_at,
+            "seconds": args.seconds,
+            "rate": rate / args.generators if share["account_share"][1] else 0.0,
+            "drain_s": args.drain_s,
+            "query_rate": queries.rate * len(share["my_queriers"]) / queries.queriers
+            if queries and queries.queriers
+            else 0.0,
+            "query_ids": queries.ids if queries else 0,
+            "accounts": args.accounts,
+            "query_timeout_s": queries.timeout_s if queries else 5.0,
+            "group": group,
+        }
+        for share in generator_shares(args.generators, queries)
+    ]
 
 
 class _Ticker:
@@ -679,8 +719,70 @@ def judge(args: argparse.Namespace, m: dict[str, Any]) -> dict[str, Any]:
 
 def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_at: str) -> int:
     info = machine_info()
-    lat = m["latency_ms"]
     met = judge(args, m)
+    _print(args, m, info, met)
+    payload = {
+        **results.run_record(NAME, started_at, runtime, info, args),
+        **m,
+        "targets": _targets(args, m, met),
+    }
+    lat, cpu, first = m["latency_ms"], m["cpu_cores"], m["windows"][0]
+    columns = [
+        *results.lead_columns(info),
+        ("load", f"{args.accounts:,} x {args.subscriptions}, {first['rate']:g}/s, {args.seconds:g} s, "
+                 f"{args.edges} edges"),
+        ("delivered", f"{m['delivered_fraction']:.2%}"),
+        ("p50 ms", lg.fmt_ms(lat["p50"])),
+        ("p99 ms", lg.fmt_ms(lat["p99"])),
+        ("max ms", lg.fmt_ms(lat["max"])),
+        ("CPU edges/shards/generators", f"{cpu['edges']:.2f}/{cpu['shards']:.2f}/{cpu['generators']:.2f}"),
+        ("target p99 < 50 ms", results.met_text(met["first"])),
+        ("runtime", f"{runtime:.0f} s"),
+    ]  # fmt: skip
+    results.record(NAME, payload, args, RESULTS_TITLE, columns)
+    if m.get("bare") is not None and not args.no_record:
+        _record_bare(args, info, m["windows"][-1], m["bare"], met, runtime)
+    print(f"runtime {runtime:.1f} s")
+    return 0
+
+
+RESULTS_TITLE = (
+    "Status change → subscriber latency (send time of the change frame to receive time of each "
+    "`presence.changed`, same clock), real sockets through `presence edge` processes into the pool."
+)
+
+
+def _targets(args: argparse.Namespace, m: dict[str, Any], met: dict[str, Any]) -> list[dict[str, Any]]:
+    fast = m["windows"][-1]
+    targets = [
+        results.target(
+            "fanout latency p99", m["latency_ms"]["p99"], "ms", f"< {TARGET_P99_MS:g}", met["first"]
+        )
+    ]
+    if len(m["windows"]) > 1:
+        targets.append(
+            results.target(
+                f"fanout p99 at {fast['rate'] * args.subscriptions:,.0f} deliveries/s, all delivered",
+                fast["latency_ms"]["p99"],
+                "ms",
+                f"< {TARGET_FAST_P99_MS:g} (at {FAST_DELIVERIES_PER_S:,}/s)",
+                met["fast"],
+            )
+        )
+    if m.get("bare") is not None:
+        targets.append(
+            results.target(
+                "fanout CPU per delivery, ours / bare websockets",
+                met["ratio"],
+                "ratio",
+                f"≤ {TARGET_CPU_RATIO:g}",
+                met["ratio_met"],
+            )
+        )
+    return targets
+
+
+def _print(args: argparse.Namespace, m: dict[str, Any], info: dict[str, Any], met: dict[str, Any]) -> None:
     windows = [*m["windows"], *([m["bare"]] if m.get("bare") else [])]
     rates = ", ".join(f"{w['rate']:g}" for w in m["windows"])
     print(
@@ -689,7 +791,7 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
         + (", then the bare websockets server at the last rate" if m.get("bare") else "")
         + f"; {args.edges} edge(s), {args.generators} generator processes\n"
     )
-    lg.print_table(
+    results.print_table(
         ["window", "deliveries/s", "delivered", "p50 ms", "p90 ms", "p99 ms", "max ms",
          "edge µs/deliv.", "shard µs/deliv.", "total µs/deliv.", "shard calls/1,000 deliv."],
         [_row(w, args.subscriptions) for w in windows],
@@ -710,94 +812,33 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
         f"{m['setup']['subscribe_s']:.1f} s; {m['friendships']:,} friendships loaded in "
         f"{m['load_graph_s']:.1f} s"
     )
+    _print_targets(args, m, met)
+
+
+def _print_targets(args: argparse.Namespace, m: dict[str, Any], met: dict[str, Any]) -> None:
     first, fast, bare = m["windows"][0], m["windows"][-1], m.get("bare")
     print(
         f"target p99 < {TARGET_P99_MS:g} ms at {first['rate']:g}/s with every delivery made: "
-        f"{lg.met_text(met['first'])}"
+        f"{results.met_text(met['first'])}"
     )
     if met["fast"] is not None or len(m["windows"]) > 1:
         print(
             f"target p99 < {TARGET_FAST_P99_MS:g} ms at {FAST_DELIVERIES_PER_S:,} deliveries/s with every "
             f"delivery made: {fast['latency_ms']['p99']:.1f} ms at "
             f"{fast['rate'] * args.subscriptions:,.0f}/s, "
-            f"{fast['delivered_fraction']:.2%}: {lg.met_text(met['fast'])}"
+            f"{fast['delivered_fraction']:.2%}: {results.met_text(met['fast'])}"
         )
     if bare is not None:
         print(
             f"target CPU per delivery ≤ {TARGET_CPU_RATIO:g}x the bare server's: ours "
             f"{fast['cpu_us_per_delivery']['total']:.1f} µs, "
             f"bare {bare['cpu_us_per_delivery']['total']:.1f} µs: "
-            f"{met['ratio']:.2f}x: {lg.met_text(met['ratio_met'])}"
+            f"{met['ratio']:.2f}x: {results.met_text(met['ratio_met'])}"
         )
-    targets = [lg.target("fanout latency p99", lat["p99"], "ms", f"< {TARGET_P99_MS:g}", met["first"])]
-    if len(m["windows"]) > 1:
-        targets.append(
-            lg.target(
-                f"fanout p99 at {fast['rate'] * args.subscriptions:,.0f} deliveries/s, all delivered",
-                fast["latency_ms"]["p99"],
-                "ms",
-                f"< {TARGET_FAST_P99_MS:g} (at {FAST_DELIVERIES_PER_S:,}/s)",
-                met["fast"],
-            )
-        )
-    if bare is not None:
-        targets.append(
-            lg.target(
-                "fanout CPU per delivery, ours / bare websockets",
-                met["ratio"],
-                "ratio",
-                f"≤ {TARGET_CPU_RATIO:g}",
-                met["ratio_met"],
-            )
-        )
-    payload = {
-        "benchmark": NAME,
-        "started_at": started_at,
-        "runtime_s": round(runtime, 1),
-        "machine": info,
-        "args": lg.args_json(args),
-        **m,
-        "targets": targets,
-    }
-    cpu = m["cpu_cores"]
-    lg.finish(
-        NAME,
-        payload,
-        args,
-        "Status change → subscriber latency (send time of the change frame to receive time of each "
-        "`presence.changed`, same clock), real sockets through `presence edge` processes into the pool.",
-        [
-            "date",
-            "machine",
-            "commit",
-            "load",
-            "delivered",
-            "p50 ms",
-            "p99 ms",
-            "max ms",
-            "CPU edges/shards/generators",
-            "target p99 < 50 ms",
-            "runtime",
-        ],
-        [
-            lg.info_date(),
-            machine_summary(info),
-            info["commit"],
-            f"{args.accounts:,} x {args.subscriptions}, {first['rate']:g}/s, {args.seconds:g} s, "
-            f"{args.edges} edges",
-            f"{m['delivered_fraction']:.2%}",
-            lg.fmt_ms(lat["p50"]),
-            lg.fmt_ms(lat["p99"]),
-            lg.fmt_ms(lat["max"]),
-            f"{cpu['edges']:.2f}/{cpu['shards']:.2f}/{cpu['generators']:.2f}",
-            lg.met_text(met["first"]),
-            f"{runtime:.0f} s",
-        ],
-    )
-    if bare is not None and not args.no_record:
-        _record_bare(args, info, fast, bare, met, runtime)
-    print(f"runtime {runtime:.1f} s")
-    return 0
+
+
+def _three(lat: dict[str, float]) -> str:
+    return "/".join(lg.fmt_ms(lat[k]) for k in ("p50", "p99", "max"))
 
 
 def _record_bare(
@@ -809,49 +850,30 @@ def _record_bare(
     runtime: float,
 ) -> None:
     """The fastest window beside the bare server's: a row of its own section of RESULTS.md."""
-    from bench.results import append_row
-
     ours_us, bare_us = fast["cpu_us_per_delivery"], bare["cpu_us_per_delivery"]
-    append_row(
+    results.append_columns(
         BARE_SECTION,
         "The fastest fan-out window beside a bare `websockets` server broadcasting the same frames to the "
         "same clients in the same run: latency, and CPU per delivery (process CPU over the window / "
         "deliveries made).",
         [
-            "date",
-            "machine",
-            "commit",
-            "load",
-            "ours delivered",
-            "ours p50/p99/max ms",
-            "bare p50/p99/max ms",
-            "ours µs/delivery edge + shard = total",
-            "bare µs/delivery",
-            "ours/bare",
-            "shard calls/1,000 deliveries",
-            f"target p99 < {TARGET_FAST_P99_MS:g} ms",
-            f"target ≤ {TARGET_CPU_RATIO:g}x bare",
-            "runtime",
+            *results.lead_columns(info),
+            ("load", f"{args.accounts:,} x {args.subscriptions}, {fast['rate']:g}/s "
+                     f"({fast['rate'] * args.subscriptions:,.0f} deliveries/s), {args.seconds:g} s, "
+                     f"{args.edges} edges"),
+            ("ours delivered", f"{fast['delivered_fraction']:.2%}"),
+            ("ours p50/p99/max ms", _three(fast["latency_ms"])),
+            ("bare p50/p99/max ms", _three(bare["latency_ms"])),
+            ("ours µs/delivery edge + shard = total",
+             f"{ours_us['edges']:.1f} + {ours_us['shards']:.1f} = {ours_us['total']:.1f}"),
+            ("bare µs/delivery", f"{bare_us['total']:.1f}"),
+            ("ours/bare", f"{met['ratio']:.2f}"),
+            ("shard calls/1,000 deliveries", f"{fast['ray_calls']['per_1000_deliveries']:.1f}"),
+            (f"target p99 < {TARGET_FAST_P99_MS:g} ms", results.met_text(met["fast"])),
+            (f"target ≤ {TARGET_CPU_RATIO:g}x bare", results.met_text(met["ratio_met"])),
+            ("runtime", f"{runtime:.0f} s"),
         ],
-        [
-            lg.info_date(),
-            machine_summary(info),
-            info["commit"],
-            f"{args.accounts:,} x {args.subscriptions}, {fast['rate']:g}/s "
-            f"({fast['rate'] * args.subscriptions:,.0f} deliveries/s), {args.seconds:g} s, "
-            f"{args.edges} edges",
-            f"{fast['delivered_fraction']:.2%}",
-            "/".join(lg.fmt_ms(fast["latency_ms"][k]) for k in ("p50", "p99", "max")),
-            "/".join(lg.fmt_ms(bare["latency_ms"][k]) for k in ("p50", "p99", "max")),
-            f"{ours_us['edges']:.1f} + {ours_us['shards']:.1f} = {ours_us['total']:.1f}",
-            f"{bare_us['total']:.1f}",
-            f"{met['ratio']:.2f}",
-            f"{fast['ray_calls']['per_1000_deliveries']:.1f}",
-            lg.met_text(met["fast"]),
-            lg.met_text(met["ratio_met"]),
-            f"{runtime:.0f} s",
-        ],
-    )
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:

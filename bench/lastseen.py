@@ -72,6 +72,7 @@ from bench.baselines import (
     WRITE_THROUGH_SQL,
     WRITE_THROUGH_TABLE,
     CoarseRedisBatched,
+    PgCounts,
     RespClient,
     WriteThrough,
 )
@@ -439,139 +440,155 @@ def _clock_text(t: int) -> str:
     return f"{t // 60:02d}:{t % 60:02d}"
 
 
-async def run_ours(
-    cfg: Config, url: str, schema: str, pg: PgCounters, progress: results.Progress
-) -> dict[str, Any]:
-    clock = VirtualClock(float(T0))
-    actor = SteppedFlushActor(
-        with_search_path(url, schema),
-        interval_s=cfg.flush_interval_s,
-        max_rows=cfg.flush_max_rows,
-        clock=clock,
-        statement_timeout_s=STATEMENT_TIMEOUT_S,
-    )
-    await actor.start()
-    shards = [
-        ShardState(socket_timeout_s=cfg.socket_timeout_s, checkpoint_interval_s=cfg.checkpoint_interval_s)
-        for _ in range(cfg.shards)
-    ]
-    slot_map = SlotMap.even(cfg.shards)
-    edges = [f"edge-{i}" for i in range(cfg.edges)]
-    row = AccountRow()
-    wl = Workload(cfg)
+class _Ours:
+    """Our design in the simulation: the real pure shard states (accounts placed by `SlotMap`)
+    and the real FlushActor on the virtual clock, fed as PresenceShard's loops feed it."""
 
-    def shard_of(user: str) -> ShardState:
-        return shards[slot_map.shard_of(user)]
+    def __init__(self, cfg: Config, actor: SteppedFlushActor) -> None:
+        self.cfg = cfg
+        self.actor = actor
+        self.shards = [
+            ShardState(socket_timeout_s=cfg.socket_timeout_s, checkpoint_interval_s=cfg.checkpoint_interval_s)
+            for _ in range(cfg.shards)
+        ]
+        self.slot_map = SlotMap.even(cfg.shards)
+        self.edges = [f"edge-{i}" for i in range(cfg.edges)]
+        self.row = AccountRow()
+        self.flushing: list[asyncio.Task[None] | None] = [None] * len(self.shards)
+        self.checkpoint_tasks: list[asyncio.Task[None]] = []
+        self.checkpoints = self.checkpoint_rows = self.checkpoint_step_statements = 0
+        self.acked = 0
 
-    def connect(user: str, now: float) -> None:
+    def shard_of(self, user: str) -> ShardState:
+        return self.shards[self.slot_map.shard_of(user)]
+
+    def connect(self, user: str, now: float) -> None:
         # One socket per account, named after it; accounts spread over the edges by slot.
-        st = shard_of(user)
+        st = self.shard_of(user)
         if not st.has_account(user):
-            st.load_account(user, row, now)
-        st.connect(user, user, edges[slot_of(user) % len(edges)], now)
+            st.load_account(user, self.row, now)
+        st.connect(user, user, self.edges[slot_of(user) % len(self.edges)], now)
 
-    # Warm state: every initially connected account connected at T0. No departure yet, so no write.
-    for user in wl.online:
-        connect(user, float(T0))
-    for st in shards:
-        st.outbox.drain()
+    def warm(self, online: list[str]) -> None:
+        """Every initially connected account connected at T0. No departure yet, so no write."""
+        for user in online:
+            self.connect(user, float(T0))
+        for st in self.shards:
+            st.outbox.drain()
 
-    rows_before = await pg.rows_updated(schema)
-    calls_before = await pg.statement_calls(OURS_FLUSH_SQL)
-    flushing: list[asyncio.Task[None] | None] = [None] * len(shards)
-    checkpoint_tasks: list[asyncio.Task[None]] = []
-    checkpoints = checkpoint_rows = 0
-    checkpoint_step_statements = 0
-    acked = 0
-
-    async def flush_shard(st: ShardState) -> None:
-        nonlocal acked
+    async def _flush_shard(self, st: ShardState) -> None:
         # PresenceShard._flush_loop: send what is pending, forget it once committed, and go again
         # at once if more departed meanwhile (its wake-up event was set by them).
         while st.pending_last_seen:
             entries = st.last_seen_to_flush()
-            await actor.write(entries)
+            await self.actor.write(entries)
             st.last_seen_flushed(entries)
-            acked += len(entries)
+            self.acked += len(entries)
 
-    def start_flushes() -> None:
-        for i, st in enumerate(shards):
-            task = flushing[i]
+    def start_flushes(self) -> None:
+        for i, st in enumerate(self.shards):
+            task = self.flushing[i]
             if (task is None or task.done()) and st.pending_last_seen:
                 if task is not None:
                     task.result()  # surface a failure rather than hide it
-                flushing[i] = asyncio.get_running_loop().create_task(flush_shard(st))
+                self.flushing[i] = asyncio.get_running_loop().create_task(self._flush_shard(st))
 
-    started = time.perf_counter()
-    for t in range(1, cfg.seconds + 1):
-        step = wl.step(t)
-        # Departures and arrivals at their own instants; each shard hands its departures to the
-        # FlushActor at once (one write in flight per shard), as PresenceShard's flush loop does.
+    async def second(self, step: Step, t: int) -> None:
+        """One simulated second. Departures and arrivals at their own instants; each shard hands
+        its departures to the FlushActor at once (one write in flight per shard), as
+        PresenceShard's flush loop does."""
         events = sorted([(ms, 0, u) for u, ms in step.departures] + [(ms, 1, u) for u, ms in step.arrivals])
         for ms, kind, user in events:
             now = ms / 1000
-            await actor.advance_to(now)
+            await self.actor.advance_to(now)
             if kind == 0:
-                shard_of(user).disconnect(user, user, now)
+                self.shard_of(user).disconnect(user, user, now)
             else:
-                connect(user, now)
-            start_flushes()
+                self.connect(user, now)
+            self.start_flushes()
         now = float(T0 + t)
-        await actor.advance_to(now)
-        for st in shards:
-            for edge in edges:  # edges refresh their leases every few seconds
+        await self.actor.advance_to(now)
+        for st in self.shards:
+            for edge in self.edges:  # edges refresh their leases every few seconds
                 st.refresh_edge(edge, now)
             st.outbox.drain()  # frames, counts: not last-seen, not measured here
-            if t % cfg.sweep_every_s == 0:
+            if t % self.cfg.sweep_every_s == 0:
                 st.sweep(now)
+        await self._checkpoint(now)
+        self.start_flushes()
+
+    async def _checkpoint(self, now: float) -> None:
         # PresenceShard._checkpoint_loop: once a second each shard hands over its slice of the
         # rolling checkpoint, which rides along with the departures in the FlushActor's batches.
-        before = actor.statements
-        for st in shards:
+        before = self.actor.statements
+        for st in self.shards:
             entries = st.checkpoint_chunk(now)
             if entries:
-                checkpoint_rows += len(entries)
-                checkpoint_tasks.append(asyncio.get_running_loop().create_task(actor.write(entries)))
-        checkpoints = max(st.checkpoint_rounds for st in shards)
-        await actor.settle()
-        checkpoint_step_statements += actor.statements - before
-        start_flushes()
-        progress.update(
-            t,
-            f"sim {_clock_text(t)}/{_clock_text(cfg.seconds)}  departures {wl.departures:,}  "
-            f"statements {actor.statements:,}  rows {actor.rows_written:,}  "
-            f"checkpoints {checkpoints}  real {time.perf_counter() - started:.1f} s",
-            time.perf_counter(),
+                self.checkpoint_rows += len(entries)
+                self.checkpoint_tasks.append(
+                    asyncio.get_running_loop().create_task(self.actor.write(entries))
+                )
+        self.checkpoints = max(st.checkpoint_rounds for st in self.shards)
+        await self.actor.settle()
+        self.checkpoint_step_statements += self.actor.statements - before
+
+    def progress_text(self, t: int, wl: Workload, real_s: float) -> str:
+        return (
+            f"sim {_clock_text(t)}/{_clock_text(self.cfg.seconds)}  departures {wl.departures:,}  "
+            f"statements {self.actor.statements:,}  rows {self.actor.rows_written:,}  "
+            f"checkpoints {self.checkpoints}  real {real_s:.1f} s"
         )
+
+    def _writers(self) -> list[asyncio.Task[None]]:
+        return [t for t in [*self.flushing, *self.checkpoint_tasks] if t is not None]
+
+    async def drain(self) -> None:
+        """Shutdown: every shard hands over what it still holds, the actor drains it all. The
+        virtual clock stands still from here: drain() writes what is pending without waiting for
+        the interval (a checkpoint's last partial batch, the last second's departures)."""
+        for _ in range(1000):
+            self.start_flushes()
+            await asyncio.sleep(0)
+            # What remains unwritten after a drain is what a shard sent as soon as its previous
+            # write was committed (it had more departures meanwhile): the next round writes it.
+            await self.actor.drain(STATEMENT_TIMEOUT_S)
+            waiting = [t for t in self._writers() if not t.done()]
+            if waiting:
+                await asyncio.wait(waiting, timeout=0.05)  # committed writers take their acknowledgement
+            elif not any(st.pending_last_seen for st in self.shards):
+                break
+        else:
+            raise RuntimeError("shards still hold departures after draining")
+        await asyncio.gather(*self._writers())  # surfaces any failure
+
+
+async def run_ours(
+    cfg: Config, url: str, schema: str, pg: PgCounters, progress: results.Progress
+) -> dict[str, Any]:
+    actor = SteppedFlushActor(
+        with_search_path(url, schema),
+        interval_s=cfg.flush_interval_s,
+        max_rows=cfg.flush_max_rows,
+        clock=VirtualClock(float(T0)),
+        statement_timeout_s=STATEMENT_TIMEOUT_S,
+    )
+    await actor.start()
+    ours = _Ours(cfg, actor)
+    wl = Workload(cfg)
+    ours.warm(wl.online)
+    rows_before = await pg.rows_updated(schema)
+    calls_before = await pg.statement_calls(OURS_FLUSH_SQL)
+    started = time.perf_counter()
+    for t in range(1, cfg.seconds + 1):
+        await ours.second(wl.step(t), t)
+        progress.update(t, ours.progress_text(t, wl, time.perf_counter() - started), time.perf_counter())
     window_real_s = time.perf_counter() - started
     window = await actor.stats()
-
-    # Shutdown: every shard hands over what it still holds, the actor drains it all.
     drain_started = time.perf_counter()
-
-    # The virtual clock stands still from here: drain() writes what is pending without waiting
-    # for the interval (a checkpoint's last partial batch, the last second's departures).
-    def writers() -> list[asyncio.Task[None]]:
-        return [t for t in [*flushing, *checkpoint_tasks] if t is not None]
-
-    for _ in range(1000):
-        start_flushes()
-        await asyncio.sleep(0)
-        # What remains unwritten after a drain is what a shard sent as soon as its previous write
-        # was committed (it had more departures meanwhile): the next round writes it.
-        await actor.drain(STATEMENT_TIMEOUT_S)
-        waiting = [t for t in writers() if not t.done()]
-        if waiting:
-            await asyncio.wait(waiting, timeout=0.05)  # committed writers take their acknowledgement
-        elif not any(st.pending_last_seen for st in shards):
-            break
-    else:
-        raise RuntimeError("shards still hold departures after draining")
-    await asyncio.gather(*writers())  # surfaces any failure
+    await ours.drain()
     final = await actor.stats()
     await actor.stop()  # closes its connection: its statistics reach PostgreSQL
     drain_real_s = time.perf_counter() - drain_started
-
     rows_pg = await pg.rows_updated_settled(schema, rows_before + int(final["rows_updated"])) - rows_before
     calls_after = await pg.statement_calls(OURS_FLUSH_SQL)
     lost = await departures_lost(pg.conn, schema, "last_seen_at", wl.last_departure)
@@ -580,44 +597,52 @@ async def run_ours(
         f"{window['statements']:,} statements, "
         f"{wl.departures:,} departures, {lost} lost"
     )
-    secs = cfg.seconds
     return {
         "label": DESIGN_LABELS["ours"],
-        "statements_per_s": _rate(window["statements"], secs),
-        "rows_per_s": _rate(window["rows_written"], secs),
+        "statements_per_s": _rate(window["statements"], cfg.seconds),
+        "rows_per_s": _rate(window["rows_written"], cfg.seconds),
         "redis_commands_per_s": 0.0,
         "departures": wl.departures,
         "departures_lost": lost,
         "departures_check": "after the drain, PostgreSQL's last_seen_at >= the last departure of every "
         "departed account",
-        "simulated_seconds": secs,
+        "simulated_seconds": cfg.seconds,
         "real_seconds": round(window_real_s, 3),
-        "measured": {
-            "statements": window["statements"],
-            "rows_written": window["rows_written"],
-            "rows_updated": window["rows_updated"],
-            "statements_at_checkpoint_instants": checkpoint_step_statements,
-            "statements_between_checkpoints": window["statements"] - checkpoint_step_statements,
-            "checkpoints": checkpoints,
-            "checkpoint_rows": checkpoint_rows,
-            "departure_rows_acknowledged": acked,
-            "heartbeats": wl.heartbeats,
-            "heartbeat_statements": 0,
-            "flush_errors": final["errors"],
-            "drain_statements": final["statements"] - window["statements"],
-            "drain_rows": final["rows_written"] - window["rows_written"],
-            "drain_real_seconds": round(drain_real_s, 3),
-        },
+        "measured": _ours_measured(ours, wl, window, final, drain_real_s),
         "postgres_check": {
             "client_statements_incl_drain": final["statements"],
             "client_rows_updated_incl_drain": final["rows_updated"],
-            "pg_stat_statements_calls_incl_drain": None
-            if calls_after is None or calls_before is None
-            else calls_after[0] - calls_before[0],
+            "pg_stat_statements_calls_incl_drain": _calls(calls_before, calls_after),
             "n_tup_upd_incl_drain": rows_pg,
         },
         "notes": "heartbeats are answered by the edge and never reach a shard: no last-seen cost; "
         "statements = departures flushed by the FlushActor + periodic checkpoints of present accounts",
+    }
+
+
+def _calls(before: tuple[int, float] | None, after: tuple[int, float] | None) -> int | None:
+    """Calls of a statement between two pg_stat_statements readings (None: not available)."""
+    return None if after is None or before is None else after[0] - before[0]
+
+
+def _ours_measured(
+    ours: _Ours, wl: Workload, window: dict[str, Any], final: dict[str, Any], drain_real_s: float
+) -> dict[str, Any]:
+    return {
+        "statements": window["statements"],
+        "rows_written": window["rows_written"],
+        "rows_updated": window["rows_updated"],
+        "statements_at_checkpoint_instants": ours.checkpoint_step_statements,
+        "statements_between_checkpoints": window["statements"] - ours.checkpoint_step_statements,
+        "checkpoints": ours.checkpoints,
+        "checkpoint_rows": ours.checkpoint_rows,
+        "departure_rows_acknowledged": ours.acked,
+        "heartbeats": wl.heartbeats,
+        "heartbeat_statements": 0,
+        "flush_errors": final["errors"],
+        "drain_statements": final["statements"] - window["statements"],
+        "drain_rows": final["rows_written"] - window["rows_written"],
+        "drain_real_seconds": round(drain_real_s, 3),
     }
 
 
@@ -653,15 +678,21 @@ async def run_write_through(
     c = wt.counts
     rows_pg = await pg.rows_updated_settled(schema, rows_before + c.rows_updated) - rows_before
     calls_after = await pg.statement_calls(WRITE_THROUGH_SQL)
-    secs = cfg.write_through_seconds
-    load = c.exec_seconds / secs
     server = None if calls_after is None or calls_before is None else (
         calls_after[0] - calls_before[0], calls_after[1] - calls_before[1]
     )  # fmt: skip
     progress.done(
-        f"done: {c.statements:,} statements for {secs} simulated s in {real_s:.1f} s real "
-        f"(load factor {load:.2f})"
+        f"done: {c.statements:,} statements for {cfg.write_through_seconds} simulated s in {real_s:.1f} s "
+        f"real (load factor {c.exec_seconds / cfg.write_through_seconds:.2f})"
     )
+    return _write_through_figures(cfg, c, wl, real_s, server, rows_pg)
+
+
+def _write_through_figures(
+    cfg: Config, c: PgCounts, wl: Workload, real_s: float, server: tuple[int, float] | None, rows_pg: int
+) -> dict[str, Any]:
+    secs = cfg.write_through_seconds
+    load = c.exec_seconds / secs
     return {
         "label": DESIGN_LABELS["write_through"],
         "statements_per_s": _rate(c.statements, secs),
@@ -703,6 +734,58 @@ async def run_write_through(
 # ---------------------------------------------------------------------------------------- the seed's design
 
 
+@dataclass
+class _SeedWindow:
+    """What the seed's design did in the measured window, and with its drain."""
+
+    real_s: float
+    pg: dict[str, Any]
+    redis_commands: int
+    redis_transactions: int
+    client_total: int = 0
+    server_commands: int = 0
+
+
+_SEED_COUNTED = ("multi", "exec", "zadd", "sadd", "spop", "zmscore")
+
+
+async def _seed_window(
+    cfg: Config, seed: CoarseRedisBatched, wl: Workload, progress: results.Progress
+) -> _SeedWindow:
+    """The simulated window, then the drain; the Redis commands counted by client and server."""
+    redis = seed.redis
+    server_before = await redis.command_calls()
+    client_before = redis.commands
+    started = time.perf_counter()
+    for t in range(1, cfg.seconds + 1):
+        now_ms = (T0 + t) * 1000
+        step = wl.step(t)
+        for user, ms in step.departures:
+            seed.on_user_offline(user, ms)
+        for user in step.heartbeats:
+            seed.touch(user, now_ms)
+        await seed.send()
+        await seed.flush_due(now_ms)
+        progress.update(
+            t,
+            f"sim {_clock_text(t)}/{_clock_text(cfg.seconds)}  departures {wl.departures:,}  "
+            f"statements {seed.counts.pg.statements:,}  rows {seed.counts.pg.rows_sent:,}  "
+            f"redis cmds {redis.commands - client_before:,}  real {time.perf_counter() - started:.1f} s",
+            time.perf_counter(),
+        )
+    window = _SeedWindow(
+        time.perf_counter() - started,
+        dict(asdict(seed.counts.pg)),
+        redis.commands - client_before,
+        seed.counts.redis_transactions,
+    )
+    await seed.drain()
+    window.client_total = redis.commands - client_before
+    server_after = await redis.command_calls()
+    window.server_commands = sum(server_after.get(k, 0) - server_before.get(k, 0) for k in _SEED_COUNTED)
+    return window
+
+
 async def run_seed(
     cfg: Config,
     url: str,
@@ -723,37 +806,10 @@ async def run_seed(
     rng = random.Random(cfg.seed + 1)
     for user in wl.online:
         seed.last_recorded[user] = T0 * 1000 - rng.randrange(COARSE_INTERVAL_MS)
-
-    counted = ("multi", "exec", "zadd", "sadd", "spop", "zmscore")
-    server_before = await redis.command_calls()
-    client_before = redis.commands
     rows_before = await pg.rows_updated(schema)
     calls_before = await pg.statement_calls(SEED_FLUSH_SQL)
-    started = time.perf_counter()
     try:
-        for t in range(1, cfg.seconds + 1):
-            now_ms = (T0 + t) * 1000
-            step = wl.step(t)
-            for user, ms in step.departures:
-                seed.on_user_offline(user, ms)
-            for user in step.heartbeats:
-                seed.touch(user, now_ms)
-            await seed.send()
-            await seed.flush_due(now_ms)
-            progress.update(
-                t,
-                f"sim {_clock_text(t)}/{_clock_text(cfg.seconds)}  departures {wl.departures:,}  "
-                f"statements {seed.counts.pg.statements:,}  rows {seed.counts.pg.rows_sent:,}  "
-                f"redis cmds {redis.commands - client_before:,}  real {time.perf_counter() - started:.1f} s",
-                time.perf_counter(),
-            )
-        window_real_s = time.perf_counter() - started
-        window_pg = dict(asdict(seed.counts.pg))
-        window_redis = redis.commands - client_before
-        window_transactions = seed.counts.redis_transactions
-        await seed.drain()
-        client_total = redis.commands - client_before
-        server_after = await redis.command_calls()
+        window = await _seed_window(cfg, seed, wl, progress)
         await redis.call("DEL", seen_key, dirty_key)
     finally:
         await db.close()
@@ -762,48 +818,51 @@ async def run_seed(
     rows_pg = await pg.rows_updated_settled(schema, rows_before + final.rows_updated) - rows_before
     calls_after = await pg.statement_calls(SEED_FLUSH_SQL)
     lost = await departures_lost(pg.conn, schema, "last_seen", wl.last_departure)
-    secs = cfg.seconds
     progress.done(
-        f"done: {secs} simulated s in {window_real_s:.1f} s real, {window_pg['statements']:,} statements, "
-        f"{window_redis:,} Redis commands, {lost} lost"
+        f"done: {cfg.seconds} simulated s in {window.real_s:.1f} s real, {window.pg['statements']:,} "
+        f"statements, {window.redis_commands:,} Redis commands, {lost} lost"
     )
+    out = _seed_figures(cfg, seed, wl, window, lost)
+    out["postgres_check"] = {
+        "client_statements_incl_drain": final.statements,
+        "client_rows_updated_incl_drain": final.rows_updated,
+        "pg_stat_statements_calls_incl_drain": _calls(calls_before, calls_after),
+        "n_tup_upd_incl_drain": rows_pg,
+    }
+    out["redis_check"] = {
+        "client_commands_incl_drain": window.client_total,
+        "server_commands_incl_drain": window.server_commands,
+    }
+    return out
+
+
+def _seed_figures(
+    cfg: Config, seed: CoarseRedisBatched, wl: Workload, window: _SeedWindow, lost: int
+) -> dict[str, Any]:
+    secs, final = cfg.seconds, seed.counts.pg
     return {
         "label": DESIGN_LABELS["coarse_redis_batched"],
-        "statements_per_s": _rate(window_pg["statements"], secs),
-        "rows_per_s": _rate(window_pg["rows_sent"], secs),
-        "redis_commands_per_s": _rate(window_redis, secs),
+        "statements_per_s": _rate(window.pg["statements"], secs),
+        "rows_per_s": _rate(window.pg["rows_sent"], secs),
+        "redis_commands_per_s": _rate(window.redis_commands, secs),
         "departures": wl.departures,
         "departures_lost": lost,
         "departures_check": "after the drain, PostgreSQL's last_seen >= the last departure of every "
         "departed account",
         "simulated_seconds": secs,
-        "real_seconds": round(window_real_s, 3),
+        "real_seconds": round(window.real_s, 3),
         "measured": {
-            "statements": window_pg["statements"],
-            "rows_written": window_pg["rows_sent"],
-            "rows_updated": window_pg["rows_updated"],
-            "redis_commands": window_redis,
-            "redis_transactions": window_transactions,
-            "redis_round_trips": redis.round_trips,
+            "statements": window.pg["statements"],
+            "rows_written": window.pg["rows_sent"],
+            "rows_updated": window.pg["rows_updated"],
+            "redis_commands": window.redis_commands,
+            "redis_transactions": window.redis_transactions,
+            "redis_round_trips": seed.redis.round_trips,
             "heartbeats": wl.heartbeats,
             "heartbeats_answered_locally": seed.counts.coarse_skips,
             "flush_passes": seed.counts.flush_passes,
-            "drain_statements": final.statements - window_pg["statements"],
-            "drain_rows": final.rows_sent - window_pg["rows_sent"],
-        },
-        "postgres_check": {
-            "client_statements_incl_drain": final.statements,
-            "client_rows_updated_incl_drain": final.rows_updated,
-            "pg_stat_statements_calls_incl_drain": None
-            if calls_after is None or calls_before is None
-            else calls_after[0] - calls_before[0],
-            "n_tup_upd_incl_drain": rows_pg,
-        },
-        "redis_check": {
-            "client_commands_incl_drain": client_total,
-            "server_commands_incl_drain": sum(
-                server_after.get(k, 0) - server_before.get(k, 0) for k in counted
-            ),
+            "drain_statements": final.statements - window.pg["statements"],
+            "drain_rows": final.rows_sent - window.pg["rows_sent"],
         },
         "notes": "per-node coarsening map (10 min) pre-filled as after a long run; each coarse touch and "
         "each offline is one MULTI/ZADD/SADD/EXEC (4 commands), pipelined per simulated second as "
@@ -975,11 +1034,6 @@ def _checks(designs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"ok": ok, "lines": lines}
 
 
-RESULTS_HEADER = [
-    "date (UTC)", "commit", "machine", "load", "ours stmt/s", "ours rows/s", "seed stmt/s", "seed rows/s",
-    "seed Redis cmd/s", "write-through stmt/s", "write-through load factor", "ours vs write-through",
-    "seed vs write-through", "departures lost (ours/seed)", "target ours ≤ 1 stmt/s", "runtime",
-]  # fmt: skip
 RESULTS_TITLE = (
     "Last-seen write load, `presence bench lastseen`: statements and rows per simulated second at the "
     "seed's load (N connected accounts, 25 s heartbeats, 1 % leaving and 1 % arriving per minute)."
@@ -992,7 +1046,7 @@ RESULTS_NOTES = (
 )
 
 
-def results_row(report: dict[str, Any]) -> list[str]:
+def results_columns(report: dict[str, Any]) -> results.Columns:
     cfg, d = report["config"], report["designs"]
     ours, wt, seed = d["ours"], d["write_through"], d["coarse_redis_batched"]
     load = f"{cfg['accounts']:,} accts, {cfg['minutes']:g} min" + (" (quick)" if cfg["quick"] else "")
@@ -1001,22 +1055,25 @@ def results_row(report: dict[str, Any]) -> list[str]:
         flush, rows, checkpoint, shards = settings
         load += f", flush {flush:g} s/{rows} rows, checkpoint {checkpoint:g} s, {shards} shards"
     return [
-        report["started_at"][:16].replace("T", " "),
-        report["machine"]["commit"],
-        results.machine_summary(report["machine"]),
-        load,
-        f"{ours['statements_per_s']:.3f}",
-        _fmt_rate(ours["rows_per_s"]),
-        f"{seed['statements_per_s']:.3f}",
-        _fmt_rate(seed["rows_per_s"]),
-        _fmt_rate(seed["redis_commands_per_s"]),
-        f"{wt['statements_per_s']:,.0f} ({wt['simulated_seconds']} s window)",
-        f"{wt['measured']['load_factor']:.2f}",
-        _fmt_ratio(ours["ratio_to_write_through"]),
-        _fmt_ratio(seed["ratio_to_write_through"]),
-        f"{ours['departures_lost']}/{seed['departures_lost']}",
-        ("met" if report["target"]["met"] else "missed") + f" ({ours['statements_per_s']:.2f})",
-        f"{report['runtime_s']:.0f} s",
+        ("date (UTC)", report["started_at"][:16].replace("T", " ")),
+        ("commit", report["machine"]["commit"]),
+        ("machine", results.machine_summary(report["machine"])),
+        ("load", load),
+        ("ours stmt/s", f"{ours['statements_per_s']:.3f}"),
+        ("ours rows/s", _fmt_rate(ours["rows_per_s"])),
+        ("seed stmt/s", f"{seed['statements_per_s']:.3f}"),
+        ("seed rows/s", _fmt_rate(seed["rows_per_s"])),
+        ("seed Redis cmd/s", _fmt_rate(seed["redis_commands_per_s"])),
+        ("write-through stmt/s", f"{wt['statements_per_s']:,.0f} ({wt['simulated_seconds']} s window)"),
+        ("write-through load factor", f"{wt['measured']['load_factor']:.2f}"),
+        ("ours vs write-through", _fmt_ratio(ours["ratio_to_write_through"])),
+        ("seed vs write-through", _fmt_ratio(seed["ratio_to_write_through"])),
+        ("departures lost (ours/seed)", f"{ours['departures_lost']}/{seed['departures_lost']}"),
+        (
+            "target ours ≤ 1 stmt/s",
+            ("met" if report["target"]["met"] else "missed") + f" ({ours['statements_per_s']:.2f})",
+        ),
+        ("runtime", f"{report['runtime_s']:.0f} s"),
     ]
 
 
@@ -1079,7 +1136,7 @@ def _run(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str], settings: Settings) -> int:
     args = parse_args(argv)
     cfg = make_config(args, settings)
-    started_at = results.utc_now()
+    started_at = results.utc_now().isoformat(timespec="seconds")
     machine = results.machine_info()  # before starting anything: its load average is everybody else's
     t0 = time.perf_counter()
     sys.stderr.write(
@@ -1090,23 +1147,7 @@ def main(argv: list[str], settings: Settings) -> int:
     with servers(args.database_url, args.redis_url) as (database_url, redis_url):
         out = _run(run_all(cfg, database_url, redis_url))
     runtime = time.perf_counter() - t0
-    designs = out["designs"]
-    ours_rate = designs["ours"]["statements_per_s"]
-    report: dict[str, Any] = {
-        "benchmark": NAME,
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "runtime_s": round(runtime, 1),
-        "machine": {**machine, "postgres": out["postgres_version"]},
-        "config": {**asdict(cfg), "simulated_seconds": cfg.seconds, "virtual_epoch": T0},
-        "designs": {k: designs[k] for k in DESIGNS},
-        "target": {
-            "statements_per_s_max": TARGET_STATEMENTS_PER_S,
-            "design": "ours",
-            "met": ours_rate <= TARGET_STATEMENTS_PER_S,
-        },
-    }
-    report["checks"] = _checks(report["designs"])
-    path = results.write_json(NAME, report, args.output)
+    report = _report(cfg, out, {**machine, "postgres": out["postgres_version"]}, started_at, runtime)
     print(
         f"\npresence bench lastseen: {cfg.accounts:,} connected accounts, "
         f"{cfg.heartbeats_per_s:,.0f} heartbeats/s, {cfg.moves_per_minute:,} leaving + "
@@ -1117,16 +1158,33 @@ def main(argv: list[str], settings: Settings) -> int:
     print(table(report))
     print()
     print(notes(report))
-    print(f"\nresults: {path}" + ("" if args.no_record else f"; row appended to {results.RESULTS_MD}"))
+    results.record(NAME, report, args, RESULTS_TITLE, results_columns(report), RESULTS_NOTES)
     print(f"runtime {runtime:.1f} s")
-    if not args.no_record:
-        results.append_row(NAME, RESULTS_TITLE, RESULTS_HEADER, results_row(report), RESULTS_NOTES)
     if not report["checks"]["ok"]:
         print(
             "WARNING: a client count differs from the server's own count (see cross-checks)", file=sys.stderr
         )
-    lost = designs["ours"]["departures_lost"] + designs["coarse_redis_batched"]["departures_lost"]
+    lost = sum(report["designs"][k]["departures_lost"] for k in ("ours", "coarse_redis_batched"))
     if lost:
         print(f"ERROR: {lost} departures lost", file=sys.stderr)
         return 1
     return 0
+
+
+def _report(
+    cfg: Config, out: dict[str, Any], machine: dict[str, Any], started_at: str, runtime: float
+) -> dict[str, Any]:
+    """The run's JSON record: every design's figures, the target, the cross-checks."""
+    designs = out["designs"]
+    report: dict[str, Any] = {
+        **results.run_record(NAME, started_at, runtime, machine),
+        "config": {**asdict(cfg), "simulated_seconds": cfg.seconds, "virtual_epoch": T0},
+        "designs": {k: designs[k] for k in DESIGNS},
+        "target": {
+            "statements_per_s_max": TARGET_STATEMENTS_PER_S,
+            "design": "ours",
+            "met": designs["ours"]["statements_per_s"] <= TARGET_STATEMENTS_PER_S,
+        },
+    }
+    report["checks"] = _checks(report["designs"])
+    return report

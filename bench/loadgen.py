@@ -50,8 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from bench import results
-
 if TYPE_CHECKING:
     import argparse
 
@@ -1387,28 +1385,6 @@ def add_common_args(p: Any) -> None:
         default=None,
         help="shards (default PRESENCE_SHARDS, else one per core)",
     )
-
-
-def finish(
-    name: str,
-    report: dict[str, Any],
-    args: Any,
-    title: str,
-    header: list[str],
-    row: list[str],
-    notes: str = "",
-) -> Path:
-    """`bench.results.record` with the header and the row apart (for the benchmarks not yet
-    written with columns)."""
-    return results.record(name, report, args, title, list(zip(header, row, strict=True)), notes)
-
-
-# The report helpers live in bench.results; these names remain for the benchmarks that still use them.
-print_table = results.print_table
-info_date = results.row_date
-target = results.target
-met_text = results.met_text
-args_json = results.args_json
 
 
 class Stage:

@@ -239,8 +239,13 @@ def record(
     appended = row and not args.no_record
     print(f"\nresults: {path}" + (f"; row appended to {RESULTS_MD}" if appended else ""))
     if appended:
-        append_row(name, title, [c for c, _ in columns], [v for _, v in columns], notes, RESULTS_MD)
+        append_columns(name, title, columns, notes)
     return path
+
+
+def append_columns(name: str, title: str, columns: Columns, notes: str = "") -> None:
+    """`append_row` with the row given as (column, cell) pairs, to bench/RESULTS.md."""
+    append_row(name, title, [c for c, _ in columns], [v for _, v in columns], notes, RESULTS_MD)
 
 
 class Progress:

@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench.results import append_row, machine_info, machine_summary, write_json
+from bench import results
+from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
     from cluster.config import Settings
@@ -154,9 +155,9 @@ def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, s
         [k, f"{v['p50']:.2f}", f"{v['p90']:.2f}", f"{v['p99']:.2f}", f"{v['max']:.2f}"]
         for k, v in kinds.items()
     ]
-    lg.print_table(["call to a shard", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows)
+    results.print_table(["call to a shard", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows)
     print()
-    lg.print_table(
+    results.print_table(
         ["apply_and_collect([ping]), back to back", "wall µs", "caller CPU µs", "machine CPU µs"],
         [
             [road, f"{c['wall_us']:.0f}", f"{c['caller_us']:.0f}", f"{c['machine_us']:.0f}"]
@@ -165,29 +166,25 @@ def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, s
     )
     ray_cpu, lane_cpu = cpu["Ray call"]["machine_us"], cpu["direct lane"]["machine_us"]
     print(f"\nthe direct lane costs {lane_cpu / ray_cpu:.2f}x the CPU of a Ray call (whole machine)")
-    out = write_json(
-        NAME,
-        {
-            "benchmark": NAME,
-            "started_at": started_at,
-            "runtime_s": runtime,
-            "machine": machine,
-            "calls": args.calls,
-            "latency_ms": kinds,
-            "cpu_per_call_us": cpu,
-        },
-        args.output,
-    )
-    print(f"\nresults: {out}")
-    if not args.no_record and not args.quick:
-        cell = {k: f"{v['p50']:.2f} / {v['p99']:.2f}" for k, v in kinds.items()}
-        cell |= {f"{road}: machine CPU µs per call": f"{c['machine_us']:.0f}" for road, c in cpu.items()}
-        append_row(
-            NAME,
-            "Round trip of one call from a driver (as an edge is) to an idle shard, by Ray and by the "
-            "direct lane: the floor under every edge → shard hop. p50 / p99 ms; CPU µs per call.",
-            ["date", "machine", "commit", *cell],
-            [lg.info_date(), machine_summary(machine), machine["commit"], *cell.values()],
-        )
-        print("row appended to bench/RESULTS.md")
+    payload = {
+        "benchmark": NAME,
+        "started_at": started_at,
+        "runtime_s": runtime,
+        "machine": machine,
+        "calls": args.calls,
+        "latency_ms": kinds,
+        "cpu_per_call_us": cpu,
+    }
+    columns = [
+        *results.lead_columns(machine),
+        *((k, f"{v['p50']:.2f} / {v['p99']:.2f}") for k, v in kinds.items()),
+        *((f"{road}: machine CPU µs per call", f"{c['machine_us']:.0f}") for road, c in cpu.items()),
+    ]
+    results.record(NAME, payload, args, RESULTS_TITLE, columns, row=not args.quick)
     return 0
+
+
+RESULTS_TITLE = (
+    "Round trip of one call from a driver (as an edge is) to an idle shard, by Ray and by the "
+    "direct lane: the floor under every edge → shard hop. p50 / p99 ms; CPU µs per call."
+)

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench.results import Progress, append_row, machine_info, machine_summary, write_json
+from bench import results
+from bench.results import Progress, machine_info, machine_summary
 
 if TYPE_CHECKING:
     from cluster.config import Settings
@@ -102,54 +103,65 @@ async def _generate(index: int, accounts: int, stop: Any, in_flight: int, loadin
         call_retry_s=30.0,
     )
     await router.start()
-
-    call = router.to_user
     users = [f"bench-{index}-{i}" for i in range(accounts)]
-    await asyncio.gather(*(call(u, ops.Connect(u, f"s-{u}")) for u in users))
+    await asyncio.gather(*(router.to_user(u, ops.Connect(u, f"s-{u}")) for u in users))
     loading.release()  # the main process measures nothing before every generator is here
-    # A count, not a timestamp per completion: that list grew by ~90,000 floats a second, to
-    # millions, and its growth and the collector's walks over it weighed on each phase more than
-    # on the one before (the first phase, 1 shard, was measured fastest).
-    completed = 0
-    running = True
-    cpu_started = time.process_time()
+    try:
+        return await _Drive(router, users).run(stop, in_flight)
+    finally:
+        await router.close()
 
-    async def worker(k: int) -> None:
-        nonlocal completed
+
+class _Drive:
+    """Status updates of `users` through `router`, `in_flight` at a time, until told to stop;
+    sampled four times a second: (offset, apply calls so far, operations in them, CPU seconds,
+    operations answered), from which each phase's frames/s, calls per 1,000 frames and the
+    router's (the edge's side) CPU per frame follow."""
+
+    def __init__(self, router: Any, users: list[str]) -> None:
+        self.router = router
+        self.users = users
+        # A count, not a timestamp per completion: that list grew by ~90,000 floats a second, to
+        # millions, and its growth and the collector's walks over it weighed on each phase more
+        # than on the one before (the first phase, 1 shard, was measured fastest).
+        self.completed = 0
+        self.running = True
+        self.samples: list[tuple[float, float, float, float, int]] = []
+
+    async def _worker(self, k: int, in_flight: int) -> None:
+        from actors.core import ops
+
         n = 0
-        while running:
-            user = users[(k + n * in_flight) % len(users)]
+        while self.running:
+            user = self.users[(k + n * in_flight) % len(self.users)]
             n += 1
-            await call(user, ops.SetStatus(user, f"s-{user}", "idle" if n % 2 else "online"))
-            completed += 1
+            await self.router.to_user(user, ops.SetStatus(user, f"s-{user}", "idle" if n % 2 else "online"))
+            self.completed += 1
 
-    # (offset, apply calls so far, operations in them, CPU seconds, operations answered): per
-    # phase, the frames/s, the calls per 1,000 frames and the router's (the edge's side) CPU per
-    # frame.
-    samples: list[tuple[float, float, float, float, int]] = []
-
-    async def sample() -> None:
+    async def _sample(self, started: float, stop: Any) -> None:
         # Until the main process says the last phase is over (resizes take as long as they take:
         # a fixed duration once ran out before the last phase did, and measured it half idle).
-        nonlocal running
-        while running:
-            calls, sent, _ = router.metrics.summaries.get(("edge_batch_ops", ()), (0.0, 0.0, 0.0))
-            samples.append((time.monotonic() - started, calls, sent, time.process_time(), completed))
+        while self.running:
+            calls, sent, _ = self.router.metrics.summaries.get(("edge_batch_ops", ()), (0.0, 0.0, 0.0))
+            self.samples.append(
+                (time.monotonic() - started, calls, sent, time.process_time(), self.completed)
+            )
             await asyncio.sleep(0.25)
-            running = not stop.is_set()
+            self.running = not stop.is_set()
 
-    started = time.monotonic()
-    sampler = asyncio.create_task(sample())
-    await asyncio.gather(*(worker(k) for k in range(in_flight)))
-    cpu = time.process_time() - cpu_started
-    await sampler
-    await router.close()
-    return {
-        "started": time.time() - (time.monotonic() - started),
-        "samples": samples,
-        "cpu_s": cpu,
-        "wall_s": time.monotonic() - started,
-    }
+    async def run(self, stop: Any, in_flight: int) -> dict[str, Any]:
+        cpu_started = time.process_time()
+        started = time.monotonic()
+        sampler = asyncio.create_task(self._sample(started, stop))
+        await asyncio.gather(*(self._worker(k, in_flight) for k in range(in_flight)))
+        cpu = time.process_time() - cpu_started
+        await sampler
+        return {
+            "started": time.time() - (time.monotonic() - started),
+            "samples": self.samples,
+            "cpu_s": cpu,
+            "wall_s": time.monotonic() - started,
+        }
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -169,7 +181,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--in-flight", type=int, default=1600, help="operations in flight per generator")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke test (1,2,1 shards, 2 s)")
     p.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
-    p.add_argument("--plot", default=None, help="PNG path (default bench/results/scale-<time>.png)")
+    p.add_argument("--output", type=Path, default=None, help="JSON results file (default bench/results/…)")
+    p.add_argument("--plot", default=None, help="PNG path (default: the JSON file's, as .png)")
     p.add_argument("--database-url", default=None)
     p.add_argument("--redis-url", default=None)
     args = p.parse_args(argv)
@@ -275,13 +288,13 @@ def _measure(
         time.sleep(args.phase_s)
         phases.append({"shards": size, "start": started, "end": time.time(), "resize_s": resize_s})
     stop.set()
-    results = [queue.get(timeout=120) for _ in procs]
+    generated = [queue.get(timeout=120) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)
     progress.done(f"measured {len(sizes)} pool sizes")
     for phase in phases:
         rate = calls = sent = cpu = 0.0
-        for r in results:
+        for r in generated:
             lo, hi = phase["start"] - r["started"], phase["end"] - r["started"]
             inside = [s for s in r["samples"] if lo <= s[0] < hi]
             if len(inside) >= 2:
@@ -292,7 +305,7 @@ def _measure(
         phase["ops_per_s"] = rate
         phase["calls_per_1000"] = 1000 * calls / sent if sent else None
         phase["router_cpu_us_per_frame"] = 1e6 * cpu / sent if sent else None
-    cpu = sum(r["cpu_s"] for r in results) / max(r["wall_s"] for r in results)
+    cpu = sum(r["cpu_s"] for r in generated) / max(r["wall_s"] for r in generated)
     return {"phases": phases, "generator_cpu": cpu}
 
 
@@ -309,31 +322,7 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
         f"\npool scaling on {machine_summary(info)} (commit {info['commit']}); "
         f"{args.generators} generator processes, load-generator CPU {report['generator_cpu']:.2f} cores\n"
     )
-    head = (
-        "shards",
-        "frames/s",
-        f"vs {sizes[0]} shard(s)",
-        "shard calls / 1,000 frames",
-        "edge CPU µs/frame",
-        "resize under load",
-    )
-    widths = [len(h) for h in head]
-    print(" | ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
-    print("-+-".join("-" * w for w in widths))
-    for ph in phases:
-        cells = (
-            str(ph["shards"]),
-            f"{ph['ops_per_s']:,.0f}",
-            f"{ph['ops_per_s'] / base:.2f}x",
-            f"{ph['calls_per_1000']:.1f}" if ph.get("calls_per_1000") is not None else "-",
-            f"{ph['router_cpu_us_per_frame']:.1f}" if ph.get("router_cpu_us_per_frame") is not None else "-",
-            f"{ph['resize_s']:.2f} s" if ph["resize_s"] is not None else "-",
-        )
-        print(" | ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
-    print(
-        "(edge CPU: the load generators' routers, which are the edges' own batching code, per frame; "
-        "they also run the closed-loop load)\n"
-    )
+    _print_phases(phases, sizes, base)
     for size, entry in by_size.items():
         print(f"{size} shard(s): {_cell(entry, base)}")
     print(
@@ -341,7 +330,7 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
         f"{TARGET_RATIO:g}x at 8 shards against 1: {_met_text(met)}"
     )
     targets = [
-        lg.target(
+        results.target(
             f"pool frames/s at {largest} shards / {sizes[0]}", ratio, "ratio", f"≥ {TARGET_RATIO:g}", met
         )
     ]
@@ -354,41 +343,61 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
         "ratio_largest_to_first": ratio,
         "targets": targets,
     }
-    path = write_json("scale", payload)
+    path = results.record("scale", payload, args, RESULTS_TITLE, _columns(args, info, report, by_size, base))
     plot = _plot(phases, Path(args.plot) if args.plot else path.with_suffix(".png"))
-    print(
-        f"\nresults: {path}"
-        + (f"\nplot:    {plot}" if plot else "\nplot:    skipped (pip install matplotlib)")
-    )
-    if not args.no_record:
-        append_row(
-            "scale",
-            "Frames/s absorbed by the pool (status updates through the edge router, batched) per pool size; "
-            "resize = live `cluster.scale.resize` from the previous size under that load.",
-            [
-                "date",
-                "machine",
-                "commit",
-                "generators (CPU), in flight",
-                *[f"{size} shards" for size in by_size],
-                "shard calls / 1,000 frames",
-                "edge CPU µs/frame",
-                "resize times",
-            ],
-            [
-                info_date(),
-                machine_summary(info),
-                info["commit"],
-                f"{args.generators} ({report['generator_cpu']:.2f} cores), {args.in_flight}",
-                *[_cell(entry, base) for entry in by_size.values()],
-                " / ".join(_fmt(p.get("calls_per_1000")) for p in phases),
-                " / ".join(_fmt(p.get("router_cpu_us_per_frame")) for p in phases),
-                ", ".join(
-                    f"→{p['shards']}: {p['resize_s']:.2f} s" for p in phases if p["resize_s"] is not None
-                ),
-            ],
-        )
+    print(f"plot:    {plot}" if plot else "plot:    skipped (pip install matplotlib)")
     return 0
+
+
+RESULTS_TITLE = (
+    "Frames/s absorbed by the pool (status updates through the edge router, batched) per pool size; "
+    "resize = live `cluster.scale.resize` from the previous size under that load."
+)
+
+
+def _print_phases(phases: list[dict[str, Any]], sizes: list[int], base: float) -> None:
+    rows = [
+        [
+            str(ph["shards"]),
+            f"{ph['ops_per_s']:,.0f}",
+            f"{ph['ops_per_s'] / base:.2f}x",
+            _fmt(ph.get("calls_per_1000")),
+            _fmt(ph.get("router_cpu_us_per_frame")),
+            f"{ph['resize_s']:.2f} s" if ph["resize_s"] is not None else "-",
+        ]
+        for ph in phases
+    ]
+    results.print_table(
+        ["shards", "frames/s", f"vs {sizes[0]} shard(s)", "shard calls / 1,000 frames", "edge CPU µs/frame",
+         "resize under load"],
+        rows,
+        align_left=0,
+    )  # fmt: skip
+    print(
+        "(edge CPU: the load generators' routers, which are the edges' own batching code, per frame; "
+        "they also run the closed-loop load)\n"
+    )
+
+
+def _columns(
+    args: argparse.Namespace,
+    info: dict[str, Any],
+    report: dict[str, Any],
+    by_size: dict[int, dict[str, Any]],
+    base: float,
+) -> results.Columns:
+    phases = report["phases"]
+    return [
+        *results.lead_columns(info),
+        ("generators (CPU), in flight",
+         f"{args.generators} ({report['generator_cpu']:.2f} cores), {args.in_flight}"),
+        *[(f"{size} shards", _cell(entry, base)) for size, entry in by_size.items()],
+        ("shard calls / 1,000 frames", " / ".join(_fmt(p.get("calls_per_1000")) for p in phases)),
+        ("edge CPU µs/frame", " / ".join(_fmt(p.get("router_cpu_us_per_frame")) for p in phases)),
+        ("resize times", ", ".join(
+            f"→{p['shards']}: {p['resize_s']:.2f} s" for p in phases if p["resize_s"] is not None
+        )),
+    ]  # fmt: skip
 
 
 def _cell(entry: dict[str, Any], base: float) -> str:
@@ -405,12 +414,6 @@ def _met_text(met: bool | None) -> str:
 
 def _fmt(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "-"
-
-
-def info_date() -> str:
-    from bench.results import utc_now
-
-    return utc_now().strftime("%Y-%m-%d %H:%M")
 
 
 def _plot(phases: list[dict[str, Any]], path: Path) -> Path | None:

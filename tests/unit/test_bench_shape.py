@@ -20,21 +20,12 @@ MAX_LINES = 60
 
 # "path:qualified name" -> its length when the split began; empty once every function fits.
 SHRINKING: dict[str, int] = {
-    "bench/lastseen.py:run_ours": 180,
     "bench/loadgen.py:Generator.fanout_run": 145,
-    "bench/fanout.py:run_load": 132,
-    "bench/fanout.py:report": 121,
-    "bench/lastseen.py:run_seed": 107,
-    "bench/fanout.py:_window": 100,
-    "bench/scale.py:_report": 93,
     "bench/loadgen.py:bench_env": 88,
     "bench/loadgen.py:Generator.connect": 80,
     "bench/active_store.py:count_times": 78,
-    "bench/lastseen.py:run_write_through": 74,
     "bench/baselines_redis.py:_run": 70,
-    "bench/scale.py:_generate": 69,
     "bench/loadgen.py:WsConn.data_received": 67,
-    "bench/all.py:_summary": 65,
     "bench/loadgen.py:Generator.fanout_setup": 63,
 }
 
