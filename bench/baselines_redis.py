@@ -76,6 +76,55 @@ def run_baseline(
         out.send({"error": f"{type(e).__name__}: {e}"})
 
 
+def _heartbeats(
+    service: PresenceService, accounts: list[str], start_at: float, end: float, heartbeat_s: float,
+    errors: list[str], sent: list[int],
+) -> None:  # fmt: skip
+    """Every account's heartbeat (`mark_online`) every `heartbeat_s`, spread evenly, from
+    `start_at` to `end`; how many were sent goes to `sent`."""
+    rate = len(accounts) / heartbeat_s
+    k = 0
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    t0 = time.monotonic()
+    while time.monotonic() < end:
+        due = int((time.monotonic() - t0) * rate) + 1
+        while k < due:
+            try:
+                service.mark_online(accounts[k % len(accounts)])
+            except redis.RedisError as e:
+                errors.append(str(e))
+            k += 1
+        time.sleep(max(0.0, min(end, t0 + k / rate) - time.monotonic()))
+    sent.append(k)
+
+
+def _ask(
+    service: PresenceService, queries: list[list[str]], start_at: float, end: float, query_rate: float,
+    errors: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    """`are_online` for the id lists in turn at `query_rate` from `start_at` to `end`, timed."""
+    latencies: list[float] = []
+    online = asked = k = 0
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    t0 = time.monotonic()
+    while time.monotonic() < end:
+        due = int((time.monotonic() - t0) * query_rate) + 1
+        while k < due:
+            ids = queries[k % len(queries)]
+            t = time.perf_counter()
+            try:
+                answer = service.are_online(ids)
+            except redis.RedisError as e:
+                errors.append(str(e))
+            else:
+                latencies.append(time.perf_counter() - t)
+                online += sum(answer.values())
+                asked += len(ids)
+            k += 1
+        time.sleep(max(0.0, min(end, t0 + k / query_rate) - time.monotonic()))
+    return {"latencies": latencies, "ids_asked": asked, "ids_online": online}
+
+
 def _run(
     redis_url: str,
     accounts: list[str],
@@ -93,56 +142,20 @@ def _run(
         pipe.set(f"presence:{uid}", "1", ex=service.ttl)
     pipe.execute()
     end = start_at + seconds
-    heartbeats = 0
     errors: list[str] = []
-
-    def heartbeat_loop() -> None:
-        nonlocal heartbeats
-        rate = len(accounts) / heartbeat_s
-        k = 0
-        time.sleep(max(0.0, start_at - time.monotonic()))
-        t0 = time.monotonic()
-        while time.monotonic() < end:
-            due = int((time.monotonic() - t0) * rate) + 1
-            while k < due:
-                try:
-                    service.mark_online(accounts[k % len(accounts)])
-                except redis.RedisError as e:
-                    errors.append(str(e))
-                k += 1
-            time.sleep(max(0.0, min(end, t0 + k / rate) - time.monotonic()))
-        heartbeats = k
-
-    beats = threading.Thread(target=heartbeat_loop, daemon=True)
+    sent: list[int] = []
+    beats = threading.Thread(
+        target=_heartbeats, args=(service, accounts, start_at, end, heartbeat_s, errors, sent), daemon=True
+    )
     beats.start()
-    latencies: list[float] = []
-    online = 0
-    asked = 0
-    time.sleep(max(0.0, start_at - time.monotonic()))
-    t0 = time.monotonic()
-    k = 0
-    while time.monotonic() < end:
-        due = int((time.monotonic() - t0) * query_rate) + 1
-        while k < due:
-            ids = queries[k % len(queries)]
-            t = time.perf_counter()
-            try:
-                answer = service.are_online(ids)
-            except redis.RedisError as e:
-                errors.append(str(e))
-            else:
-                latencies.append(time.perf_counter() - t)
-                online += sum(answer.values())
-                asked += len(ids)
-            k += 1
-        time.sleep(max(0.0, min(end, t0 + k / query_rate) - time.monotonic()))
+    asked = _ask(service, queries, start_at, end, query_rate, errors)
     beats.join(10)
     client.close()
     return {
-        "latencies": latencies,
-        "heartbeats": heartbeats,
-        "ids_asked": asked,
-        "ids_online": online,
+        "latencies": asked["latencies"],
+        "heartbeats": sent[0] if sent else 0,
+        "ids_asked": asked["ids_asked"],
+        "ids_online": asked["ids_online"],
         "errors": errors[:20],
         "error_count": len(errors),
     }

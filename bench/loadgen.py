@@ -157,28 +157,36 @@ class WsConn(asyncio.Protocol):
         if not self.lost.done():
             self.lost.set_result(None)
 
+    def _handshake(self, data: bytes) -> bytes | None:
+        """Take the upgrade response from `data`: the bytes after it (frames already), or None
+        while it is incomplete or when it failed."""
+        assert self._hs is not None
+        self._hs += data
+        end = self._hs.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._hs) > 16_384:
+                self._fail("oversized handshake response")
+            return None
+        head, rest = self._hs[:end], self._hs[end + 4 :]
+        self._hs = None
+        if not head.startswith(b"HTTP/1.1 101"):
+            self._fail(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+            return None
+        accept = base64.b64encode(hashlib.sha1(self._key + _GUID).digest())
+        if b"sec-websocket-accept: " + accept.lower() not in head.lower():
+            self._fail("bad Sec-WebSocket-Accept")
+            return None
+        if self.opened.done():  # the opener gave up (timed out) and is aborting us
+            return None
+        self.opened.set_result(None)
+        return rest
+
     def data_received(self, data: bytes) -> None:
         if self._hs is not None:
-            self._hs += data
-            end = self._hs.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._hs) > 16_384:
-                    self._fail("oversized handshake response")
+            rest = self._handshake(data)
+            if not rest:
                 return
-            head, data = self._hs[:end], self._hs[end + 4 :]
-            self._hs = None
-            if not head.startswith(b"HTTP/1.1 101"):
-                self._fail(head.split(b"\r\n", 1)[0].decode(errors="replace"))
-                return
-            accept = base64.b64encode(hashlib.sha1(self._key + _GUID).digest())
-            if b"sec-websocket-accept: " + accept.lower() not in head.lower():
-                self._fail("bad Sec-WebSocket-Accept")
-                return
-            if self.opened.done():  # the opener gave up (timed out) and is aborting us
-                return
-            self.opened.set_result(None)
-            if not data:
-                return
+            data = rest
         buf = self._buf + data if self._buf else data
         pos, size = 0, len(buf)
         texts = 0
@@ -205,18 +213,9 @@ class WsConn(asyncio.Protocol):
                 if self.pipe is not None:
                     texts += 1
                     continue
-                payload = buf[start:end]
-                waiter = self.waiter
-                if waiter is not None and not waiter.done():
-                    self.waiter = None
-                    waiter.set_result(payload)
-                elif self.on_text is not None:
-                    self.on_text(self, payload)
+                self._text(buf[start:end])
             elif opcode == 8:
-                self.close_code = int.from_bytes(buf[start : start + 2], "big") if n >= 2 else 1005
-                if self.transport is not None:
-                    self.transport.write(client_frame(buf[start : start + 2], 8))
-                    self.transport.close()
+                self._closing(buf[start:end], n)
                 return
             elif opcode == 9 and self.transport is not None:
                 self.transport.write(client_frame(buf[start:end], 10))
@@ -224,6 +223,21 @@ class WsConn(asyncio.Protocol):
         if texts:
             assert self.pipe is not None
             self.pipe.answered(self, texts)
+
+    def _text(self, payload: bytes) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            self.waiter = None
+            waiter.set_result(payload)
+        elif self.on_text is not None:
+            self.on_text(self, payload)
+
+    def _closing(self, payload: bytes, n: int) -> None:
+        """The server's close frame: note its code, answer it, close."""
+        self.close_code = int.from_bytes(payload[:2], "big") if n >= 2 else 1005
+        if self.transport is not None:
+            self.transport.write(client_frame(payload[:2], 8))
+            self.transport.close()
 
     def _fail(self, why: str) -> None:
         if not self.opened.done():
@@ -639,6 +653,60 @@ def connect_side(
     }
 
 
+def _write_data_dir(data_dir: Path, database_url: str, redis_url: str, namespace: str) -> str:
+    """What `presence up` writes for the edges that join it (docs/security.md): the token secret
+    (returned), the internal token and `cluster.json`."""
+    from actors import clients
+    from cluster.runtime import (
+        CLUSTER_FILE,
+        INTERNAL_TOKEN_FILE,
+        SECRET_FILE,
+        ClusterInfo,
+        write_info,
+        write_private,
+    )
+
+    data_dir.mkdir()
+    secret = secrets.token_urlsafe(32)
+    (data_dir / SECRET_FILE).write_text(secret)
+    write_private(data_dir / INTERNAL_TOKEN_FILE, secrets.token_urlsafe(32) + "\n")
+    info = ClusterInfo(
+        database_url, redis_url, clients.gcs_address(), namespace, "", "", os.getpid(), clients.auth_mode()
+    )
+    write_info(data_dir, info)
+    assert (data_dir / CLUSTER_FILE).exists()
+    return secret
+
+
+@contextlib.contextmanager
+def _stores(
+    tmp: Path, database_url: str | None, redis_url: str | None, log: Callable[[str], None]
+) -> Iterator[tuple[str, str]]:
+    """The PostgreSQL and Redis to use (embedded in `tmp` for those not given, stopped at the
+    end), PostgreSQL migrated."""
+    from cluster import db
+    from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
+
+    started: list[Any] = []
+    try:
+        if database_url is None:
+            log("starting PostgreSQL (embedded)")
+            pg = EmbeddedPostgres()
+            database_url = pg.start(tmp)
+            started.append(pg)
+        if redis_url is None:
+            log("starting Redis (embedded)")
+            rd = EmbeddedRedis()
+            redis_url = rd.start(tmp)
+            started.append(rd)
+        asyncio.run(db.migrate(database_url))
+        yield database_url, redis_url
+    finally:
+        for server in reversed(started):
+            with contextlib.suppress(Exception):
+                server.stop()
+
+
 @contextlib.contextmanager
 def bench_env(
     name: str,
@@ -652,81 +720,34 @@ def bench_env(
     directory `presence edge` can join. Everything it started is stopped on the way out."""
     from actors import clients
     from actors.pool import start_pool, stop_pool
-    from cluster import db
-    from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
-    from cluster.runtime import (
-        CLUSTER_FILE,
-        INTERNAL_TOKEN_FILE,
-        SECRET_FILE,
-        ClusterInfo,
-        write_info,
-        write_private,
-    )
     from cluster.up import shard_config
 
     raise_nofile()
     tmp = Path(tempfile.mkdtemp(prefix=f"presence-bench-{name}-"))
-    started: list[Any] = []
-    database_url = database_url or settings.database_url
-    redis_url = redis_url or settings.redis_url
     shards = shards or default_shards(settings)
     namespace = f"presence-bench-{name}-{secrets.token_hex(3)}"
     env: BenchEnv | None = None
     try:
-        if database_url is None:
-            log("starting PostgreSQL (embedded)")
-            pg = EmbeddedPostgres()
-            database_url = pg.start(tmp)
-            started.append(pg)
-        if redis_url is None:
-            log("starting Redis (embedded)")
-            rd = EmbeddedRedis()
-            redis_url = rd.start(tmp)
-            started.append(rd)
-        asyncio.run(db.migrate(database_url))
-        log(f"starting Ray and {shards} shards")
-        clients.connect(None, namespace)
-        try:
-            start_pool(
-                shards,
-                shard_config(settings, database_url, redis_url),
-                settings.flush_interval_s,
-                settings.flush_max_rows,
-            )
-            data_dir = tmp / "data"
-            data_dir.mkdir()
-            secret = secrets.token_urlsafe(32)
-            (data_dir / SECRET_FILE).write_text(secret)
-            # What `presence up` writes for the edges that join it (docs/security.md).
-            write_private(data_dir / INTERNAL_TOKEN_FILE, secrets.token_urlsafe(32) + "\n")
-            write_info(
-                data_dir,
-                ClusterInfo(
-                    database_url,
-                    redis_url,
-                    clients.gcs_address(),
-                    namespace,
-                    "",
-                    "",
-                    os.getpid(),
-                    clients.auth_mode(),
-                ),
-            )
-            assert (data_dir / CLUSTER_FILE).exists()
-            env = BenchEnv(name, tmp, data_dir, database_url, redis_url, secret, namespace, shards)
-            yield env
-        finally:
-            if env is not None:
-                for server in reversed(env.servers):
-                    with contextlib.suppress(Exception):
-                        server.stop()
-            with contextlib.suppress(Exception):
-                stop_pool(drain_timeout_s=10)
-            clients.shutdown()
+        with _stores(
+            tmp, database_url or settings.database_url, redis_url or settings.redis_url, log
+        ) as urls:
+            log(f"starting Ray and {shards} shards")
+            clients.connect(None, namespace)
+            try:
+                config = shard_config(settings, *urls)
+                start_pool(shards, config, settings.flush_interval_s, settings.flush_max_rows)
+                secret = _write_data_dir(tmp / "data", *urls, namespace)
+                env = BenchEnv(name, tmp, tmp / "data", *urls, secret, namespace, shards)
+                yield env
+            finally:
+                if env is not None:
+                    for server in reversed(env.servers):
+                        with contextlib.suppress(Exception):
+                            server.stop()
+                with contextlib.suppress(Exception):
+                    stop_pool(drain_timeout_s=10)
+                clients.shutdown()
     finally:
-        for server in reversed(started):
-            with contextlib.suppress(Exception):
-                server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -915,67 +936,25 @@ class Generator:
         and waits for `ready`; else, with `hello`, it sends that and waits for the echo. A
         connection reset or closed during its handshake is tried again up to `retries` times
         (a set-up that must be complete)."""
-        from edge.tokens import mint_token
-
-        conns: list[WsConn | None] = [None] * count
-        errors: dict[str, int] = {}
+        opening = _Opening(self, self.groups.setdefault(group, []), count, path, users, hello, timeout)
         started = time.monotonic()
         next_k = 0
-        done = 0
-        last_report = 0.0
-
-        async def one(k: int) -> None:
-            host, port = targets[k % len(targets)]
-            conn = await open_ws(host, port, path, source_address(first_index + k), timeout)
-            conn.index = first_index + k
-            try:
-                if users is not None:
-                    conn.user = users[k]
-                    conn.send(
-                        orjson.dumps({"type": "identify", "token": mint_token(users[k], self.secret, 7200)})
-                    )
-                    await conn.expect(b"ready", timeout)
-                elif hello is not None:
-                    fut = conn.next_text()
-                    conn.send(hello)
-                    await asyncio.wait_for(fut, timeout)
-            except BaseException:
-                if conn.transport is not None:
-                    conn.transport.abort()
-                raise
-            conns[k] = conn
-            group_list.append(conn)  # heartbeats (if running for the group) start at once
 
         async def runner() -> None:
-            nonlocal next_k, done, last_report
+            nonlocal next_k
             while next_k < count:
                 k = next_k
                 next_k += 1
-                for attempt in range(retries + 1):
-                    try:
-                        await one(k)
-                    except Exception as e:
-                        if isinstance(e, ConnectionError | HandshakeError) and attempt < retries:
-                            await asyncio.sleep(0.1 * (attempt + 1))
-                            continue
-                        key = f"{type(e).__name__}: {e}"[:120]
-                        errors[key] = errors.get(key, 0) + 1
-                    break
-                done += 1
-                now = time.monotonic()
-                if now - last_report > 0.5:
-                    last_report = now
-                    self.progress({"done": done, "ok": done - sum(errors.values()), "of": count})
+                await opening.open_with_retries(k, targets[k % len(targets)], first_index + k, retries)
 
-        group_list = self.groups.setdefault(group, [])
         await asyncio.gather(*(runner() for _ in range(min(concurrency, max(count, 1)))))
-        ok = [c for c in conns if c is not None]
+        ok = [c for c in opening.conns if c is not None]
         self.progress({"done": count, "ok": len(ok), "of": count})
         return {
             "connected": len(ok),
             "failed": count - len(ok),
             "seconds": time.monotonic() - started,
-            "errors": errors,
+            "errors": opening.errors,
         }
 
     async def phase(self, target: str, kwargs: dict[str, Any]) -> Any:
@@ -1088,10 +1067,9 @@ class Generator:
         # the edge close the first sockets as silent.
         await self.heartbeats("fanout", 30.0)
         await self.heartbeats("queriers", 30.0)
-        mine = self._my_accounts(accounts, account_share)
         # Account i goes to edge i % edges, so its watchers sit on every edge.
         per_edge: dict[int, list[int]] = {}
-        for i in mine:
+        for i in self._my_accounts(accounts, account_share):
             per_edge.setdefault(i % len(targets), []).append(i)
         result: dict[str, Any] = {"connect_s": 0.0, "connected": 0, "failed": 0, "errors": {}}
         base = self.index * 100_000
@@ -1107,24 +1085,37 @@ class Generator:
                 result["errors"][k] = result["errors"].get(k, 0) + v
         mine_q = list(range(self.index, queriers, self.count)) if my_queriers is None else my_queriers
         if mine_q:
-            r = await self.connect(
-                "queriers", [targets[j % len(targets)] for j in range(len(targets))], len(mine_q),
-                base + 90_000, [f"{query_prefix}{j}" for j in mine_q], concurrency=concurrency,
-                timeout=timeout,
-            )  # fmt: skip
-            result["queriers"] = r["connected"]
-            if bare_query_target is not None:
-                first = base + 95_000
-                r = await self.connect(
-                    "queriers_bare", [bare_query_target], len(mine_q), first, path="/",
-                    concurrency=concurrency, timeout=timeout,
-                )  # fmt: skip
-                for c in self.groups.get("queriers_bare", []):
-                    c.user = f"{query_prefix}{mine_q[c.index - first]}"  # the querier it stands beside
-                result["queriers_bare"] = r["connected"]
+            result |= await self._connect_queriers(targets, mine_q, bare_query_target, concurrency, timeout)
         r = await self._subscribe_all("fanout", prefix, accounts, subscriptions, concurrency, timeout)
         result["subscribe_s"], result["subscribed"], result["subscribe_errors"] = r
         return result
+
+    async def _connect_queriers(
+        self,
+        targets: list[tuple[str, int]],
+        mine: list[int],
+        bare_target: tuple[str, int] | None,
+        concurrency: int,
+        timeout: float,
+    ) -> dict[str, int]:
+        """The queriers `mine` on the edges and, with `bare_target`, each beside it on that server."""
+        base = self.index * 100_000
+        r = await self.connect(
+            "queriers", [targets[j % len(targets)] for j in range(len(targets))], len(mine),
+            base + 90_000, [f"{self.query_prefix}{j}" for j in mine], concurrency=concurrency,
+            timeout=timeout,
+        )  # fmt: skip
+        out = {"queriers": r["connected"]}
+        if bare_target is not None:
+            first = base + 95_000
+            r = await self.connect(
+                "queriers_bare", [bare_target], len(mine), first, path="/",
+                concurrency=concurrency, timeout=timeout,
+            )  # fmt: skip
+            for c in self.groups.get("queriers_bare", []):
+                c.user = f"{self.query_prefix}{mine[c.index - first]}"  # the querier it stands beside
+            out["queriers_bare"] = r["connected"]
+        return out
 
     def _my_accounts(self, accounts: int, share: tuple[int, int] | None) -> list[int]:
         """Accounts i ≡ k mod n of `share` (k, n), none when n is 0 (a generator of queriers
@@ -1209,137 +1200,239 @@ class Generator:
         record every `presence.changed` received; with `query_rate`, send `presence.query` for
         `query_ids` ids from the queriers, one at a time per querier. Then wait `drain_s` for late
         deliveries. Each run records its own receipts (windows one after another)."""
-        conns = [c for c in self.groups.get(group, []) if c.open]
+        window = _FanoutWindow(self, group, rate, _Queries(query_rate, query_ids, accounts, query_timeout_s))
         self.receipts_user, self.receipts_status, self.receipts_t = array("i"), bytearray(), array("d")
-        queriers = [c for c in self.groups.get("queriers", []) if c.open]
-        # Beside each querier, its socket to the bare server (bench query), asking the same ids.
-        bare_of = {c.user: c for c in self.groups.get("queriers_bare", []) if c.open}
-        # Changes made so far per account, over every window of the run: a window alternates each
-        # account's status from where the previous one left it (else its first change would be a
-        # repeat, which changes nothing and is delivered to nobody).
-        changes = self.changes.setdefault(group, {})
-        sends_user = array("i")
-        sends_status = bytearray()
-        sends_t = array("d")
-        frames = {
-            0: client_frame(b'{"type":"presence.update","status":"online"}'),
-            1: client_frame(b'{"type":"presence.update","status":"idle"}'),
-        }
-        query_lat: list[float] = []
-        query_fail: dict[str, int] = {}
-        query_skipped = 0
-        bare_lat: list[float] = []
-        bare_fail: dict[str, int] = {}
-        prefix = self.prefix
-
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         self.recording = True
-        cpu0, t0 = time.process_time(), time.monotonic()
-        end = t0 + seconds
-
-        async def changer() -> None:
-            k = 0
-            while True:
-                now = time.monotonic()
-                if now >= end:
-                    return
-                due = int((now - t0) * rate) + 1
-                while k < due and conns:
-                    idx = k % len(conns)
-                    c = conns[idx]
-                    n = changes[c.user] = changes.get(c.user, 0) + 1
-                    status = n % 2  # first change: idle (1), then online (0), ...
-                    sends_t.append(time.monotonic())
-                    c.send_raw(frames[status])
-                    sends_user.append(int(c.user[len(prefix) :]))
-                    sends_status.append(status)
-                    k += 1
-                await asyncio.sleep(max(0.0, min(end, t0 + k / rate) - time.monotonic()))
-
-        async def one_query(c: WsConn, lat: list[float], fail: dict[str, int]) -> None:
-            j = int(c.user[len(self.query_prefix) :])
-            ids = [f"{prefix}{t}" for t in query_targets(j, accounts, query_ids)]
-            got = 0
-            t_send = time.monotonic()
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            def on_text(_c: WsConn, payload: bytes) -> None:
-                nonlocal got
-                if payload.startswith(b'{"type":"presence.changed"'):
-                    got += 1
-                    if got == query_ids and not done.done():
-                        done.set_result(None)
-                elif payload.startswith(b'{"type":"error"') and not done.done():
-                    done.set_exception(RuntimeError(orjson.loads(payload).get("code", "error")))
-
-            c.on_text = on_text
-            c.send(orjson.dumps({"type": "presence.query", "userIds": ids}))
-            try:
-                await asyncio.wait_for(done, query_timeout_s)
-                lat.append(time.monotonic() - t_send)
-            except Exception as e:
-                key = "timeout" if isinstance(e, TimeoutError) else str(e)
-                fail[key] = fail.get(key, 0) + 1
-            finally:
-                c.on_text = None
-
-        async def querier() -> None:
-            nonlocal query_skipped
-            k = 0
-            busy: set[int] = set()
-            running: set[asyncio.Task[None]] = set()
-            while True:
-                now = time.monotonic()
-                if now >= end:
-                    break
-                due = int((now - t0) * query_rate) + 1
-                while k < due:
-                    idx = k % len(queriers)
-                    k += 1
-                    if idx in busy:
-                        query_skipped += 1
-                        continue
-                    busy.add(idx)
-                    ours = one_query(queriers[idx], query_lat, query_fail)
-                    bare = bare_of.get(queriers[idx].user)
-                    if bare is None:
-                        task = asyncio.create_task(ours)
-                    else:  # the same ids to both servers, in turn first
-                        pair = (ours, one_query(bare, bare_lat, bare_fail))
-                        task = asyncio.create_task(_both(*(pair if k % 2 else pair[::-1])))
-                    running.add(task)
-                    task.add_done_callback(lambda t, i=idx: (busy.discard(i), running.discard(t)))
-                await asyncio.sleep(max(0.0, min(end, t0 + k / query_rate) - time.monotonic()))
-            if running:
-                await asyncio.wait(list(running), timeout=query_timeout_s + 1)
-
-        jobs = [changer()] if rate > 0 else []  # a generator of queriers only changes nothing
-        if query_rate > 0 and queriers:
-            jobs.append(querier())
-        await asyncio.gather(*jobs)
-        cpu_load, wall = time.process_time() - cpu0, time.monotonic() - t0
+        cpu0 = time.process_time()
+        await window.run(seconds)
+        cpu_load, wall = time.process_time() - cpu0, time.monotonic() - window.t0
         await asyncio.sleep(drain_s)
         self.recording = False
         return {
             "cpu_s": cpu_load,
             "wall_s": wall,
-            "sends": (sends_user.tobytes(), bytes(sends_status), sends_t.tobytes()),
+            **window.sends(),
             "receipts": (
                 self.receipts_user.tobytes(),
                 bytes(self.receipts_status),
                 self.receipts_t.tobytes(),
             ),
-            "query_latencies": query_lat,
-            "query_failures": query_fail,
-            "bare_query_latencies": bare_lat,
-            "bare_query_failures": bare_fail,
-            "query_skipped": query_skipped,
-            "open": len(conns),
+            **window.queried(),
+            "open": len(window.conns),
         }
 
 
 async def _both(first: Any, second: Any) -> None:
     await asyncio.gather(first, second)
+
+
+class _Opening:
+    """The connections one `Generator.connect` opens: each identified (`users`) or greeted
+    (`hello`), joining its group as soon as it is open; errors counted by kind."""
+
+    def __init__(
+        self,
+        gen: Generator,
+        group_list: list[WsConn],
+        count: int,
+        path: str,
+        users: list[str] | None,
+        hello: bytes | None,
+        timeout: float,
+    ) -> None:
+        self.gen, self.group_list, self.count = gen, group_list, count
+        self.path, self.users, self.hello, self.timeout = path, users, hello, timeout
+        self.conns: list[WsConn | None] = [None] * count
+        self.errors: dict[str, int] = {}
+        self.done = 0
+        self.last_report = 0.0
+
+    async def open(self, k: int, target: tuple[str, int], index: int) -> None:
+        from edge.tokens import mint_token
+
+        host, port = target
+        conn = await open_ws(host, port, self.path, source_address(index), self.timeout)
+        conn.index = index
+        try:
+            if self.users is not None:
+                conn.user = self.users[k]
+                token = mint_token(self.users[k], self.gen.secret, 7200)
+                conn.send(orjson.dumps({"type": "identify", "token": token}))
+                await conn.expect(b"ready", self.timeout)
+            elif self.hello is not None:
+                fut = conn.next_text()
+                conn.send(self.hello)
+                await asyncio.wait_for(fut, self.timeout)
+        except BaseException:
+            if conn.transport is not None:
+                conn.transport.abort()
+            raise
+        self.conns[k] = conn
+        self.group_list.append(conn)  # heartbeats (if running for the group) start at once
+
+    async def open_with_retries(self, k: int, target: tuple[str, int], index: int, retries: int) -> None:
+        for attempt in range(retries + 1):
+            try:
+                await self.open(k, target, index)
+            except Exception as e:
+                if isinstance(e, ConnectionError | HandshakeError) and attempt < retries:
+                    await asyncio.sleep(0.1 * (attempt + 1))
+                    continue
+                key = f"{type(e).__name__}: {e}"[:120]
+                self.errors[key] = self.errors.get(key, 0) + 1
+            break
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last_report > 0.5:
+            self.last_report = now
+            ok = self.done - sum(self.errors.values())
+            self.gen.progress({"done": self.done, "ok": ok, "of": self.count})
+
+
+@dataclass(frozen=True)
+class _Queries:
+    """The queries of a fanout window (bench query): how many per second, of how many ids, among
+    how many accounts, each given up after `timeout_s`."""
+
+    rate: float
+    ids: int
+    accounts: int
+    timeout_s: float
+
+
+@dataclass
+class _Asked:
+    """One server's answers to the queries: latencies (seconds) and failures by kind."""
+
+    latencies: list[float] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def failed(self, key: str) -> None:
+        self.failures[key] = self.failures.get(key, 0) + 1
+
+
+_STATUS_FRAMES = {
+    0: client_frame(b'{"type":"presence.update","status":"online"}'),
+    1: client_frame(b'{"type":"presence.update","status":"idle"}'),
+}
+
+
+class _FanoutWindow:
+    """One `Generator.fanout_run` window: the changes it sends (who, which status, when) and the
+    queries it asks, to our edge and, beside each querier, to the bare server (bench query)."""
+
+    def __init__(self, gen: Generator, group: str, rate: float, queries: _Queries) -> None:
+        self.gen, self.rate, self.queries = gen, rate, queries
+        self.conns = [c for c in gen.groups.get(group, []) if c.open]
+        self.queriers = [c for c in gen.groups.get("queriers", []) if c.open]
+        # Beside each querier, its socket to the bare server (bench query), asking the same ids.
+        self.bare_of = {c.user: c for c in gen.groups.get("queriers_bare", []) if c.open}
+        # Changes made so far per account, over every window of the run: a window alternates each
+        # account's status from where the previous one left it (else its first change would be a
+        # repeat, which changes nothing and is delivered to nobody).
+        self.changes = gen.changes.setdefault(group, {})
+        self.sends_user, self.sends_status, self.sends_t = array("i"), bytearray(), array("d")
+        self.ours, self.bare = _Asked(), _Asked()
+        self.skipped = 0
+        self.t0 = self.end = 0.0
+
+    async def run(self, seconds: float) -> None:
+        self.t0 = time.monotonic()
+        self.end = self.t0 + seconds
+        jobs = [self._changer()] if self.rate > 0 else []  # a generator of queriers only changes nothing
+        if self.queries.rate > 0 and self.queriers:
+            jobs.append(self._querier())
+        await asyncio.gather(*jobs)
+
+    async def _changer(self) -> None:
+        conns, prefix, rate, k = self.conns, self.gen.prefix, self.rate, 0
+        while True:
+            now = time.monotonic()
+            if now >= self.end:
+                return
+            due = int((now - self.t0) * rate) + 1
+            while k < due and conns:
+                c = conns[k % len(conns)]
+                n = self.changes[c.user] = self.changes.get(c.user, 0) + 1
+                status = n % 2  # first change: idle (1), then online (0), ...
+                self.sends_t.append(time.monotonic())
+                c.send_raw(_STATUS_FRAMES[status])
+                self.sends_user.append(int(c.user[len(prefix) :]))
+                self.sends_status.append(status)
+                k += 1
+            await asyncio.sleep(max(0.0, min(self.end, self.t0 + k / rate) - time.monotonic()))
+
+    async def _one_query(self, c: WsConn, asked: _Asked) -> None:
+        q, prefix = self.queries, self.gen.prefix
+        j = int(c.user[len(self.gen.query_prefix) :])
+        ids = [f"{prefix}{t}" for t in query_targets(j, q.accounts, q.ids)]
+        got = 0
+        t_send = time.monotonic()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_text(_c: WsConn, payload: bytes) -> None:
+            nonlocal got
+            if payload.startswith(b'{"type":"presence.changed"'):
+                got += 1
+                if got == q.ids and not done.done():
+                    done.set_result(None)
+            elif payload.startswith(b'{"type":"error"') and not done.done():
+                done.set_exception(RuntimeError(orjson.loads(payload).get("code", "error")))
+
+        c.on_text = on_text
+        c.send(orjson.dumps({"type": "presence.query", "userIds": ids}))
+        try:
+            await asyncio.wait_for(done, q.timeout_s)
+            asked.latencies.append(time.monotonic() - t_send)
+        except Exception as e:
+            asked.failed("timeout" if isinstance(e, TimeoutError) else str(e))
+        finally:
+            c.on_text = None
+
+    def _ask(self, idx: int, k: int) -> asyncio.Task[None]:
+        """Querier idx asks our edge, and the bare server beside it the same ids (in turn first)."""
+        ours = self._one_query(self.queriers[idx], self.ours)
+        bare = self.bare_of.get(self.queriers[idx].user)
+        if bare is None:
+            return asyncio.create_task(ours)
+        pair = (ours, self._one_query(bare, self.bare))
+        return asyncio.create_task(_both(*(pair if k % 2 else pair[::-1])))
+
+    async def _querier(self) -> None:
+        rate, k = self.queries.rate, 0
+        busy: set[int] = set()
+        running: set[asyncio.Task[None]] = set()
+        while True:
+            now = time.monotonic()
+            if now >= self.end:
+                break
+            due = int((now - self.t0) * rate) + 1
+            while k < due:
+                idx = k % len(self.queriers)
+                k += 1
+                if idx in busy:
+                    self.skipped += 1
+                    continue
+                busy.add(idx)
+                task = self._ask(idx, k)
+                running.add(task)
+                task.add_done_callback(lambda t, i=idx: (busy.discard(i), running.discard(t)))
+            await asyncio.sleep(max(0.0, min(self.end, self.t0 + k / rate) - time.monotonic()))
+        if running:
+            await asyncio.wait(list(running), timeout=self.queries.timeout_s + 1)
+
+    def sends(self) -> dict[str, Any]:
+        return {"sends": (self.sends_user.tobytes(), bytes(self.sends_status), self.sends_t.tobytes())}
+
+    def queried(self) -> dict[str, Any]:
+        return {
+            "query_latencies": self.ours.latencies,
+            "query_failures": self.ours.failures,
+            "bare_query_latencies": self.bare.latencies,
+            "bare_query_failures": self.bare.failures,
+            "query_skipped": self.skipped,
+        }
 
 
 Run = Callable[[Any, BenchEnv, "Stage"], dict[str, Any]]

@@ -2,9 +2,8 @@
 `MAX_LINES` lines, counted with `ast` from its `def` (decorators excluded) to its last line.
 
 A benchmark that grows past that is split into named steps (start the pair, measure one window,
-aggregate, print, record), as every benchmark here is (issue 27 item 7). `SHRINKING` lists the
-functions still over the limit while the split goes on: one may only shrink, and leaves the list
-once it fits (a stale entry fails too, so the list cannot outlive the work).
+aggregate, print, record), as every benchmark here is (issue 27 item 7: 25 functions were over the
+limit, up to 180 lines).
 """
 
 from __future__ import annotations
@@ -17,17 +16,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 60
-
-# "path:qualified name" -> its length when the split began; empty once every function fits.
-SHRINKING: dict[str, int] = {
-    "bench/loadgen.py:Generator.fanout_run": 145,
-    "bench/loadgen.py:bench_env": 88,
-    "bench/loadgen.py:Generator.connect": 80,
-    "bench/active_store.py:count_times": 78,
-    "bench/baselines_redis.py:_run": 70,
-    "bench/loadgen.py:WsConn.data_received": 67,
-    "bench/loadgen.py:Generator.fanout_setup": 63,
-}
 
 
 def long_functions(root: Path, max_lines: int = MAX_LINES) -> dict[str, int]:
@@ -55,12 +43,7 @@ def _visit(node: ast.AST, rel: str, prefix: str, max_lines: int, found: dict[str
 
 def test_no_function_in_bench_is_longer_than_the_limit() -> None:
     found = long_functions(ROOT / "bench")
-    new = {k: n for k, n in found.items() if k not in SHRINKING}
-    grown = {k: (SHRINKING[k], n) for k, n in found.items() if k in SHRINKING and n > SHRINKING[k]}
-    stale = sorted(set(SHRINKING) - set(found))
-    assert not new, f"functions over {MAX_LINES} lines in bench/ (split them): {new}"
-    assert not grown, f"functions that were to shrink grew (was, now): {grown}"
-    assert not stale, f"these fit now: remove them from SHRINKING: {stale}"
+    assert not found, f"functions over {MAX_LINES} lines in bench/ (split them): {found}"
 
 
 @pytest.mark.parametrize(
