@@ -328,12 +328,15 @@ class PgCounters:
         """(calls, total execution ms) of one statement text in this database, or None."""
         if not self.statements_view:
             return None
+        # pg_stat_statements keeps a statement with its constants replaced by $n: one with a
+        # quoted constant (ours: 'invisible') is found by its text up to that constant.
+        match = "starts_with(query, $1)" if "'" in sql else "query = $1"
         row = await self.conn.fetchrow(
-            """SELECT coalesce(sum(calls), 0) AS calls, coalesce(sum(total_exec_time), 0) AS ms
+            f"""SELECT coalesce(sum(calls), 0) AS calls, coalesce(sum(total_exec_time), 0) AS ms
                FROM pg_stat_statements
-               WHERE query = $1
+               WHERE {match}
                  AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())""",
-            sql,
+            sql.split("'", 1)[0],
         )
         return int(row["calls"]), float(row["ms"])
 
