@@ -207,8 +207,9 @@ class Socket(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(OPEN_TIMEOUT_S, self._open_timed_out)
         for data in early:
             self._feed(data)
-        if self.transport is not None and not self._paused:
-            self.transport.resume_reading()
+        t = self.transport
+        if t is not None and not self._paused and not t.is_closing():
+            t.resume_reading()
 
     @property
     def held(self) -> bool:
@@ -218,7 +219,7 @@ class Socket(asyncio.Protocol):
         """Hold back the messages after this one until `resume` (reading stops meanwhile)."""
         if not self._paused:
             self._paused = True
-            if self.transport is not None:
+            if self.transport is not None and not self.transport.is_closing():
                 self.transport.pause_reading()
 
     def resume(self) -> None:
@@ -232,8 +233,9 @@ class Socket(asyncio.Protocol):
         if self._paused:
             return
         self._backlog = None
-        if self.transport is not None and self._early is None:
-            self.transport.resume_reading()
+        t = self.transport
+        if t is not None and self._early is None and not t.is_closing():
+            t.resume_reading()
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
