@@ -100,6 +100,7 @@ class RawClient:
                 await self.send(b'{"type":"heartbeat"}')
             except (ConnectionError, OSError):
                 return True
+            # The polling interval of the probe (a reset has no event here but a failed write).
             await asyncio.sleep(0.2)
         return False
 

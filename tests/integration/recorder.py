@@ -186,6 +186,7 @@ class Sampler:
             for server in self.servers:
                 with contextlib.suppress(OSError):  # the edge answering may be the one a fault took away
                     h.counts.append(CountSample(time.time(), server, await read_count(self.internal, server)))
+            # The sampling interval.
             await asyncio.sleep(self.interval)
 
 

@@ -89,6 +89,7 @@ def wait(check: Any, timeout: float, what: str) -> Any:
             value = None
         if value:
             return value
+        # The polling interval of the wait.
         time.sleep(0.5)
     raise TimeoutError(what)
 
@@ -205,6 +206,7 @@ def main(work: Path) -> int:
         before = len(processes("presence up"))
         again = config["head_start_ray_commands"][-1]
         subprocess.run(["bash", "-c", again], env={**env, "HOME": str(work / "node1"), "NODE_IP": NODES[0]})
+        # A window for a second presence up that must not start: its absence has no event.
         time.sleep(3)
         result["presence_up_processes_before_after_second_start"] = [before, len(processes("presence up"))]
         result["presence_edge_processes"] = len(processes("presence edge"))

@@ -173,6 +173,7 @@ async def test_4001_asks_the_provider_again_and_1000_stops(scripted: Any) -> Non
     await until(lambda: client.state == "closed")
     assert [(c.attempt, c.rejected) for c in asked] == [(0, False), (1, True)]
     assert [r[0]["token"] for r in s.received] == ["T1", "T2"]
+    # A window for a retry that must not come (after 1000): nothing marks its absence.
     await asyncio.sleep(0.3)
     assert s.count == 2  # 1000: nothing retried
 

@@ -133,6 +133,7 @@ async def test_drained_account_back_on_another_edge_within_resume_s_tells_nobody
         end = time.monotonic() + RESUME_S + 1.5
         while time.monotonic() < end:
             assert await get_online(edge, g, 2), "the online count dipped"
+            # The sampling interval: the count is read through the whole window (a dip has no event).
             await asyncio.sleep(0.2)
         await watcher.roundtrip()
         assert changes_about(watcher, alice)[before:] == []

@@ -52,6 +52,7 @@ async def test_invisible_chosen_while_postgres_is_away_survives_a_shard_kill(
         told = len(watcher.log)
         _, owners, _ = await clients.DirectoryClient().get_map()
         clients.ShardClient(owners[slot_of(alice)]).kill(restart=True)
+        # The shard restarts while PostgreSQL is still away: the scenario (its start fails).
         await asyncio.sleep(1.0)
     finally:
         pg.restart()
@@ -100,6 +101,7 @@ async def test_invisible_chosen_then_gone_while_postgres_is_away_survives_a_shar
         await eventually(lambda: not [c for c in edge.conns.values() if c.session.user_id == alice])
         _, owners, _ = await clients.DirectoryClient().get_map()
         clients.ShardClient(owners[slot_of(alice)]).kill(restart=True)
+        # The shard restarts while PostgreSQL is still away: the scenario (its start fails).
         await asyncio.sleep(1.0)
     finally:
         pg.restart()

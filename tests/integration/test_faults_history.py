@@ -141,6 +141,7 @@ class Load:
                 client = await self.recorder.connect(url, user, self.cluster.token(user), timeout=12)
             except (OSError, AssertionError, websockets.InvalidHandshake, TimeoutError) as e:
                 self.errors.append(f"{user}: connect to {url}: {type(e).__name__}")
+                # The load's pace: a moment before connecting again after a refused connect.
                 await asyncio.sleep(0.3)
                 continue
             finally:
@@ -152,6 +153,7 @@ class Load:
                     if self.stop.is_set() or client.close_code is not None or user in self.retired:
                         break
                     await client.send(self._frame(rng, everyone, user == self.world.invisible))
+                    # The load's pace between an account's frames.
                     await asyncio.sleep(rng.uniform(0.05, 0.3))
             except websockets.ConnectionClosed:
                 pass

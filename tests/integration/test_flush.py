@@ -183,6 +183,7 @@ async def test_two_actors_racing_and_replays_never_move_time_backwards(
         try:
             while not done.is_set():
                 snapshots.append(await stored(conn, ids))
+                # The sampling interval: every value the table ever showed is recorded.
                 await asyncio.sleep(0.01)
             snapshots.append(await stored(conn, ids))
         finally:

@@ -87,6 +87,7 @@ async def _squat(host: str, port: int) -> None:
         try:
             reader, writer = await asyncio.open_connection(host, port, local_addr=("127.0.0.2", 0))
         except OSError:
+            # The squatter's pace between attempts (the scenario's attacker).
             await asyncio.sleep(0.05)
             continue
         try:

@@ -72,6 +72,7 @@ async def test_last_seen_freezes_while_invisible(
     await c.expect(of_type("presence.self"))
     value = await eventually(lambda: stored(conn, user), timeout=5)  # hiding is a departure
     assert abs(value - hid_at) < 1.0
+    # Time passes on the real clock while hidden: the scenario (last-seen must not follow it).
     await asyncio.sleep(1.2)
     view = await operator_view(edge, user)
     assert view["status"] == "invisible"
@@ -84,6 +85,7 @@ async def test_last_seen_freezes_while_invisible(
     c = await connect(cluster, edge, user)
     await c.send({"type": "presence.update", "status": "online"})
     await c.expect(of_type("presence.self"))
+    # Time passes visibly: the scenario (the next departure lies past the hide's tolerance).
     await asyncio.sleep(1.1)
     left_at = time.time()
     await c.close()

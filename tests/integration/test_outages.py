@@ -106,8 +106,10 @@ async def test_postgres_away_30s_every_departure_stored(
             departed[u] = time.time()
             await c.close()
             await watcher.expect(changed(u, "offline"))  # presence keeps working
+            # Departures spread over the outage, each at its own time: the scenario.
             await asyncio.sleep(2.5)
         assert await refused == 1011
+        # The rest of the 30 s outage: the scenario.
         await asyncio.sleep(max(0.0, 30 - (time.monotonic() - outage_started)))
     finally:
         pg.restart()

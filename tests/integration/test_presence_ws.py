@@ -228,6 +228,7 @@ async def test_outsiders_get_silence_and_no_errors(
     await b.send({"type": "presence.update", "status": "dnd"})
     await b.roundtrip()
     await e.roundtrip()
+    # A window for a wrong frame: no marker can reach an outsider on the same road.
     await asyncio.sleep(0.3)
     assert [f for f in e.log if f["type"] not in ("ready", "heartbeat.ack", "presence.sync")] == []
     await b.close()
@@ -267,6 +268,7 @@ async def test_new_friendship_takes_effect_for_existing_subscription(
     await eventually(lambda: _query_is_silent(e, carol), timeout=10)
     await c.send({"type": "presence.update", "status": "online"})
     await c.roundtrip()
+    # A window for a wrong frame: no marker can reach an outsider on the same road.
     await asyncio.sleep(0.3)
     assert not [f for f in e.frames if f.get("userId") == carol], e.frames
     await c.close()
@@ -277,5 +279,6 @@ async def _query_is_silent(c: Client, user: str) -> bool:
     c.frames.clear()
     await c.send({"type": "presence.query", "userIds": [user]})
     await c.roundtrip()
+    # A window for a wrong answer (eventually asks again): silence has no event.
     await asyncio.sleep(0.05)
     return not [f for f in c.frames if f.get("userId") == user]

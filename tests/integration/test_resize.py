@@ -143,6 +143,7 @@ async def test_resize_2_6_3_under_load(
     async def drive(d: Driver) -> None:
         while not stop.is_set():
             await d.step()
+            # The load's pace between a driver's steps.
             await asyncio.sleep(d.rng.uniform(0.02, 0.08))
 
     late: list[Client] = []
@@ -152,14 +153,18 @@ async def test_resize_2_6_3_under_load(
             c = await Client.connect(ws_url(edges[len(late) % 2]), cluster.token(watchers_ids[WATCHERS]))
             await c.request({"type": "presence.subscribe", "userIds": users}, of_type("presence.sync"))
             late.append(c)
+            # The pace of the late subscribers arriving during the resizes.
             await asyncio.sleep(0.3)
 
     tasks = [asyncio.create_task(drive(d)) for d in drivers] + [asyncio.create_task(late_subscribers())]
     try:
+        # Load before, between and after the resizes: the scenario.
         await asyncio.sleep(1.0)
         grow = await resize(6, progress=lambda _: None, chunk=64)
+        # Load before, between and after the resizes: the scenario.
         await asyncio.sleep(1.0)
         shrink = await resize(3, progress=lambda _: None, chunk=64)
+        # Load before, between and after the resizes: the scenario.
         await asyncio.sleep(1.0)
     finally:
         stop.set()

@@ -62,6 +62,7 @@ async def test_rollout_under_load_loses_nothing_and_closes_nothing(
             await sockets[i].send({"type": "presence.update", "status": status})
             chosen[users[i]] = status
             n += 1
+            # The accounts' pace: the load during the rollout is the scenario.
             await asyncio.sleep(0.1)
 
     churning = asyncio.create_task(churn())

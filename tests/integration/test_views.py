@@ -61,6 +61,7 @@ async def _connect_retrying(scene: Scene, user: str, url: str, within: float = 4
         except (OSError, AssertionError, websockets.InvalidHandshake, TimeoutError):
             if time.monotonic() > deadline:
                 raise
+            # A moment before connecting again (the shards restarting): the retry's pace.
             await asyncio.sleep(0.3)
 
 

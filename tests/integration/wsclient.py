@@ -128,4 +128,5 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout:.0f} s (last value {value!r})")
+        # The polling interval.
         await asyncio.sleep(interval)

@@ -190,6 +190,7 @@ async def test_a_silent_connection_is_dropped_and_handshakes_over_the_cap_wait_t
     await _until(lambda: server.handshakes_in_progress == 3)
     # The fourth from the same address waits its turn (issue 29: queued, not refused) ...
     waiting = asyncio.create_task(LaneClient.open(host, port, server.secret))
+    # A window in which it must keep waiting: nothing marks that it was not let in.
     await asyncio.sleep(0.05)
     assert not waiting.done()
     # ... and a fifth finds the line full: refused.
@@ -209,6 +210,7 @@ async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        # The polling interval.
         await asyncio.sleep(0.01)
 
 
@@ -264,6 +266,7 @@ async def test_a_connection_that_goes_cancels_its_waiting_pulls_so_their_mail_st
     async def pull(*_args: Any) -> Any:
         pulling.set()
         try:
+            # A pull that waits for mail which never comes: it only ends by being cancelled.
             await asyncio.sleep(30)
         except asyncio.CancelledError:
             cancelled.set()
@@ -281,7 +284,6 @@ async def test_a_connection_that_goes_cancels_its_waiting_pulls_so_their_mail_st
 async def test_a_shard_that_does_not_listen_is_a_broken_lane() -> None:
     server, host, port = await _serve(Shard())
     await server.close()
-    await asyncio.sleep(0.05)
     with pytest.raises(LaneBroken):
         await LaneClient.open(host, port, server.secret, timeout_s=2.0)
 

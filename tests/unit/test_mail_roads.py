@@ -75,6 +75,7 @@ async def test_a_pull_hands_out_what_no_reply_took(shard: PresenceShard) -> None
     inc = await watched(shard)
     box = shard.mail["edge-a"]
     pull = asyncio.create_task(shard.pull("edge-a", inc, box.handed, 5.0))
+    # A window in which the pull must stay waiting: nothing marks that it did not end.
     await asyncio.sleep(0.01)
     assert not pull.done()
     # Another edge's batch causes mail for edge-a: the waiting pull takes it.

@@ -65,6 +65,7 @@ async def router() -> AsyncIterator[MakeRouter]:
 
 async def settle() -> None:
     for _ in range(5):
+        # Turns of the loop with real time passing: what the batching window must not wait for.
         await asyncio.sleep(0.005)
 
 

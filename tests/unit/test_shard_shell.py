@@ -197,10 +197,12 @@ async def test_the_save_loop_retries_until_the_store_is_back(
     await running.apply("edge-a", [ops.Settings("alice", "nobody")])
     async with asyncio.timeout(5):
         while store.kinds().count("persist") < 1:  # the first attempt failed
+            # The polling interval (inside a timeout).
             await asyncio.sleep(0.01)
     store.down = False
     async with asyncio.timeout(10):  # the retry comes after its backoff (0.5 s at first)
         while store.saved_visibility != {"alice": "nobody"}:
+            # The polling interval (inside a timeout).
             await asyncio.sleep(0.01)
     assert store.kinds().count("persist") >= 2 and running.unsaved() == set()
 
@@ -237,6 +239,7 @@ async def test_an_account_unsaved_is_reloaded_with_its_pending_setting(
     reload.open()
     async with asyncio.timeout(5):
         while running.state.relations["alice"] is before:  # replaced by the reload
+            # The polling interval (inside a timeout).
             await asyncio.sleep(0.01)
     assert running.state.relations["alice"].last_seen_visibility == "nobody"
     store.held = False
