@@ -45,21 +45,23 @@ MAX_WORKERS = 6
 WORKERS_PER_CORE = 2
 EXTERNAL_SERVERS = ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS")
 
-# Expected seconds of the heaviest modules (serial run with --durations on the 2-core machine).
+# Expected seconds of the heaviest modules (serial run with --durations on the 2-core machine;
+# test_command_line, test_outages, test_embedded and test_bench_scale_smoke measured again alone
+# after issue 27's fixes, at the quieter end of a loaded machine: only their order matters here).
 PLAN: dict[str, float] = {
     "tests/integration/test_doc_examples.py": 110,
+    "tests/integration/test_command_line.py": 100,
     "tests/integration/test_bench_smoke_more.py": 92,
+    "tests/integration/test_outages.py": 70,
     "tests/integration/test_faults_history.py": 60,
     "tests/integration/test_conformance.py": 58,
-    "tests/integration/test_command_line.py": 55,
-    "tests/integration/test_outages.py": 45,
+    "tests/integration/test_embedded.py": 40,
     "tests/integration/test_admin_browser.py": 35,
+    "tests/integration/test_bench_scale_smoke.py": 35,
     "tests/integration/test_multinode.py": 28,
     "tests/integration/test_resize.py": 25,
-    "tests/integration/test_bench_scale_smoke.py": 23,
     "tests/integration/test_demo_browser.py": 20,
     "tests/integration/test_lastseen_ws.py": 19,
-    "tests/integration/test_embedded.py": 19,
     "tests/integration/test_failures.py": 15,
     "tests/integration/test_views.py": 14,
     "tests/unit/test_shard.py": 14,

@@ -23,6 +23,7 @@ from websockets.asyncio.client import ClientConnection
 
 from edge.server import Edge
 from edge.session import Limits
+from tests.timing import patience
 
 from .conftest import Cluster, Ids, load, ws_url
 from .hostile import shard_ops
@@ -279,7 +280,7 @@ async def test_connections_past_the_opening_gate_wait_their_turn_then_open(
         await asyncio.sleep(0.2)
         assert not waiting.done(), "a waiting connection is not upgraded before its turn"
         held.pop().close()
-        client = await asyncio.wait_for(waiting, 10)
+        client = await asyncio.wait_for(waiting, patience(10))
         assert client.ready is not None and client.ready["type"] == "ready"
         # Authenticated, it left the gate: one half-open upgrade holds a place, nobody waits.
         await eventually(lambda: len(gated.opening.active) == 1 and not gated.opening.waiting)

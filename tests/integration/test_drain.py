@@ -27,6 +27,7 @@ from actors.counts import connect as redis_connect
 from actors.held import key as held_key
 from cluster.drain import get_json
 from edge.server import Edge
+from tests.timing import patience
 
 from .conftest import INTERNAL_TOKEN, Cluster, Ids, internal_url, load
 from .test_presence_ws import connect
@@ -97,7 +98,7 @@ async def test_drain_answers_503_before_any_socket_closes(
             stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "PRESENCE_INTERNAL_TOKEN": ""},
         )
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        out, err = await asyncio.wait_for(proc.communicate(), patience(30))
         assert proc.returncode == 0, err.decode()
         assert "draining" in out.decode()
         assert d.draining
@@ -108,7 +109,7 @@ async def test_drain_answers_503_before_any_socket_closes(
         late = await connect(cluster, d, ids("late"))
         assert await a.closed(timeout=10) == 1012
         assert await late.closed(timeout=10) == 1012
-        await asyncio.wait_for(d.drained.wait(), 15)
+        await asyncio.wait_for(d.drained.wait(), patience(15))
         status, _ = await get(d, "/api/v1/internal/edge/drain")  # asking again changes nothing
         assert status == 200
 
@@ -127,7 +128,7 @@ async def test_drained_account_back_on_another_edge_within_resume_s_tells_nobody
         assert await a.closed(timeout=10) == 1012
         back = await connect(cluster, edge, alice)  # at once, to another edge
         assert back.ready is not None and back.ready["status"] == "online"
-        await asyncio.wait_for(d.drained.wait(), 15)
+        await asyncio.wait_for(d.drained.wait(), patience(15))
         # Past the window (and the shards' sweeps), nothing was said about alice to anybody,
         # and the server's online count never dipped.
         end = time.monotonic() + RESUME_S + 1.5

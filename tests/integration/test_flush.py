@@ -16,6 +16,7 @@ import pytest
 
 from actors.flush import UPDATE_SQL, FlushActor, FlushStoppedError
 from cluster.db import migrate
+from tests.timing import patience
 
 from .wsclient import eventually
 
@@ -124,7 +125,7 @@ async def test_write_returns_only_after_commit(
     await eventually(lambda: holds(actor, pending=1))  # buffered, the interval not yet over
     assert not task.done()
     assert (await stored(db, ["a"]))["a"] is None
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, patience(5))
     assert close((await stored(db, ["a"]))["a"], t)
 
 
@@ -136,7 +137,9 @@ async def test_coalesced_entries_are_satisfied_by_a_later_value(
     t = time.time()
     # The older value is merged into the newer one and never written itself: its caller must
     # still be released when the newer value commits.
-    await asyncio.wait_for(asyncio.gather(actor.write([("a", t - 100)]), actor.write([("a", t)])), 5)
+    await asyncio.wait_for(
+        asyncio.gather(actor.write([("a", t - 100)]), actor.write([("a", t)])), patience(5)
+    )
     assert close((await stored(db, ["a"]))["a"], t)
     assert (await actor.stats())["rows_written"] == 1
 
@@ -191,7 +194,9 @@ async def test_two_actors_racing_and_replays_never_move_time_backwards(
 
     watch = asyncio.create_task(watcher())
     # Two actors with overlapping batches, twice each (the second round replays everything).
-    await asyncio.wait_for(asyncio.gather(writer(a, 1), writer(b, 2), writer(a, 3), writer(b, 4)), 30)
+    await asyncio.wait_for(
+        asyncio.gather(writer(a, 1), writer(b, 2), writer(a, 3), writer(b, 4)), patience(30)
+    )
     done.set()
     await watch
 
@@ -268,7 +273,7 @@ async def test_one_statement_per_batch(db: asyncpg.Connection, actors: Callable[
     await make_users(db, ids)
     actor = actors(interval_s=0.5, max_rows=1000)
     t = time.time() - 60
-    await asyncio.wait_for(actor.write([(uid, t) for uid in ids]), 10)
+    await asyncio.wait_for(actor.write([(uid, t) for uid in ids]), patience(10))
     stats = await actor.stats()
     assert stats["statements"] == 3  # 1000 + 1000 + 500
     assert stats["rows_written"] == 2500
@@ -293,7 +298,7 @@ async def test_overloaded_buffer_holds_new_writes_back(
     # Held back before adding: the entries stay with the caller until there is room.
     assert not second.done()
     assert (await actor.stats())["pending_rows"] == 5
-    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    await asyncio.wait_for(asyncio.gather(first, second), patience(5))
     values = await stored(db, ids)
     assert all(close(values[uid], t) for uid in ids)
     assert (await actor.stats())["overloaded"] == 0
@@ -358,7 +363,7 @@ async def test_postgres_stopped_with_writes_pending_then_restarted(
     actor = FlushActor(url, interval_s=0.05, max_rows=7)
     try:
         # Prove the connection is established before the outage, so the outage breaks it.
-        await asyncio.wait_for(actor.write([(ids[0], time.time() - 100)]), 5)
+        await asyncio.wait_for(actor.write([(ids[0], time.time() - 100)]), patience(5))
         assert (await actor.stats())["connected"] == 1
 
         await asyncio.to_thread(embedded_pg.stop)
@@ -371,7 +376,7 @@ async def test_postgres_stopped_with_writes_pending_then_restarted(
         assert stats["pending_rows"] + stats["in_flight_rows"] == len(ids)
 
         await asyncio.to_thread(embedded_pg.restart)
-        await asyncio.wait_for(asyncio.gather(*writes), 30)
+        await asyncio.wait_for(asyncio.gather(*writes), patience(30))
 
         conn = await asyncpg.connect(url)
         try:
@@ -405,7 +410,7 @@ async def test_actor_starts_with_the_database_down(private_db: str, embedded_pg:
         assert await actor.drain(0.2) == 1
 
         await asyncio.to_thread(embedded_pg.restart)
-        await asyncio.wait_for(write, 30)
+        await asyncio.wait_for(write, patience(30))
         conn = await asyncpg.connect(url)
         try:
             assert close((await stored(conn, ["early"]))["early"], t)

@@ -24,6 +24,7 @@ import websockets
 from edge.server import Edge
 from edge.session import Limits
 from edge.tokens import mint_token
+from tests.timing import patience
 
 from .conftest import Cluster, Ids, load, ws_url
 from .hostile import RawClient, ops_sent, shard_ops
@@ -165,7 +166,7 @@ async def test_sockets_per_address_closed_4029(cluster: Cluster, ids: Ids) -> No
         c = await Client.connect(ws_url(narrow), cluster.token(ids("u")))
         extra = await websockets.connect(ws_url(narrow))
         with pytest.raises(websockets.ConnectionClosed):
-            await asyncio.wait_for(extra.recv(), 5)
+            await asyncio.wait_for(extra.recv(), patience(5))
         assert extra.close_code == 4029
         assert extra.close_reason is not None and "address" in extra.close_reason
         await c.roundtrip()
@@ -238,7 +239,7 @@ async def test_unauthenticated_sockets_closed_4001_and_nothing_reaches_an_actor(
             if first is not None:
                 await ws.send(first if isinstance(first, str) else json.dumps(first))
             with pytest.raises(websockets.ConnectionClosed):
-                await asyncio.wait_for(ws.recv(), 5)
+                await asyncio.wait_for(ws.recv(), patience(5))
             assert ws.close_code == 4001, (headers, first)
         assert time.monotonic() - started < 10
         assert ops_sent(quick) == sent, "an unauthenticated socket sent something upstream"

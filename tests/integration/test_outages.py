@@ -15,6 +15,7 @@ import websockets
 from actors.clients import DirectoryClient, FlushClient, ShardClient
 from actors.core.slots import slot_of
 from edge.server import Edge
+from tests.timing import patience
 
 from .conftest import Cluster, Ids, internal_request, internal_url, load, ws_url
 from .test_presence_ws import connect, social
@@ -96,7 +97,7 @@ async def test_postgres_away_30s_every_departure_stored(
         await ws.send(json.dumps({"type": "identify", "token": cluster.token(ids("newcomer"))}))
         with contextlib.suppress(websockets.ConnectionClosed):
             while True:
-                frame = json.loads(await asyncio.wait_for(ws.recv(), 20))
+                frame = json.loads(await asyncio.wait_for(ws.recv(), patience(20)))
                 assert frame.get("type") != "ready", "a newcomer cannot be loaded without PostgreSQL"
         return ws.close_code
 

@@ -9,6 +9,7 @@ import pytest
 import websockets
 
 from edge.server import Edge
+from tests.timing import patience
 
 from .conftest import Cluster, Ids, internal_url, load, ws_url
 from .recorder import operator_view
@@ -51,7 +52,7 @@ async def test_bad_tokens_close_4001(edge: Edge, token: str) -> None:
     ws = await websockets.connect(ws_url(edge))
     await ws.send(f'{{"type": "identify", "token": "{token}"}}')
     with pytest.raises(websockets.ConnectionClosed):
-        await asyncio.wait_for(ws.recv(), 5)
+        await asyncio.wait_for(ws.recv(), patience(5))
     assert ws.close_code == 4001
 
 
@@ -61,7 +62,7 @@ async def test_other_key_and_expired_tokens_close_4001(cluster: Cluster, edge: E
     for token in (mint_token("x", "another-secret"), cluster.token("x", ttl_s=-10)):
         ws = await websockets.connect(ws_url(edge), additional_headers={"Authorization": f"Bearer {token}"})
         with pytest.raises(websockets.ConnectionClosed):
-            await asyncio.wait_for(ws.recv(), 5)
+            await asyncio.wait_for(ws.recv(), patience(5))
         assert ws.close_code == 4001
 
 
@@ -73,7 +74,7 @@ async def test_no_identify_in_time_closes_4001(cluster: Cluster) -> None:
     try:
         ws = await websockets.connect(ws_url(e))
         with pytest.raises(websockets.ConnectionClosed):
-            await asyncio.wait_for(ws.recv(), 5)
+            await asyncio.wait_for(ws.recv(), patience(5))
         assert ws.close_code == 4001
     finally:
         await e.stop()

@@ -23,6 +23,7 @@ import websockets
 
 from edge.client import PresenceClient
 from edge.server import Edge, InsecureConfig
+from tests.timing import patience
 
 from .conftest import INTERNAL_TOKEN, SECRET, Cluster, Ids, internal_url, ws_url
 from .wsclient import Client
@@ -38,7 +39,7 @@ async def _close_code(edge: Edge, token: str) -> int | None:
     ws = await websockets.connect(ws_url(edge), additional_headers={"Authorization": f"Bearer {token}"})
     with pytest.raises(websockets.ConnectionClosed):
         while True:  # a ready frame would be read here, then the socket stays open: a timeout
-            await asyncio.wait_for(ws.recv(), 5)
+            await asyncio.wait_for(ws.recv(), patience(5))
     return ws.close_code
 
 
