@@ -161,10 +161,8 @@ async def test_resize_2_6_3_under_load(
         # Load before, between and after the resizes: the scenario.
         await asyncio.sleep(1.0)
         grow = await resize(6, progress=lambda _: None, chunk=64)
-        # Load before, between and after the resizes: the scenario.
         await asyncio.sleep(1.0)
         shrink = await resize(3, progress=lambda _: None, chunk=64)
-        # Load before, between and after the resizes: the scenario.
         await asyncio.sleep(1.0)
     finally:
         stop.set()
@@ -263,11 +261,10 @@ async def test_a_directory_ray_restarts_serves_the_resized_map_again(cluster: Cl
         except Exception:
             return None
 
-    deadline = time.monotonic() + 30
-    after = await restored()
-    while (after is None or after[0] == version) and time.monotonic() < deadline:  # the kill lands
-        await asyncio.sleep(0.2)
+    async def restored_after_the_kill() -> tuple[int, tuple[int, ...], int] | None:
         after = await restored()
-    assert after is not None
+        return after if after is not None and after[0] != version else None
+
+    after = await eventually(restored_after_the_kill, timeout=30, interval=0.2)
     assert after[2] == count + 1 and tuple(after[1]) == tuple(owners) and after[0] > version
     await resize(count, progress=lambda _: None)
