@@ -25,7 +25,7 @@ from websockets.http11 import Request, Response
 from actors import gc_policy
 from actors.clients import DirectoryClient, ShardClients
 from actors.core import frames, ops
-from actors.core.answers import Found, Shown, Verdict
+from actors.core.answers import Found, Shown
 from actors.core.frames import ChosenNote, SettingsNote, changed_about, internal_note, is_internal
 from actors.core.shard import Claim
 from actors.counts import CountReader
@@ -44,20 +44,12 @@ from edge.session import (
     HEARTBEAT_ACK,
     HEARTBEAT_ACKED,
     Admission,
-    ChannelCommand,
-    ChannelKind,
+    Charged,
     Close,
     Command,
-    Connect,
     Limits,
-    Query,
     Reply,
     Session,
-    SetFocus,
-    Subscribe,
-    Unsubscribe,
-    UpdateSettings,
-    UpdateStatus,
 )
 from edge.tokens import demo_secret
 from edge.transport import Socket, serve
@@ -74,23 +66,6 @@ HEARTBEAT_COUNTS = (
     Metrics.key("replies_total", type="heartbeat.ack"),
     Metrics.key("frames_out_total"),
 )
-
-
-def _channel_op(kind: ChannelKind, channel: str, user: str, sid: str) -> ops.Operation[Verdict | None]:
-    """The shard operation of a socket's channel frame."""
-    match kind:
-        case "subscribe":
-            return ops.ChannelSubscribe(channel, user, sid)
-        case "unsubscribe":
-            return ops.ChannelUnsubscribe(channel, sid)
-        case "typing.start":
-            return ops.TypingStart(channel, user)
-        case "typing.stop":
-            return ops.TypingStop(channel, user)
-        case "voice.join":
-            return ops.VoiceJoin(channel, user, sid, own=True)  # a client's own join: charged
-        case "voice.leave":
-            return ops.VoiceLeave(channel, sid)
 
 
 def _peer_ip(transport: asyncio.BaseTransport) -> str:
@@ -600,8 +575,6 @@ class Edge:
 
     async def _execute(self, conn: Conn, cmd: Command) -> bool:
         s = conn.session
-        sid = s.socket_id
-        user = s.user_id
         match cmd:
             case Reply(frame=frame, text=text):
                 self.metrics.inc("replies_total", type=str(frame.get("type")))
@@ -612,82 +585,82 @@ class Edge:
                 # client's answering close frame is read, not stuck behind its frames.
                 conn.ws.close(code, reason)
                 return False
-            case Connect(user_id=user_id):
-                connected = await self.router.to_user(user_id, ops.Connect(user_id, sid))
+            case ops.Connect():
+                connected = await self.router.to_user(cmd.user_id, cmd)
                 conn.connected()
                 self._send(conn, frames.text(s.connected(connected).frame))
                 self._release(conn)
-            case Subscribe(user_ids=ids, new=new):
-                if new and not await self._spend(user, len(new)):
-                    self._send(conn, frames.text(s.budget_refused(cmd).frame))
-                    return True
-                conn.hold += 1
-                try:
-                    assert user is not None
-                    answers = await self.router.to_users(
-                        ids, lambda targets: ops.Watch(user, sid, tuple(targets))
-                    )
-                    statuses = {shown.user_id: shown.status for answer in answers for shown in answer}
-                    users = [Shown(u, statuses[u]) for u in ids if u in statuses]
-                    s.synced(users)
-                    self._send(conn, frames.text(frames.sync((u.user_id, u.status) for u in users)))
-                finally:
-                    self._release(conn)
-            case Unsubscribe(user_ids=ids):
-                await self.router.to_users(ids, lambda targets: ops.Unwatch(sid, tuple(targets)))
-            case Query(user_ids=ids, reader_visibility=visibility, charge_first=charge_first):
-                assert user is not None
-                reader: str = user
-
-                def lookup() -> Awaitable[list[list[Found]]]:
-                    return self.router.to_users(ids, lambda ts: ops.Query(reader, visibility, tuple(ts)))
-
-                if charge_first:
-                    charged = await self._spend(user, len(ids))
-                    lookups = await lookup() if charged else []
-                else:  # the charge and the lookup in the same round trip (see Session.lookups_careful_until)
-                    charge, looked = await asyncio.gather(
-                        self._spend(user, len(ids)), lookup(), return_exceptions=True
-                    )
-                    if isinstance(charge, BaseException):
-                        raise charge
-                    charged = charge
-                    if charged and isinstance(looked, BaseException):
-                        raise looked  # a refused charge hides the lookup's failure too: it never was
-                    lookups = [] if isinstance(looked, BaseException) else looked
-                if not charged:
-                    self.metrics.inc("edge_lookups_refused_total", discarded=str(not charge_first).lower())
-                    self._send(conn, frames.text(s.budget_refused(cmd, time.time()).frame))
-                    return True
-                found = {a.user_id: a for part in lookups for a in part}
-                answered: list[bytes] = []
-                for u in ids:
-                    if u in found:
-                        a = found[u]
-                        answered.append(orjson.dumps(frames.changed(u, a.status, a.last_seen_at)))
-                if send_batch(conn.ws, answered):  # the answers in one write
-                    self.metrics.inc("frames_out_total", n=len(answered))
-            case UpdateStatus(status=status):
-                assert user is not None
-                await self.router.to_user(user, ops.SetStatus(user, sid, status))
+            case Charged():
+                return await self._charged(conn, cmd)
+            case ops.Unwatch(targets=targets):
+                await self.router.to_users(targets, lambda ts: cmd._replace(targets=tuple(ts)))
+            case ops.SetStatus(user_id=user, status=status):
+                await self.router.to_user(user, cmd)
                 s.acknowledged(status, time.time())  # claimed after a restart
-            case SetFocus(channel_id=channel):
-                assert user is not None
-                await self.router.to_user(user, ops.Focus(user, sid, channel))
-            case UpdateSettings(visibility=visibility):
-                assert user is not None
-                await self.router.to_user(user, ops.Settings(user, visibility))
-            case ChannelCommand(kind=kind, channel_id=channel):
-                assert user is not None
-                verdict = await self.router.to_channel(channel, _channel_op(kind, channel, user, sid))
+            case ops.Focus() | ops.Settings():
+                await self.router.to_user(cmd.user_id, cmd)
+            case (
+                ops.ChannelSubscribe()
+                | ops.ChannelUnsubscribe()
+                | ops.TypingStart()
+                | ops.TypingStop()
+                | ops.VoiceJoin()
+                | ops.VoiceLeave()
+            ):
+                verdict = await self.router.to_channel(cmd.channel_id, cmd)
                 return await self._run(conn, s.channel_result(cmd, verdict))
         return True
 
-    async def _spend(self, user: str | None, n: int) -> bool:
-        """Charge `n` ids to the account's lookup budget, kept by its shard (so it holds across
-        this account's sockets on every edge); False: refused, nothing charged."""
-        assert user is not None
-        return await self.router.to_user(user, ops.Spend(user, "lookups", n))
+    async def _charged(self, conn: Conn, cmd: Charged) -> bool:
+        """A subscription or a query, charged to the account's lookup budget first (`Charged`)."""
+        s = conn.session
+        charge, op = cmd.charge, cmd.op
+        if isinstance(op, ops.Watch):
+            if charge is not None and not await self.router.to_user(charge.user_id, charge):
+                self._send(conn, frames.text(s.budget_refused(cmd).frame))
+                return True
+            conn.hold += 1
+            try:
+                answers = await self.router.to_users(op.targets, lambda ts: op._replace(targets=tuple(ts)))
+                statuses = {shown.user_id: shown.status for answer in answers for shown in answer}
+                users = [Shown(u, statuses[u]) for u in op.targets if u in statuses]
+                s.synced(users)
+                self._send(conn, frames.text(frames.sync((u.user_id, u.status) for u in users)))
+            finally:
+                self._release(conn)
+            return True
+        query = op
+        assert charge is not None  # a query is always charged
+
+        def lookup() -> Awaitable[list[list[Found]]]:
+            return self.router.to_users(query.targets, lambda ts: query._replace(targets=tuple(ts)))
+
+        if not cmd.together:
+            charged = await self.router.to_user(charge.user_id, charge)
+            lookups = await lookup() if charged else []
+        else:  # the charge and the lookup in the same round trip (see Session.lookups_careful_until)
+            spent, looked = await asyncio.gather(
+                self.router.to_user(charge.user_id, charge), lookup(), return_exceptions=True
+            )
+            if isinstance(spent, BaseException):
+                raise spent
+            charged = spent
+            if charged and isinstance(looked, BaseException):
+                raise looked  # a refused charge hides the lookup's failure too: it never was
+            lookups = [] if isinstance(looked, BaseException) else looked
+        if not charged:
+            self.metrics.inc("edge_lookups_refused_total", discarded=str(cmd.together).lower())
+            self._send(conn, frames.text(s.budget_refused(cmd, time.time()).frame))
+            return True
+        found = {a.user_id: a for part in lookups for a in part}
+        answered: list[bytes] = []
+        for u in query.targets:
+            if u in found:
+                a = found[u]
+                answered.append(orjson.dumps(frames.changed(u, a.status, a.last_seen_at)))
+        if send_batch(conn.ws, answered):  # the answers in one write
+            self.metrics.inc("frames_out_total", n=len(answered))
+        return True
 
     async def _cleanup(self, conn: Conn) -> None:
         """The socket is gone: remove it, its subscriptions and its channel state everywhere."""

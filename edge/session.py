@@ -11,9 +11,9 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from actors.core import frames
+from actors.core import frames, ops
 from actors.core.answers import Connected, Shown, Verdict
 from actors.core.budgets import Bucket as TokenBucket
 
@@ -48,69 +48,33 @@ class Close:
 
 
 @dataclass(frozen=True, slots=True)
-class Connect:
-    user_id: str
+class Charged:
+    """Upstream work charged to the account's lookup budget (kept by the account's shard) first:
+    `charge` (None: nothing to charge, e.g. a subscription naming only ids already watched), then
+    `op`. With `together`, both leave in the same round trip and a refused charge throws the
+    answers away, so the client sees the same either way (one hop instead of two: see
+    `Session.lookups_careful_until`); else `op` leaves only once the charge is accepted. Either
+    way, a refused charge is answered by `budget_refused`."""
+
+    charge: ops.Spend | None
+    op: ops.Watch | ops.Query
+    together: bool = False
+    # The ids this frame added to the socket's subscriptions (forgotten again if refused).
+    added: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Subscribe:
-    user_ids: tuple[str, ...]
-    # The ids this socket did not watch yet: what the account's lookup budget is charged (at its
-    # shard, before anything is looked up). Not part of equality.
-    new: tuple[str, ...] = field(default=(), compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Unsubscribe:
-    user_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    user_ids: tuple[str, ...]
-    reader_visibility: str
-    # The lookup budget's charge must be confirmed before the lookup is sent (one round trip
-    # after the other). False: both leave together and a refused charge discards the answers, so
-    # the client sees the same either way (see `Session.lookups_careful_until`). Not part of
-    # equality.
-    charge_first: bool = field(default=False, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateStatus:
-    status: str
-
-
-@dataclass(frozen=True, slots=True)
-class SetFocus:
-    channel_id: str | None
-
-
-ChannelKind = Literal["subscribe", "unsubscribe", "typing.start", "typing.stop", "voice.join", "voice.leave"]
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelCommand:
-    kind: ChannelKind
-    channel_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateSettings:
-    visibility: str
-
-
+# What the session asks of the edge: a frame to send, a close, or an operation for the shards
+# (`actors.core.ops`, built here with this socket's ids), alone or charged to a budget first.
 Command = (
     Reply
     | Close
-    | Connect
-    | Subscribe
-    | Unsubscribe
-    | Query
-    | UpdateStatus
-    | SetFocus
-    | ChannelCommand
-    | UpdateSettings
+    | ops.Connect
+    | ops.SetStatus
+    | ops.Focus
+    | ops.Settings
+    | ops.Unwatch
+    | ops.ChannelOp
+    | Charged
 )
 
 
@@ -334,7 +298,7 @@ class Session:
                 return [refused]
             self.joined = True
         self.user_id = user_id
-        return [Connect(user_id)]
+        return [ops.Connect(user_id, self.socket_id)]
 
     def connected(self, answer: Connected) -> Reply:
         """The shard registered the socket; the client is told who it is."""
@@ -392,6 +356,8 @@ class Session:
         return self._dispatch(frame, now)
 
     def _dispatch(self, frame: p.ClientFrame, now: float) -> list[Command]:
+        user, sid = self.user_id, self.socket_id
+        assert user is not None  # only an authenticated socket's frames get here
         match frame:
             case p.Heartbeat():
                 return HEARTBEAT_ACKED
@@ -400,7 +366,7 @@ class Session:
             case p.PresenceUpdate(status=status):
                 if status in ("idle", "online"):
                     self.idle = status == "idle"
-                return [UpdateStatus(status)]
+                return [ops.SetStatus(user, sid, status)]
             case p.PresenceSubscribe(userIds=ids):
                 new = tuple(u for u in dict.fromkeys(ids) if u not in self.subscriptions)
                 if len(self.subscriptions) + len(new) > self.limits.max_subscriptions:
@@ -415,13 +381,15 @@ class Session:
                 self.subscriptions.update(new)
                 # The sync answers every id of the frame, also ones subscribed before; the new
                 # ones are charged to the account's lookup budget first (`subscribe_refused`).
-                return [Subscribe(tuple(dict.fromkeys(ids)), new)]
+                charge = ops.Spend(user, "lookups", len(new)) if new else None
+                # Charged first: a watch registers state at the shards, which a refusal could not undo.
+                return [Charged(charge, ops.Watch(user, sid, tuple(dict.fromkeys(ids))), added=new)]
             case p.PresenceUnsubscribe(userIds=ids):
                 gone = tuple(u for u in dict.fromkeys(ids) if u in self.subscriptions)
                 self.subscriptions.difference_update(gone)
                 for u in gone:
                     self.view.pop(u, None)
-                return [Unsubscribe(gone)] if gone else []
+                return [ops.Unwatch(sid, gone)] if gone else []
             case p.PresenceQuery(userIds=ids):
                 if len(ids) > self.limits.max_query_ids:
                     return [
@@ -433,47 +401,56 @@ class Session:
                     ]
                 # Charged to the account's lookup budget (at its shard); nothing is answered
                 # unless the charge is accepted.
-                return [Query(tuple(dict.fromkeys(ids)), self.visibility, now < self.lookups_careful_until)]
+                unique = tuple(dict.fromkeys(ids))
+                return [
+                    Charged(
+                        ops.Spend(user, "lookups", len(unique)),
+                        ops.Query(user, self.visibility, unique),
+                        together=now >= self.lookups_careful_until,
+                    )
+                ]
             case p.Focus(channelId=channel):
                 self.focus = channel
-                return [SetFocus(channel)]
+                return [ops.Focus(user, sid, channel)]
             case p.ChannelSubscribe(channelId=channel):
-                return [ChannelCommand("subscribe", channel)]
+                return [ops.ChannelSubscribe(channel, user, sid)]
             case p.ChannelUnsubscribe(channelId=channel):
                 self.channels.discard(channel)
-                return [ChannelCommand("unsubscribe", channel)]
+                return [ops.ChannelUnsubscribe(channel, sid)]
             case p.TypingStart(channelId=channel):
-                return [ChannelCommand("typing.start", channel)]
+                return [ops.TypingStart(channel, user)]
             case p.TypingStop(channelId=channel):
-                return [ChannelCommand("typing.stop", channel)]
+                return [ops.TypingStop(channel, user)]
             case p.VoiceJoin(channelId=channel):
                 out: list[Command] = []
                 if self.voice_channel is not None and self.voice_channel != channel:
-                    out.append(ChannelCommand("voice.leave", self.voice_channel))
-                out.append(ChannelCommand("voice.join", channel))
+                    out.append(ops.VoiceLeave(self.voice_channel, sid))
+                # A client's own join: charged to the account's voice budget.
+                out.append(ops.VoiceJoin(channel, user, sid, own=True))
                 return out
             case p.VoiceLeave():
                 if self.voice_channel is None:
                     return []
-                return [ChannelCommand("voice.leave", self.voice_channel)]
+                return [ops.VoiceLeave(self.voice_channel, sid)]
             case p.SettingsUpdate(lastSeenVisibility=visibility):
                 self.visibility, self.visibility_at = visibility, max(now, self.visibility_at)
-                return [UpdateSettings(visibility)]
+                return [ops.Settings(user, visibility)]
         raise AssertionError(f"unhandled frame {frame!r}")  # pragma: no cover
 
     # ------------------------------------------------------------------ results of upstream work
 
-    def budget_refused(self, cmd: Subscribe | Query | None = None, now: float = 0.0) -> Reply:
-        """The account's shard refused to charge a frame to a per-account budget: nothing of it
-        happened, so a subscription it added is forgotten again."""
-        if isinstance(cmd, Subscribe):
-            self.subscriptions.difference_update(cmd.new)
-        if isinstance(cmd, Query):
-            self.lookups_careful_until = now + LOOKUP_CAREFUL_S
+    def budget_refused(self, cmd: Charged | None = None, now: float = 0.0) -> Reply:
+        """The account's shard refused to charge a frame to a per-account budget (`cmd`: the
+        lookup budget; None: the voice budget): nothing of it happened, so a subscription it
+        added is forgotten again, and a refused query makes the socket careful for a minute."""
+        if cmd is not None:
+            self.subscriptions.difference_update(cmd.added)
+            if isinstance(cmd.op, ops.Query):
+                self.lookups_careful_until = now + LOOKUP_CAREFUL_S
         what = "voice" if cmd is None else "lookup"
         return Reply(frames.error("rate_limited", f"this account's {what} budget is spent; slow down"))
 
-    def channel_result(self, cmd: ChannelCommand, verdict: Verdict | None) -> list[Command]:
+    def channel_result(self, cmd: ops.ChannelOp, verdict: Verdict | None) -> list[Command]:
         """What the channel's shard answered (None: an operation that is always allowed)."""
         if verdict is Verdict.RATE_LIMITED:
             return [self.budget_refused()]
@@ -483,11 +460,11 @@ class Session:
                     frames.error("not_allowed", f"not a member of the server of channel {cmd.channel_id!r}")
                 )
             ]
-        if cmd.kind == "subscribe":
+        if isinstance(cmd, ops.ChannelSubscribe):
             self.channels.add(cmd.channel_id)
-        elif cmd.kind == "voice.join":
+        elif isinstance(cmd, ops.VoiceJoin):
             self.voice_channel = cmd.channel_id
-        elif cmd.kind == "voice.leave" and self.voice_channel == cmd.channel_id:
+        elif isinstance(cmd, ops.VoiceLeave) and self.voice_channel == cmd.channel_id:
             self.voice_channel = None
         return []
 

@@ -390,6 +390,9 @@ class Ping(NamedTuple):
 
 PING = Ping()
 
+# The operations of a socket's channel frames, each routed by its channel (`channel_id`).
+ChannelOp = ChannelSubscribe | ChannelUnsubscribe | TypingStart | TypingStop | VoiceJoin | VoiceLeave
+
 Op = (
     Connect
     | Disconnect

@@ -9,30 +9,16 @@ subscription cap; rate_limited, and 1008 for sustained floods; voice.join leaves
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import jwt
 import pytest
 
+from actors.core import ops
 from actors.core.answers import Connected, Shown, Verdict
 from edge import protocol as p
-from edge.session import (
-    ChannelCommand,
-    Close,
-    Command,
-    Connect,
-    Limits,
-    Query,
-    Reply,
-    Session,
-    SetFocus,
-    Subscribe,
-    TokenBucket,
-    Unsubscribe,
-    UpdateSettings,
-    UpdateStatus,
-    new_socket_id,
-)
+from edge.session import Charged, Close, Command, Limits, Reply, Session, TokenBucket, new_socket_id
 from edge.tokens import mint_token
 
 from .conftest import T0
@@ -54,9 +40,29 @@ def identify(tok: str) -> str:
 
 def authed(limits: Limits | None = None, user: str = "u1") -> Session:
     s = Session(secret=SECRET, now=T0, limits=limits or Limits())
-    assert s.receive(identify(token(user)), T0) == [Connect(user)]
+    assert s.receive(identify(token(user)), T0) == [ops.Connect(user, s.socket_id)]
     s.connected(Connected("online", "everyone"))
     return s
+
+
+def watched(cmds: list[Command]) -> tuple[str, ...]:
+    """The ids of the one subscription `cmds` asks for (a Watch, charged first)."""
+    (cmd,) = cmds
+    assert isinstance(cmd, Charged) and isinstance(cmd.op, ops.Watch) and not cmd.together
+    return cmd.op.targets
+
+
+def unwatched(cmds: list[Command]) -> tuple[str, ...]:
+    (cmd,) = cmds
+    assert isinstance(cmd, ops.Unwatch)
+    return cmd.targets
+
+
+def charged_query(s: Session, ids: tuple[str, ...], visibility: str) -> Charged:
+    assert s.user_id is not None
+    return Charged(
+        ops.Spend(s.user_id, "lookups", len(ids)), ops.Query(s.user_id, visibility, ids), together=True
+    )
 
 
 def errors(cmds: list[Command]) -> list[str]:
@@ -74,7 +80,7 @@ class TestIdentify:
     def test_identify_frame(self) -> None:
         s = Session(secret=SECRET, now=T0)
         assert not s.authenticated
-        assert s.receive(identify(token("alice")), T0 + 1) == [Connect("alice")]
+        assert s.receive(identify(token("alice")), T0 + 1) == [ops.Connect("alice", s.socket_id)]
         assert s.authenticated and s.user_id == "alice"
 
     def test_ready_frame(self) -> None:
@@ -99,7 +105,7 @@ class TestIdentify:
     @pytest.mark.parametrize("header", ["Bearer {t}", "bearer {t}", "BEARER {t}", "Bearer   {t}  "])
     def test_header(self, header: str) -> None:
         s = Session(secret=SECRET, now=T0)
-        assert s.authenticate_header(header.format(t=token("bob")), T0) == [Connect("bob")]
+        assert s.authenticate_header(header.format(t=token("bob")), T0) == [ops.Connect("bob", s.socket_id)]
         assert s.user_id == "bob"
 
     def test_no_header_waits_for_identify(self) -> None:
@@ -247,7 +253,9 @@ class TestFrames:
     @pytest.mark.parametrize("status", ["online", "idle", "dnd", "invisible"])
     def test_presence_update(self, status: str) -> None:
         s = authed()
-        assert s.receive(frame(type="presence.update", status=status), T0) == [UpdateStatus(status)]
+        assert s.receive(frame(type="presence.update", status=status), T0) == [
+            ops.SetStatus("u1", s.socket_id, status)
+        ]
 
     def test_idle_flag_follows_idle_and_online_only(self) -> None:
         s = authed()
@@ -260,57 +268,60 @@ class TestFrames:
 
     def test_focus(self) -> None:
         s = authed()
-        assert s.receive(frame(type="focus", channelId="c1"), T0) == [SetFocus("c1")]
+        assert s.receive(frame(type="focus", channelId="c1"), T0) == [ops.Focus("u1", s.socket_id, "c1")]
         assert s.focus == "c1"
-        assert s.receive(frame(type="focus", channelId=None), T0) == [SetFocus(None)]
+        assert s.receive(frame(type="focus", channelId=None), T0) == [ops.Focus("u1", s.socket_id, None)]
         assert s.focus is None
 
     def test_settings_update_applies_to_the_next_query(self) -> None:
         s = authed()
         assert s.receive(frame(type="settings.update", lastSeenVisibility="nobody"), T0) == [
-            UpdateSettings("nobody")
+            ops.Settings("u1", "nobody")
         ]
-        assert s.receive(frame(type="presence.query", userIds=["u2"]), T0) == [Query(("u2",), "nobody")]
+        assert s.receive(frame(type="presence.query", userIds=["u2"]), T0) == [
+            charged_query(s, ("u2",), "nobody")
+        ]
 
 
 class TestSubscriptions:
     def test_subscribe_dedupes_and_answers_every_id_of_the_frame(self) -> None:
         s = authed()
-        assert s.receive(frame(type="presence.subscribe", userIds=["a", "b", "a"]), T0) == [
-            Subscribe(("a", "b"))
-        ]
-        assert s.receive(frame(type="presence.subscribe", userIds=["b", "c"]), T0) == [Subscribe(("b", "c"))]
+        assert watched(s.receive(frame(type="presence.subscribe", userIds=["a", "b", "a"]), T0)) == ("a", "b")
+        assert watched(s.receive(frame(type="presence.subscribe", userIds=["b", "c"]), T0)) == ("b", "c")
         assert s.subscriptions == {"a", "b", "c"}
 
     def test_unsubscribe_only_what_is_subscribed(self) -> None:
         s = authed()
         s.receive(frame(type="presence.subscribe", userIds=["a", "b"]), T0)
-        assert s.receive(frame(type="presence.unsubscribe", userIds=["b", "z", "b"]), T0) == [
-            Unsubscribe(("b",))
-        ]
+        assert unwatched(s.receive(frame(type="presence.unsubscribe", userIds=["b", "z", "b"]), T0)) == ("b",)
         assert s.receive(frame(type="presence.unsubscribe", userIds=["z"]), T0) == []
         assert s.subscriptions == {"a"}
 
     def test_subscription_cap_refuses_the_whole_frame(self) -> None:
         s = authed(Limits(max_subscriptions=5))
-        assert s.receive(frame(type="presence.subscribe", userIds=["a", "b", "c", "d"]), T0) == [
-            Subscribe(("a", "b", "c", "d"))
-        ]
+        assert watched(s.receive(frame(type="presence.subscribe", userIds=["a", "b", "c", "d"]), T0)) == (
+            "a",
+            "b",
+            "c",
+            "d",
+        )
         assert errors(s.receive(frame(type="presence.subscribe", userIds=["e", "f"]), T0)) == ["too_many_ids"]
         assert s.subscriptions == {"a", "b", "c", "d"}, "nothing of a refused frame applies"
         # Ids already subscribed do not count again; exactly at the cap is fine.
-        assert s.receive(frame(type="presence.subscribe", userIds=["a", "b", "e"]), T0) == [
-            Subscribe(("a", "b", "e"))
-        ]
+        assert watched(s.receive(frame(type="presence.subscribe", userIds=["a", "b", "e"]), T0)) == (
+            "a",
+            "b",
+            "e",
+        )
         assert errors(s.receive(frame(type="presence.subscribe", userIds=["f"]), T0)) == ["too_many_ids"]
         # Unsubscribing makes room.
         s.receive(frame(type="presence.unsubscribe", userIds=["a"]), T0)
-        assert s.receive(frame(type="presence.subscribe", userIds=["f"]), T0) == [Subscribe(("f",))]
+        assert watched(s.receive(frame(type="presence.subscribe", userIds=["f"]), T0)) == ("f",)
 
     def test_default_cap(self) -> None:
         s = authed()
         ids = [f"u{i}" for i in range(1000)]
-        assert s.receive(frame(type="presence.subscribe", userIds=ids), T0 + 10) == [Subscribe(tuple(ids))]
+        assert watched(s.receive(frame(type="presence.subscribe", userIds=ids), T0 + 10)) == tuple(ids)
         assert errors(s.receive(frame(type="presence.subscribe", userIds=["one-more"]), T0 + 10)) == [
             "too_many_ids"
         ]
@@ -318,37 +329,39 @@ class TestSubscriptions:
     def test_query_at_most_100_ids(self) -> None:
         s = authed()
         ids = [f"u{i}" for i in range(100)]
-        assert s.receive(frame(type="presence.query", userIds=ids), T0) == [Query(tuple(ids), "everyone")]
+        assert s.receive(frame(type="presence.query", userIds=ids), T0) == [
+            charged_query(s, tuple(ids), "everyone")
+        ]
         cmds = s.receive(frame(type="presence.query", userIds=[*ids, "u100"]), T0)
         assert errors(cmds) == ["too_many_ids"]
-        assert not any(isinstance(c, Query) for c in cmds)
+        assert not any(isinstance(c, Charged) for c in cmds)
 
     def test_query_dedupes_in_order(self) -> None:
         s = authed()
         assert s.receive(frame(type="presence.query", userIds=["b", "a", "b"]), T0) == [
-            Query(("b", "a"), "everyone")
+            charged_query(s, ("b", "a"), "everyone")
         ]
 
 
 class TestChannels:
     @pytest.mark.parametrize(
-        ("kind", "frame_type"),
+        ("frame_type", "operation"),
         [
-            ("subscribe", "channel.subscribe"),
-            ("unsubscribe", "channel.unsubscribe"),
-            ("typing.start", "typing.start"),
-            ("typing.stop", "typing.stop"),
-            ("voice.join", "voice.join"),
+            ("channel.subscribe", lambda sid: ops.ChannelSubscribe("c1", "u1", sid)),
+            ("channel.unsubscribe", lambda sid: ops.ChannelUnsubscribe("c1", sid)),
+            ("typing.start", lambda sid: ops.TypingStart("c1", "u1")),
+            ("typing.stop", lambda sid: ops.TypingStop("c1", "u1")),
+            ("voice.join", lambda sid: ops.VoiceJoin("c1", "u1", sid, own=True)),
         ],
     )
-    def test_channel_frames(self, kind: str, frame_type: str) -> None:
+    def test_channel_frames(self, frame_type: str, operation: Callable[[str], ops.ChannelOp]) -> None:
         s = authed()
-        assert s.receive(frame(type=frame_type, channelId="c1"), T0) == [ChannelCommand(kind, "c1")]  # type: ignore[arg-type]
+        assert s.receive(frame(type=frame_type, channelId="c1"), T0) == [operation(s.socket_id)]
 
     def test_subscribe_recorded_only_when_allowed(self) -> None:
         s = authed()
         (cmd,) = s.receive(frame(type="channel.subscribe", channelId="c1"), T0)
-        assert isinstance(cmd, ChannelCommand)
+        assert isinstance(cmd, ops.ChannelSubscribe)
         assert errors(s.channel_result(cmd, Verdict.NOT_ALLOWED)) == ["not_allowed"]
         assert s.channels == set()
         assert s.channel_result(cmd, Verdict.ALLOWED) == []
@@ -360,39 +373,41 @@ class TestChannels:
     def test_not_allowed(self, kind: str) -> None:
         s = authed()
         (cmd,) = s.receive(frame(type=kind, channelId="c1"), T0)
-        assert errors(s.channel_result(cmd, Verdict.NOT_ALLOWED)) == ["not_allowed"]  # type: ignore[arg-type]
+        assert errors(s.channel_result(cmd, Verdict.NOT_ALLOWED)) == ["not_allowed"]
         assert s.voice_channel is None
 
     def test_voice_join_of_another_channel_leaves_the_old_one(self) -> None:
         s = authed()
         (join,) = s.receive(frame(type="voice.join", channelId="c1"), T0)
-        s.channel_result(join, Verdict.ALLOWED)  # type: ignore[arg-type]
+        s.channel_result(join, Verdict.ALLOWED)
         assert s.voice_channel == "c1"
         cmds = s.receive(frame(type="voice.join", channelId="c2"), T0)
-        assert cmds == [ChannelCommand("voice.leave", "c1"), ChannelCommand("voice.join", "c2")]
+        assert cmds == [ops.VoiceLeave("c1", s.socket_id), ops.VoiceJoin("c2", "u1", s.socket_id, own=True)]
         for c in cmds:
-            s.channel_result(c, Verdict.ALLOWED)  # type: ignore[arg-type]
+            s.channel_result(c, Verdict.ALLOWED)
         assert s.voice_channel == "c2"
         # Joining the same channel again leaves nothing.
-        assert s.receive(frame(type="voice.join", channelId="c2"), T0) == [ChannelCommand("voice.join", "c2")]
+        assert s.receive(frame(type="voice.join", channelId="c2"), T0) == [
+            ops.VoiceJoin("c2", "u1", s.socket_id, own=True)
+        ]
 
     def test_voice_leave(self) -> None:
         s = authed()
         assert s.receive(frame(type="voice.leave"), T0) == []
         (join,) = s.receive(frame(type="voice.join", channelId="c1"), T0)
-        s.channel_result(join, Verdict.ALLOWED)  # type: ignore[arg-type]
+        s.channel_result(join, Verdict.ALLOWED)
         (leave,) = s.receive(frame(type="voice.leave"), T0)
-        assert leave == ChannelCommand("voice.leave", "c1")
-        s.channel_result(leave, Verdict.ALLOWED)  # type: ignore[arg-type]
+        assert leave == ops.VoiceLeave("c1", s.socket_id)
+        s.channel_result(leave, Verdict.ALLOWED)
         assert s.voice_channel is None
 
     def test_touched_channels(self) -> None:
         s = authed()
         for c in ("c3", "c1"):
             (cmd,) = s.receive(frame(type="channel.subscribe", channelId=c), T0)
-            s.channel_result(cmd, Verdict.ALLOWED)  # type: ignore[arg-type]
+            s.channel_result(cmd, Verdict.ALLOWED)
         (join,) = s.receive(frame(type="voice.join", channelId="c2"), T0)
-        s.channel_result(join, Verdict.ALLOWED)  # type: ignore[arg-type]
+        s.channel_result(join, Verdict.ALLOWED)
         assert s.touched_channels() == ["c1", "c2", "c3"]
 
 
@@ -491,7 +506,9 @@ def test_a_setting_that_arrives_before_the_ready_answer_is_kept() -> None:
     s.note_visibility("nobody", T0 + 1)
     s.connected(Connected("online", "everyone"))
     assert s.visibility == "nobody"
-    assert s.receive(frame(type="presence.query", userIds=["x"]), T0 + 2)[0].reader_visibility == "nobody"
+    assert s.receive(frame(type="presence.query", userIds=["x"]), T0 + 2) == [
+        charged_query(s, ("x",), "nobody")
+    ]
 
 
 def test_the_claim_is_the_latest_choice_known() -> None:

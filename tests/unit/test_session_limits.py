@@ -17,20 +17,18 @@ from typing import Any
 
 import pytest
 
+from actors.core import ops
 from actors.core.answers import Connected, Verdict
 from edge import protocol as p
 from edge.session import (
     LOOKUP_CAREFUL_S,
     Admission,
-    ChannelCommand,
+    Charged,
     Close,
     Command,
-    Connect,
     Limits,
-    Query,
     Reply,
     Session,
-    Subscribe,
     TokenBucket,
 )
 from edge.tokens import mint_token
@@ -68,7 +66,7 @@ def session(admission: Admission | None = None, ip: str | None = "10.0.0.1", **l
 def authed(admission: Admission, user: str = "u1", ip: str = "10.0.0.1") -> Session:
     s = session(admission, ip)
     assert s.open() == []
-    assert s.receive(identify(user), T0) == [Connect(user)]
+    assert s.receive(identify(user), T0) == [ops.Connect(user, s.socket_id)]
     s.connected(Connected("online", "everyone"))
     return s
 
@@ -180,7 +178,7 @@ class TestSocketsPerAccount:
         assert extra.open() == []
         out = extra.receive(identify("u1"), T0)
         assert closes(out) == [4029]
-        assert not any(isinstance(c, Connect) for c in out)
+        assert not any(isinstance(c, ops.Connect) for c in out)
         assert extra.user_id is None and not extra.authenticated
         assert "too many connections" in next(c for c in out if isinstance(c, Close)).reason
         # Other accounts are not affected.
@@ -189,12 +187,12 @@ class TestSocketsPerAccount:
         sockets[0].gone()
         again = session(adm)
         again.open()
-        assert again.receive(identify("u1"), T0) == [Connect("u1")]
+        assert again.receive(identify("u1"), T0) == [ops.Connect("u1", again.socket_id)]
 
     def test_header_authentication_is_limited_too(self) -> None:
         adm = Admission(Limits(max_sockets_per_account=1))
         first = session(adm)
-        assert first.authenticate_header(f"Bearer {token('u1')}", T0) == [Connect("u1")]
+        assert first.authenticate_header(f"Bearer {token('u1')}", T0) == [ops.Connect("u1", first.socket_id)]
         second = session(adm)
         assert closes(second.authenticate_header(f"Bearer {token('u1')}", T0)) == [4029]
 
@@ -263,36 +261,43 @@ class TestLookupCharges:
     def test_subscribe_charges_only_ids_new_to_the_socket(self) -> None:
         s = authed(Admission(Limits(rate_burst=1_000)))
         [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "b", "a"]), T0)
-        assert isinstance(sub, Subscribe) and sub.new == ("a", "b")
+        assert (
+            isinstance(sub, Charged)
+            and sub.charge == ops.Spend("u1", "lookups", 2)
+            and sub.added == ("a", "b")
+        )
         [sub] = s.receive(frame(type="presence.subscribe", userIds=["b", "c"]), T0)
-        assert isinstance(sub, Subscribe) and sub.user_ids == ("b", "c") and sub.new == ("c",)
+        assert isinstance(sub, Charged) and sub.op.targets == ("b", "c") and sub.added == ("c",)
+        assert sub.charge == ops.Spend("u1", "lookups", 1)
         [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "c"]), T0)
-        assert isinstance(sub, Subscribe) and sub.new == ()
+        assert isinstance(sub, Charged) and sub.added == () and sub.charge is None
 
     def test_unsubscribe_then_subscribe_is_new_again(self) -> None:
         s = authed(Admission(Limits(rate_burst=1_000)))
         s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
         s.receive(frame(type="presence.unsubscribe", userIds=["a"]), T0)
         [sub] = s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
-        assert isinstance(sub, Subscribe) and sub.new == ("a",)
+        assert isinstance(sub, Charged) and sub.added == ("a",)
 
     def test_refused_subscribe_is_forgotten(self) -> None:
         s = authed(Admission(Limits(rate_burst=1_000)))
         s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
         [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "b"]), T0)
-        assert isinstance(sub, Subscribe)
+        assert isinstance(sub, Charged)
         reply = s.budget_refused(sub)
         assert reply.frame["code"] == "rate_limited" and "budget" in reply.frame["message"]
         assert s.subscriptions == {"a"}
 
     def test_query_names_each_id_once(self) -> None:
         s = authed(Admission(Limits(rate_burst=1_000)))
-        assert s.receive(query(["a", "a", "b"] * 20), T0) == [Query(("a", "b"), "everyone")]
+        [q] = s.receive(query(["a", "a", "b"] * 20), T0)
+        assert isinstance(q, Charged) and q.op == ops.Query("u1", "everyone", ("a", "b"))
+        assert q.charge == ops.Spend("u1", "lookups", 2)
 
     def test_refused_voice_join_leaves_the_session_out_of_the_roster(self) -> None:
         s = authed(Admission(Limits(rate_burst=1_000)))
         [join] = s.receive(frame(type="voice.join", channelId="c1"), T0)
-        assert isinstance(join, ChannelCommand)
+        assert isinstance(join, ops.VoiceJoin)
         assert errors(s.channel_result(join, Verdict.RATE_LIMITED)) == ["rate_limited"]
         assert s.voice_channel is None
 
@@ -397,7 +402,8 @@ def test_odd_ids_are_refused_at_the_edge(odd: str, make: Any) -> None:
 )
 def test_unusual_but_valid_ids_pass(fine: str) -> None:
     s = authed(Admission(Limits(rate_burst=1_000)))
-    assert s.receive(query([fine]), T0) == [Query((fine,), "everyone")]
+    [q] = s.receive(query([fine]), T0)
+    assert isinstance(q, Charged) and q.op == ops.Query("u1", "everyone", (fine,))
 
 
 @pytest.mark.parametrize("sub", ["nel\x85", "ls\u2028", "x" * 129, ""])
@@ -465,18 +471,18 @@ def test_a_query_is_charged_beside_its_lookup_until_a_charge_is_refused() -> Non
     refuses one: then, for a minute, this socket waits for each charge before looking up."""
     s = authed(Admission(Limits(rate_burst=1_000)))
     (q,) = s.receive(query(["a"]), T0)
-    assert isinstance(q, Query) and not q.charge_first
+    assert isinstance(q, Charged) and q.together
     s.budget_refused(q, T0)
     (careful,) = s.receive(query(["a"]), T0 + 1)
-    assert isinstance(careful, Query) and careful.charge_first
+    assert isinstance(careful, Charged) and not careful.together
     (later,) = s.receive(query(["a"]), T0 + LOOKUP_CAREFUL_S + 0.1)
-    assert isinstance(later, Query) and not later.charge_first
+    assert isinstance(later, Charged) and later.together
 
 
 def test_a_refused_subscribe_does_not_make_queries_careful() -> None:
     s = authed(Admission(Limits(rate_burst=1_000)))
     (sub,) = s.receive(frame(type="presence.subscribe", userIds=["a"]), T0)
-    assert isinstance(sub, Subscribe)
+    assert isinstance(sub, Charged)
     s.budget_refused(sub, T0)
     (q,) = s.receive(query(["a"]), T0 + 1)
-    assert isinstance(q, Query) and not q.charge_first
+    assert isinstance(q, Charged) and q.together
