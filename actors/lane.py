@@ -49,7 +49,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from actors.core.contract import WIRE_VERSION, wire_compatible, wire_mismatch
+from actors.core.contract import WIRE_VERSION, serves_edge, wire_compatible, wire_mismatch
 from actors.core.handshake_gate import Entry, HandshakeGate
 
 log = logging.getLogger("presence.lane")
@@ -239,7 +239,7 @@ class LaneServer:
             self._turn_over(source)
         if hmac.compare_digest(offered, _proof(self.secret, b"edge", edge_hello, shard_hello)):
             (theirs,) = _VERSION.unpack(edge_hello[NONCE_BYTES:])
-            if wire_compatible(self.version, theirs):
+            if serves_edge(self.version, theirs):
                 return True
             self.refused += 1
             tell_mismatch(self.version, theirs, "an edge")

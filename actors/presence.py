@@ -24,7 +24,7 @@ from actors.core.apply import apply
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff
 from actors.core.budgets import Allowance
-from actors.core.contract import MOVED, UNAVAILABLE, MailChunk, ShardStats, iso_ms
+from actors.core.contract import MOVED, UNAVAILABLE, Address, MailChunk, ShardStats, Watching, iso_ms
 from actors.core.effects import (
     Activity,
     Deliver,
@@ -32,6 +32,7 @@ from actors.core.effects import (
     OnlineCount,
     PersistChosen,
     PersistVisibility,
+    Publish,
     SocketCount,
 )
 from actors.core.loaded import NotLoaded
@@ -458,16 +459,26 @@ class PresenceShard:
             return
         now = self.clock()
         touched: set[str] = set()
+        # A frame published to several edges is one object: serialised once.
+        last_frame: frames.Frame | None = None
+        last_text = ""
         for e in effects:
-            if isinstance(e, Deliver):
+            if isinstance(e, Publish | Deliver):
                 box = self.mail.get(e.edge_id)
                 if box is None:
                     continue  # an edge that never called us has no sockets here
-                if box.add(e.socket_ids, frames.text(e.frame)):
+                if e.frame is not last_frame:
+                    last_frame, last_text = e.frame, frames.text(e.frame)
+                if isinstance(e, Publish):
+                    address: Address = Watching(e.user_id, e.own)
+                    n = e.watchers
+                else:
+                    address, n = e.socket_ids, len(e.socket_ids)
+                if box.add(address, last_text):
                     self.metrics.inc("mail_dropped_total")
                 touched.add(e.edge_id)
                 self.metrics.inc("events_total", type=str(e.frame.get("type")))
-                self.metrics.inc("deliveries_total", n=len(e.socket_ids))
+                self.metrics.inc("deliveries_total", n=n)
             elif isinstance(e, PersistChosen):
                 _keep_newest(self.persist_status, e.user_id, (e.status, e.at))
                 self._persist_wake.set()

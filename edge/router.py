@@ -32,6 +32,7 @@ from actors.core.contract import (
     MOVED,
     PULL_BATCH,
     UNAVAILABLE,
+    Address,
     ApplyReply,
     Mail,
     MailChunk,
@@ -45,7 +46,7 @@ from edge.batching import KEEP_TIMER, SEND_NOW, Lines
 
 log = logging.getLogger("presence.router")
 
-Deliver = Callable[[tuple[str, ...], str], None]
+Deliver = Callable[[Address, str], None]
 OnRestart = Callable[[int], Awaitable[None]]
 
 # A failed pull is retried within at most a second: a restarted shard is noticed (and registered
@@ -166,9 +167,13 @@ class Router:
         max_in_flight: int = 2,
         idle_window_ms: float = 0.2,
         connect_window_ms: float = 0.0,
+        forget: Callable[[int], None] | None = None,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
+        # Told, before the first mail of a shard's new incarnation is delivered, that the shard
+        # restarted empty (the edge's index of watchers forgets what the old one decided).
+        self.forget = forget
         self.on_restart = on_restart
         self.metrics = metrics
         self.window_s = window_ms / 1000
@@ -463,11 +468,14 @@ class Router:
 
     def _deliver_mail(self, shard: int, incarnation: str, chunk: MailChunk) -> None:
         """A chunk of a shard's mail, from either road, to the sockets in order."""
-        items = self.inboxes.setdefault(shard, Inbox()).receive(incarnation, chunk)
+        inbox = self.inboxes.setdefault(shard, Inbox())
+        if inbox.incarnation not in (None, incarnation) and self.forget is not None:
+            self.forget(shard)
+        items = inbox.receive(incarnation, chunk)
         if items:
             started = time.perf_counter()
-            for socket_ids, payload in items:
-                self.deliver(socket_ids, payload)
+            for address, payload in items:
+                self.deliver(address, payload)
             self.metrics.observe("edge_delivery_seconds", time.perf_counter() - started)
 
     async def _check_incarnation(self, shard: int, incarnation: str) -> None:

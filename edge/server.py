@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -26,7 +26,15 @@ from actors import gc_policy
 from actors.clients import DirectoryClient, ShardClients
 from actors.core import frames, ops
 from actors.core.answers import Found, Shown
-from actors.core.frames import ChosenNote, SettingsNote, changed_about, internal_note, is_internal
+from actors.core.contract import Address, Watching
+from actors.core.frames import (
+    AudienceNote,
+    ChosenNote,
+    SettingsNote,
+    changed_about,
+    internal_note,
+    is_internal,
+)
 from actors.core.shard import Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
@@ -53,6 +61,7 @@ from edge.session import (
 )
 from edge.tokens import demo_secret
 from edge.transport import Socket, serve
+from edge.watch_index import WatchIndex
 
 log = logging.getLogger("presence.edge")
 
@@ -225,8 +234,12 @@ class Edge:
             pull_wait_s=config.pull_wait_s,
             pull_gather_ms=config.pull_gather_ms,
             call_retry_s=config.call_retry_s,
+            forget=self._forget_shard,
         )
         self.conns: dict[str, Conn] = {}
+        # Which sockets watch each account and what they see of it: a shard publishes a change
+        # once for this edge, and it is expanded here (edge/watch_index.py).
+        self.watch_index = WatchIndex()
         # When to look at each socket for the liveness rule (`_liveness_loop`).
         self.deadlines: Deadlines[str] = Deadlines()
         self.admission = Admission(config.limits)
@@ -530,6 +543,7 @@ class Edge:
     def _finish(self, conn: Conn) -> None:
         s = conn.session
         self.conns.pop(s.socket_id, None)
+        self.watch_index.drop(s.socket_id)
         # In the same step as the pop (no await between): a restart noticed from now on
         # finds the socket either live or in the journal, never in neither.
         self._journal_departure(conn)
@@ -593,6 +607,7 @@ class Edge:
             case Charged():
                 return await self._charged(conn, cmd)
             case ops.Unwatch(targets=targets):
+                self.watch_index.unwatch(cmd.socket_id, targets)
                 await self.router.to_users(targets, lambda ts: cmd._replace(targets=tuple(ts)))
             case ops.SetStatus(user_id=user, status=status):
                 await self.router.to_user(user, cmd)
@@ -716,14 +731,19 @@ class Edge:
                 if about is None or conn.session.tell(*about):
                     self._send(conn, payload)
 
-    def _deliver(self, socket_ids: tuple[str, ...], payload: str) -> None:
-        """A batch item from a shard: one payload for some of this edge's sockets. The hot loop
-        of fan-out (every delivery passes here): one pass over the recipients, then the write in
-        `fan_out` (a client whose unread output passes the limit is noticed by its transport:
+    def _deliver(self, address: Address, payload: str) -> None:
+        """A batch item from a shard: one payload for some of this edge's sockets, named or the
+        watchers of an account (a publication, expanded by the index). The hot loop of fan-out
+        (every delivery passes here): one pass over the recipients, then the write in `fan_out`
+        (a client whose unread output passes the limit is noticed by its transport:
         `EdgeSocket.on_slow`)."""
-        if is_internal(payload):
-            self._internal(socket_ids, payload)
+        if isinstance(address, Watching):
+            socket_ids: Collection[str] = self.watch_index.watchers(address.user_id, address.own)
+        elif is_internal(payload):
+            self._internal(address, payload)
             return
+        else:
+            socket_ids = address
         ready: list[Socket] = []
         about = changed_about(payload)
         conns = self.conns
@@ -753,10 +773,27 @@ class Edge:
             if conn is None:
                 continue
             match note:
+                case AudienceNote(inside, outside):
+                    # Only accounts the socket still watches: a note of a watch made before an
+                    # unsubscribe that overtook it must not list the socket again.
+                    s = conn.session
+                    assert s.user_id is not None
+                    watched = [t for t in inside if t in s.subscriptions]
+                    self.watch_index.see(sid, s.user_id, watched, outside)
+                    # Out of the audience, the socket's view of the account means nothing: back
+                    # in, it is told the status even if it is the one it was told before.
+                    for target in outside:
+                        s.view.pop(target, None)
                 case SettingsNote(visibility, at):
                     conn.session.note_visibility(visibility, at)
                 case ChosenNote(status, at):
                     conn.session.note_chosen(status, at)
+
+    def _forget_shard(self, shard: int) -> None:
+        """A shard restarted empty: what it decided about who sees its accounts is gone with it
+        (the watches registered again bring new notes), so no publication of the new incarnation
+        reaches a socket on an old decision."""
+        self.watch_index.forget(lambda user_id: self.router.shard_of_user(user_id) == shard)
 
     def _too_slow(self, ws: Socket) -> None:
         """A client whose unread output passed the limit (`send_buffer_bytes`, the transport's

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # ---------------------------------------------------------------------------- special answers
 
@@ -20,12 +20,22 @@ from typing import Any
 # raised whenever a release changes it. Two consecutive versions work together (a rolling upgrade
 # runs edges and shards of both); peers further apart refuse each other with one clear log line
 # (actors/lane.py's handshake carries it) instead of failing on an object they cannot unpickle.
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+# Version 2: a status change reaches an edge as one publication per account (`Watching`), which
+# the edge expands through its index kept by `_audience` notes. An edge of version 1 cannot (it
+# would drop every publication without a word), so a shard of this release refuses it; an edge of
+# this release understands a version 1 shard's per-socket mail. Upgrade edges first, then shards.
+OLDEST_EDGE = 2
 
 
 def wire_compatible(ours: int, theirs: int) -> bool:
     """Whether a peer speaking `theirs` may talk to us: the same release or an adjacent one."""
     return abs(ours - theirs) <= 1
+
+
+def serves_edge(shard_version: int, edge_version: int) -> bool:
+    """Whether a shard speaking `shard_version` serves an edge speaking `edge_version`."""
+    return wire_compatible(shard_version, edge_version) and edge_version >= OLDEST_EDGE
 
 
 def wire_mismatch(ours: int, theirs: int, peer: str) -> str:
@@ -45,6 +55,7 @@ UNAVAILABLE = "__unavailable__"
 # The most mail items one pull (or one `apply`'s reply) hands out.
 PULL_BATCH = 5_000
 
+
 # Mail for an edge leaves a shard in chunks, each item once, whichever way it goes: in the reply of
 # the edge's own `apply` (its batch's frames, no second call) or by its long-poll `pull` (frames
 # caused by anybody else). A chunk is (prev, last, items): the items that follow sequence number
@@ -52,7 +63,17 @@ PULL_BATCH = 5_000
 # shard dropped mail for an edge far behind). Replies can overtake each other, so the edge puts
 # chunks back in order by `prev` (`edge.router.Inbox`); a call that failed, or a gap that lasts,
 # makes its next pull ask for everything after what it acknowledged again (`resend`).
-MailItem = tuple[tuple[str, ...], str]  # (socket ids of one edge, the serialised frame)
+class Watching(NamedTuple):
+    """A mail item's address for a publication (`actors.core.effects.Publish`): every socket of
+    the edge that watches `user_id` and sees its real status (`own`) or its visible one."""
+
+    user_id: str
+    own: bool
+
+
+# Where a mail item goes: some sockets of the edge by id, or the watchers of an account there.
+Address = tuple[str, ...] | Watching
+MailItem = tuple[Address, str]  # (who on the edge, the serialised frame)
 MailChunk = tuple[int, int, list[MailItem]]
 # A shard's reply to an edge's batch: (its incarnation, an answer per operation, the edge's mail).
 ApplyReply = tuple[str, list[object], MailChunk]

@@ -17,6 +17,20 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
+class Publish:
+    """Send one `presence.changed` about `user_id` to every socket of one edge that watches it and
+    sees its real status (`own`: the account's own sockets) or its visible one (its audience).
+    The edge knows which sockets those are (edge/watch_index.py, kept by `_audience` notes);
+    `watchers` is how many this shard counts there (for the figures)."""
+
+    edge_id: str
+    user_id: str
+    own: bool
+    watchers: int
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
 class PersistChosen:
     """Save a chosen status made at `at`. The store keeps the newest choice (by `at`), so a late
     or replayed write never overrides a later one."""
@@ -71,7 +85,9 @@ class HeldPlaces:
     held: tuple[tuple[float, float, bool], ...]
 
 
-Effect = Deliver | PersistChosen | PersistVisibility | OnlineCount | SocketCount | Activity | HeldPlaces
+Effect = (
+    Deliver | Publish | PersistChosen | PersistVisibility | OnlineCount | SocketCount | Activity | HeldPlaces
+)
 
 
 @dataclass
@@ -88,6 +104,9 @@ class Outbox:
         for edge_id, sockets in recipients.items():
             if sockets:
                 self.effects.append(Deliver(edge_id, tuple(sockets), frame))
+
+    def publish(self, edge_id: str, user_id: str, own: bool, watchers: int, frame: Frame) -> None:
+        self.effects.append(Publish(edge_id, user_id, own, watchers, frame))
 
     def drain(self) -> list[Effect]:
         out, self.effects = self.effects, []

@@ -126,7 +126,23 @@ def chosen_note(status: str, at: float) -> Frame:
     return {"type": INTERNAL_CHOSEN, "status": status, "at": at}
 
 
-INTERNAL_BUILDERS = {INTERNAL_SETTINGS: settings_note, INTERNAL_CHOSEN: chosen_note}
+# `_audience`: what a socket sees of the accounts it watches, decided by their shard when the watch
+# is made and when relations change: `in` (its audience, or its own account), or `out` (nothing).
+# The edge's index of watchers (edge/watch_index.py) follows it; publications about an account
+# reach the sockets the index lists.
+INTERNAL_AUDIENCE = "_audience"
+
+
+def audience_note(inside: Iterable[str], outside: Iterable[str]) -> Frame:
+    """The `_audience` frame: the socket now sees the accounts `inside`, and not those `outside`."""
+    return {"type": INTERNAL_AUDIENCE, "in": list(inside), "out": list(outside)}
+
+
+INTERNAL_BUILDERS = {
+    INTERNAL_SETTINGS: settings_note,
+    INTERNAL_CHOSEN: chosen_note,
+    INTERNAL_AUDIENCE: audience_note,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +161,15 @@ class ChosenNote:
     at: float
 
 
-InternalNote = SettingsNote | ChosenNote
+@dataclass(frozen=True, slots=True)
+class AudienceNote:
+    """An `_audience` frame read back."""
+
+    inside: tuple[str, ...]
+    outside: tuple[str, ...]
+
+
+InternalNote = SettingsNote | ChosenNote | AudienceNote
 
 
 def is_internal(payload: str) -> bool:
@@ -164,4 +188,6 @@ def internal_note(payload: str) -> InternalNote | None:
         return SettingsNote(frame["lastSeenVisibility"], float(frame.get("at", 0.0)))
     if kind == INTERNAL_CHOSEN:
         return ChosenNote(frame["status"], float(frame["at"]))
+    if kind == INTERNAL_AUDIENCE:
+        return AudienceNote(tuple(frame["in"]), tuple(frame["out"]))
     return None

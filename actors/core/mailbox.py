@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from .contract import PULL_BATCH, MailChunk
+from .contract import PULL_BATCH, Address, MailChunk
 
 # Mail waiting for an edge that does not collect it is capped; past this the oldest is dropped
 # (and counted), since an edge that far behind is about to lose its lease anyway.
@@ -26,14 +26,14 @@ class Mailbox:
         self.cap = cap
         self.seq = 0
         # (sequence number, socket ids, serialised frame), oldest first.
-        self.items: deque[tuple[int, tuple[str, ...], str]] = deque()
+        self.items: deque[tuple[int, Address, str]] = deque()
         # The last sequence number handed to the edge (by a pull or in an apply's reply).
         self.handed = 0
 
-    def add(self, socket_ids: tuple[str, ...], payload: str) -> bool:
+    def add(self, address: Address, payload: str) -> bool:
         """Queue a frame for these sockets; True if the oldest item was dropped to make room."""
         self.seq += 1
-        self.items.append((self.seq, socket_ids, payload))
+        self.items.append((self.seq, address, payload))
         if len(self.items) > self.cap:
             self.items.popleft()
             return True
@@ -67,4 +67,4 @@ class Mailbox:
         if not taken:
             return prev, prev, []
         self.handed = taken[-1][0]
-        return prev, self.handed, [(sockets, payload) for _, sockets, payload in taken]
+        return prev, self.handed, [(address, payload) for _, address, payload in taken]

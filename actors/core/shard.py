@@ -101,10 +101,19 @@ class Account:
         return max((h.closed_at for h in self.held), default=None)
 
 
+# What a watcher socket sees of the account it watches, decided when the watch is made and again
+# when the relations of either account change (never per delivery): its real status (the
+# account's own sockets), the visible one (its audience), or nothing (outside the audience).
+OWN = "own"
+AUDIENCE = "audience"
+OUTSIDE = "outside"
+
+
 @dataclass(frozen=True, slots=True)
 class Watcher:
     edge_id: str
     user_id: str
+    sees: str = AUDIENCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +164,11 @@ class ShardState:
         self.relations: Loaded[str, Relations] = Loaded("relations")
         # target → watcher socket id → watcher; only `_set_watcher` / `_drop_watcher` change it.
         self.watchers: dict[str, dict[str, Watcher]] = {}
+        # target → edge → [sockets there that see its real status, sockets that see the visible
+        # one]: a change is published once per edge and kind of watcher, and each edge expands it
+        # to its own sockets (edge/watch_index.py), so a change costs this shard work per edge
+        # watching, not per watcher. Kept with `watchers` by `_set_watcher` / `_drop_watcher`.
+        self._fan: dict[str, dict[str, list[int]]] = {}
         # watcher account → how many entries of `watchers` are its sockets: the relations sweep
         # asks "does anybody watch from this account?" without walking every watcher (at 10,000
         # accounts x 50 watchers the walk held the shard for ~90 ms a minute).
@@ -242,7 +256,7 @@ class ShardState:
             if t != user_id and any(w.user_id == user_id for w in ws.values())
         ]
         for target in affected:
-            self._announce_to_new_audience(target, changed_user=user_id, old=old)
+            self._reclassify(target, changed_user=user_id)
         acc = self.accounts.get(user_id)
         if acc is not None and is_visibly_present(acc.real) and old.servers != rel.servers:
             if old.servers - rel.servers:
@@ -250,23 +264,30 @@ class ShardState:
             if rel.servers - old.servers:
                 self.outbox.add(OnlineCount(user_id, rel.servers - old.servers, True))
 
-    def _announce_to_new_audience(self, target: str, changed_user: str, old: Relations) -> None:
-        # Offline too: a watcher that was told "online" before it left the audience would
-        # otherwise keep that stale view until the account's next change.
-        status = self.visible_status_of(target)
+    def _reclassify(self, target: str, changed_user: str | None) -> None:
+        """Decide again what the target's watchers see, after the relations of `changed_user` (of
+        everybody: None) changed. Each socket whose kind changed is told by an internal
+        `_audience` note (its edge's index follows it); those who came into the audience are then
+        told the account's visible status, offline too (they could not be told before, and a
+        watcher told "online" before it left would otherwise keep that stale view); those who
+        left it are told nothing a client sees, since any frame would tell an outsider something."""
+        ws = self.watchers.get(target)
+        if not ws:
+            return
         target_rel = self.relations.get(target, NO_RELATIONS)
-        recipients: dict[str, list[str]] = {}
-        for socket_id, w in self.watchers.get(target, {}).items():
-            if w.user_id != changed_user and target != changed_user:
+        entered: dict[str, list[str]] = {}
+        left: dict[str, list[str]] = {}
+        for socket_id, w in list(ws.items()):
+            if w.sees == OWN or (changed_user is not None and changed_user not in (target, w.user_id)):
                 continue
-            watcher_rel = self.relations.get(w.user_id, NO_RELATIONS)
-            old_target_rel = old if target == changed_user else target_rel
-            old_watcher_rel = old if w.user_id == changed_user else watcher_rel
-            was = in_audience(target, old_target_rel, w.user_id, old_watcher_rel)
-            now_in = in_audience(target, target_rel, w.user_id, watcher_rel)
-            if now_in and not was:
-                recipients.setdefault(w.edge_id, []).append(socket_id)
-        self.outbox.deliver(recipients, frames.changed(target, status))
+            now_in = in_audience(target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS))
+            sees = AUDIENCE if now_in else OUTSIDE
+            if sees != w.sees:
+                self._set_watcher(target, socket_id, Watcher(w.edge_id, w.user_id, sees))
+                (entered if now_in else left).setdefault(w.edge_id, []).append(socket_id)
+        self.outbox.deliver(left, frames.audience_note((), (target,)))
+        self.outbox.deliver(entered, frames.audience_note((target,), ()))
+        self.outbox.deliver(entered, frames.changed(target, self.visible_status_of(target)))
 
     # ------------------------------------------------------------------ edges and liveness
 
@@ -280,13 +301,28 @@ class ShardState:
         ws[socket_id] = w
         if old is not None:
             self._unref_watching(old.user_id)
+            self._count_fan(target, old, -1)
         self._watching[w.user_id] += 1
+        self._count_fan(target, w, 1)
 
     def _drop_watcher(self, target: str, socket_id: str) -> None:
         ws = self.watchers[target]
-        self._unref_watching(ws.pop(socket_id).user_id)
+        w = ws.pop(socket_id)
+        self._unref_watching(w.user_id)
+        self._count_fan(target, w, -1)
         if not ws:
             del self.watchers[target]
+
+    def _count_fan(self, target: str, w: Watcher, n: int) -> None:
+        if w.sees == OUTSIDE:
+            return
+        edges = self._fan.setdefault(target, {})
+        counts = edges.setdefault(w.edge_id, [0, 0])
+        counts[w.sees == AUDIENCE] += n
+        if not any(counts):
+            del edges[w.edge_id]
+            if not edges:
+                del self._fan[target]
 
     def _unref_watching(self, user_id: str) -> None:
         self._watching[user_id] -= 1
@@ -675,26 +711,27 @@ class ShardState:
         self.outbox.deliver(recipients, frame)
 
     def _broadcast(self, target: str, shown: Status, real: Status, told: dict[str, Status]) -> None:
-        """Tell the target's watchers its status where it differs from what each was last told
-        (`told`, else `shown`): the account's own sockets (subscribed to themselves) the real
-        one, everybody else in its audience the visible one."""
-        watchers = self.watchers.get(target)
-        if not watchers:
+        """Tell the target's watchers its status: the account's own sockets (subscribed to
+        themselves) the real one, its audience the visible one, as one publication per edge and
+        kind (the edge expands it to its sockets and drops it where a socket already shows it).
+        A kind is told when its status differs from the one published last (`shown`) or from what
+        a sync told some socket while the change was held (`told`)."""
+        fan = self._fan.get(target)
+        if not fan:
             return
-        target_rel = self.relations.get(target, NO_RELATIONS)
         visible = visible_status(real)
-        others: dict[str, list[str]] = {}
-        own: dict[str, list[str]] = {}
-        for socket_id, w in watchers.items():
-            if w.user_id == target:
-                if told.get(socket_id, shown) != real:
-                    own.setdefault(w.edge_id, []).append(socket_id)
-            elif told.get(socket_id, visible_status(shown)) != visible and in_audience(
-                target, target_rel, w.user_id, self.relations.get(w.user_id, NO_RELATIONS)
-            ):
-                others.setdefault(w.edge_id, []).append(socket_id)
-        self.outbox.deliver(others, frames.changed(target, visible))
-        self.outbox.deliver(own, frames.changed(target, real))
+        tell_own = real != shown or any(s != real for s in told.values())
+        tell_audience = visible != visible_status(shown) or any(s != visible for s in told.values())
+        if not (tell_own or tell_audience):
+            return
+        own_frame = frames.changed(target, real)
+        audience_frame = frames.changed(target, visible)
+        publish = self.outbox.publish
+        for edge_id, (own, audience) in fan.items():
+            if own and tell_own:
+                publish(edge_id, target, True, own, own_frame)
+            if audience and tell_audience:
+                publish(edge_id, target, False, audience, audience_frame)
 
     # ------------------------------------------------------------------ reading statuses
 
@@ -727,22 +764,37 @@ class ShardState:
     ) -> list[tuple[str, Status]]:
         """Register a socket's interest; answer the visible status of the targets in its audience.
 
-        Every target is registered, in the audience or not: the audience is applied on every
-        delivery, so a friendship accepted later takes effect without the client re-subscribing.
+        Every target is registered, in the audience or not, with what the socket sees of it (the
+        audience rule, decided here and again when relations change, never per delivery): a
+        friendship accepted later takes effect without the client re-subscribing. The socket's
+        edge is told the same in an internal `_audience` note, in its mail before any change
+        published after this watch, so that its index of watchers (edge/watch_index.py) expands
+        each publication exactly to the sockets this state counts.
         """
         self._expire(now)
         self.edges[edge_id] = now
-        w = Watcher(edge_id, watcher)
         watcher_rel = self.relations[watcher]
         answer: list[tuple[str, Status]] = []
+        outside: list[str] = []
         for target in dict.fromkeys(targets):
-            self._set_watcher(target, socket_id, w)
+            if target == watcher:
+                sees = OWN
+            elif in_audience(target, self.relations[target], watcher, watcher_rel):
+                sees = AUDIENCE
+            else:
+                sees = OUTSIDE
+            self._set_watcher(target, socket_id, Watcher(edge_id, watcher, sees))
             self.edge_watches.setdefault(edge_id, set()).add((target, socket_id))
-            if in_audience(target, self.relations[target], watcher, watcher_rel):
-                status = self.status_for(target, watcher)
-                answer.append((target, status))
-                if self.publications.is_pending(target):
-                    self._held_told.setdefault(target, {})[socket_id] = status
+            if sees == OUTSIDE:
+                outside.append(target)
+                continue
+            status = self.status_for(target, watcher)
+            answer.append((target, status))
+            if self.publications.is_pending(target):
+                self._held_told.setdefault(target, {})[socket_id] = status
+        if answer or outside:
+            note = frames.audience_note([t for t, _ in answer], outside)
+            self.outbox.deliver({edge_id: [socket_id]}, note)
         return answer
 
     def unwatch(self, socket_id: str, edge_id: str, targets: Iterable[str]) -> None:
@@ -889,6 +941,7 @@ class ShardState:
             out.pending_last_seen[user_id] = self.pending_last_seen.pop(user_id)
         for target in [t for t in self.watchers if slot_of(t) in slots]:
             watchers = self.watchers.pop(target)
+            self._fan.pop(target, None)
             out.watchers[target] = watchers
             for socket_id, w in watchers.items():
                 self._unref_watching(w.user_id)
@@ -915,7 +968,8 @@ class ShardState:
         return users
 
     def import_slots(self, export: SlotExport, now: float) -> None:
-        """Install an export. Emits no frame: statuses, watchers and rosters arrive as they were
+        """Install an export. Emits no frame a client sees (but where this shard's relations decide
+        an audience differently: `_reclassify`): statuses, watchers and rosters arrive as they were
         (only the active counts are told the live accounts again, see `activity_chunk`)."""
         for edge_id, refreshed in export.edges.items():
             # An edge's lease is as fresh as its best renewal anywhere; never shorten it here.
@@ -931,6 +985,8 @@ class ShardState:
             for socket_id, w in watchers.items():
                 self._set_watcher(target, socket_id, w)
                 self.edge_watches.setdefault(w.edge_id, set()).add((target, socket_id))
+            # Decided by the old owner under its relations; this one's may be newer.
+            self._reclassify(target, changed_user=None)
         for ch in export.channels:
             self.channels.channels[ch.channel_id] = ch
         self.publications.restore(export.publications)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.unit.edges_sim import edges  # noqa: F401  (a fixture: what the edges deliver)
+
 T0 = 1_800_000_000.0  # an epoch time in 2027, far from the real clock on purpose
 
 _RAY_AVAILABLE = importlib.util.find_spec("ray") is not None

@@ -27,6 +27,9 @@ from actors.core.status import visible_status
 
 from .conftest import T0
 
+# Deliveries as the edges make them: publications expanded per socket (tests/unit/edges_sim.py).
+pytestmark = pytest.mark.usefixtures("edges")
+
 WINDOW = 1.0  # the contract's second; the core's window (1.05 s) is a little longer
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from actors import lane
+from actors.core.contract import OLDEST_EDGE
 from actors.lane import Handler, LaneBroken, LaneClient, LaneRemoteError, LaneServer
 
 
@@ -335,4 +336,19 @@ async def test_a_shard_refuses_an_edge_too_far_even_with_the_secret(caplog: pyte
     assert shard.applied == [] and server.refused == 1
     assert any("an edge speaks version" in r.getMessage() for r in caplog.records)
     writer.close()
+    await server.close()
+
+
+async def test_an_edge_older_than_publications_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """Wire version 2 publishes a status change once per edge (`Watching`); a version 1 edge would
+    drop every one of them without a word, so this release's shard refuses it with one line."""
+    lane._told.clear()
+    shard = Shard()
+    server, host, port = await _serve(shard)
+    refused = (lane.LaneBroken, ConnectionError, asyncio.IncompleteReadError, lane.WireMismatch)
+    with caplog.at_level("ERROR", logger="presence.lane"), pytest.raises(refused):
+        client = await LaneClient.open(host, port, server.secret, version=OLDEST_EDGE - 1)
+        await client.call("apply_and_collect", "e", [], None, 0, timeout_s=5.0)
+    assert shard.applied == [] and server.refused == 1
+    assert any("an edge speaks version 1" in r.getMessage() for r in caplog.records)
     await server.close()

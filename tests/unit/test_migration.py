@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,9 @@ from actors.core.contract import AccountRow
 from actors.core.effects import Activity, Deliver
 from actors.core.shard import ShardState
 from actors.core.slots import SLOT_COUNT, SlotMap, moves, rebalance, slot_of
+
+# Deliveries as the edges make them: publications expanded per socket (tests/unit/edges_sim.py).
+pytestmark = pytest.mark.usefixtures("edges")
 
 
 @given(st.integers(1, 12), st.integers(1, 12))

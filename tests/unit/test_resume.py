@@ -8,6 +8,7 @@ moment its socket closed. A socket the client closed, or that went silent, depar
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,9 @@ from actors.core.shard import ShardState
 
 from .conftest import T0
 from .test_shard import World, changed_to, of_type, pair_world
+
+# Deliveries as the edges make them: publications expanded per socket (tests/unit/edges_sim.py).
+pytestmark = pytest.mark.usefixtures("edges")
 
 RESUME = 15.0
 

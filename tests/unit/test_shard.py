@@ -39,6 +39,9 @@ from actors.core.slots import channel_key, slot_of
 
 from .conftest import T0
 
+# Deliveries as the edges make them: publications expanded per socket (tests/unit/edges_sim.py).
+pytestmark = pytest.mark.usefixtures("edges")
+
 TIMEOUT = 90.0
 
 # ---------------------------------------------------------------------------- helpers
