@@ -8,9 +8,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from typing import IO
 
 import asyncpg
 import pytest
@@ -18,6 +20,7 @@ import redis.asyncio as aioredis
 
 from actors.counts import ACCOUNTS_KEY
 from edge.server import Edge
+from tests.timing import patience
 
 from .conftest import SOCKET_TIMEOUT_S, Cluster, Ids, internal_request, load, ws_url
 from .test_outages import count_is, online_count
@@ -28,9 +31,15 @@ pytestmark = pytest.mark.integration
 
 
 def start_edge_process(
-    cluster: Cluster, env_extra: dict[str, str] | None = None, base_env: dict[str, str] | None = None
+    cluster: Cluster,
+    env_extra: dict[str, str] | None = None,
+    base_env: dict[str, str] | None = None,
+    output: list[str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
-    """`presence edge` as its own OS process, joining the test cluster through the data directory."""
+    """`presence edge` as its own OS process, joining the test cluster through the data directory.
+    Every line it prints is read as it comes (into `output`, if given): an unread pipe fills at
+    64 KiB, and the edge then blocks on its next log line with its event loop frozen (a storm of
+    2,000 sockets on a loaded machine logs that much: failed handshakes, sockets closed)."""
     env = {
         **(os.environ if base_env is None else base_env),
         "PRESENCE_EDGE_LEASE_REFRESH_S": "1",
@@ -55,8 +64,8 @@ def start_edge_process(
         env=env,
     )
     assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    lines: list[str] = []
+    deadline = time.monotonic() + patience(60)
+    lines = output if output is not None else []
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
@@ -64,9 +73,15 @@ def start_edge_process(
         lines.append(line)
         m = re.search(r"websocket\s+(ws://\S+)", line)
         if m:
+            threading.Thread(target=_read_all, args=(proc.stdout, lines), daemon=True).start()
             return proc, m.group(1)
     proc.kill()
     raise AssertionError("presence edge did not come up:\n" + "".join(lines))
+
+
+def _read_all(stream: IO[str], lines: list[str]) -> None:
+    for line in stream:  # until the process's end
+        lines.append(line)
 
 
 async def test_edge_killed_with_sigkill_ages_out(
@@ -107,13 +122,15 @@ async def test_a_separate_edge_uses_the_data_dirs_internal_token(cluster: Cluste
     """Issue 29: `presence edge` joining through the data directory answers the internal API
     with the token `presence up` wrote there (conftest writes INTERNAL_TOKEN), not without."""
     env = {k: v for k, v in os.environ.items() if k != "PRESENCE_INTERNAL_TOKEN"}
-    proc, _ = start_edge_process(cluster, env_extra={}, base_env=env)
+    output: list[str] = []
+    proc, _ = start_edge_process(cluster, env_extra={}, base_env=env, output=output)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        m = re.search(r"internal\s+(http://\S+)", line)
-        assert m, line
-        metrics = f"{m.group(1)}/metrics"
+
+        def internal() -> str | None:
+            found = (re.search(r"internal\s+(http://\S+)", line) for line in output)
+            return next((m.group(1) for m in found if m), None)
+
+        metrics = f"{await eventually(internal)}/metrics"
         with urllib.request.urlopen(internal_request(metrics), timeout=10) as r:
             assert r.status == 200
         with pytest.raises(urllib.error.HTTPError) as refused:
