@@ -195,6 +195,8 @@ async def run_with_fault(
     others = [u for u in users if u != world.watcher]
     await watcher.request({"type": "presence.subscribe", "userIds": others}, of_type("presence.sync"))
     async with Sampler(recorder, cluster.database_url, internal, [world.server]):
+        # The scenario's own time: load before the fault and after it, then the aging the fault
+        # asked for (a dead edge's lease) on the real clock the shards age by.
         load_.start()
         await asyncio.sleep(LOAD_S)
         aging_until = time.monotonic() + await fault(load_)

@@ -103,7 +103,7 @@ async def test_an_exception_in_the_shard_reaches_the_caller_by_type_and_keeps_th
 async def test_a_shard_that_goes_away_fails_every_call_in_flight_and_every_later_one() -> None:
     async with _lane(_handlers(Shard())) as (server, client):
         pulls = [asyncio.ensure_future(client.call("pull", "e", None, 0, 30.0, False)) for _ in range(3)]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop: the three calls are sent
         await server.close()  # the shard's process died: its connections close with it
         for pull in pulls:
             with pytest.raises(LaneBroken):
