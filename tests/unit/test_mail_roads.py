@@ -160,3 +160,80 @@ def test_a_failed_call_makes_the_next_pull_ask_again() -> None:
     box.resend = True
     assert box.pull_args() == ("i1", 2, True)
     assert box.pull_args() == ("i1", 2, False)
+
+
+# ---------------------------------------------------------------------------- fan-out per edge
+
+
+async def test_a_change_reaches_the_edge_once_and_its_index_expands_it(shard: PresenceShard) -> None:
+    """The wire of fan-out per edge, end to end without sockets: the watch's `_audience` note and
+    the publication travel in the same ordered mail, and an edge's `WatchIndex` kept by the notes
+    expands the one publication to exactly the sockets in the audience (carol, a stranger, is
+    registered but never listed)."""
+    from actors.core.contract import Watching
+    from actors.core.frames import AudienceNote, internal_note
+    from edge.watch_index import WatchIndex
+
+    shard.store = FakeStore(relations={**FRIENDS, "carol": Relations(frozenset(), frozenset(), "everyone")})
+    index = WatchIndex()
+    owner = {"s2": "bob", "s3": "bob", "s4": "carol"}
+
+    def edge_reads(chunk: tuple[int, int, list[MailItem]]) -> list[tuple[str, ...]]:
+        """What the edge does with its mail: notes kept, publications expanded."""
+        reached = []
+        for address, payload in chunk[2]:
+            if isinstance(address, Watching):
+                reached.append(tuple(index.watchers(address.user_id, address.own)))
+                continue
+            note = internal_note(payload)
+            if isinstance(note, AudienceNote):
+                for sid in address:
+                    index.see(sid, owner[sid], note.inside, note.outside)
+        return reached
+
+    inc, _, chunk = await shard.apply_and_collect(
+        "edge-a",
+        [
+            ops.Connect("alice", "s1"),
+            ops.Watch("bob", "s2", ("alice",)),
+            ops.Watch("bob", "s3", ("alice",)),
+            ops.Watch("carol", "s4", ("alice",)),
+        ],
+        None, 0,
+    )  # fmt: skip
+    assert edge_reads(chunk) == []
+    _, _, chunk = await shard.apply_and_collect(
+        "edge-a", [ops.SetStatus("alice", "s1", "dnd")], inc, chunk[1]
+    )
+    publications = [(a, p) for a, p in chunk[2] if isinstance(a, Watching)]
+    assert len(publications) == 1, "one item for the edge, however many of its sockets watch"
+    assert edge_reads(chunk) == [("s2", "s3")]
+
+
+def test_a_restarted_shards_decisions_are_forgotten_before_its_new_mail() -> None:
+    """The router tells the edge that a shard came back empty before it delivers the first mail of
+    the new incarnation, so no publication is expanded on the dead incarnation's decisions."""
+    from actors.metrics import Metrics
+    from edge.router import Router
+    from tests.unit.fake_shards import FakeShards
+
+    events: list[object] = []
+
+    async def no_restart(_: int) -> None:
+        return None
+
+    async def nothing(_shard: int, _batch: list[ops.Op]) -> list[object]:
+        return []
+
+    router = Router(
+        "edge-t",
+        lambda address, payload: events.append(payload),
+        no_restart,
+        Metrics(),
+        FakeShards(1, nothing),
+        forget=lambda shard: events.append(("forget", shard)),
+    )
+    router._deliver_mail(0, "inc-1", (0, 1, [(("s1",), "a")]))
+    router._deliver_mail(0, "inc-1", (1, 2, [(("s1",), "b")]))
+    router._deliver_mail(0, "inc-2", (0, 1, [(("s1",), "c")]))
+    assert events == ["a", "b", ("forget", 0), "c"]
