@@ -168,6 +168,25 @@ def join_ray(address: str, namespace: str, node_ip: str | None, timeout_s: float
         raise failed[0]
 
 
+def wait_for_pool(deadline: float, timeout_s: float) -> None:
+    """Wait until the slot directory answers (after a head restart, `presence up` starts the pool
+    minutes after Ray is back: its edge would stop with a traceback at every try), a line every
+    10 s; past `deadline`, one line and LOST_RAY_EXIT."""
+    said = time.monotonic()
+    while True:
+        try:
+            asyncio.run(asyncio.wait_for(clients.DirectoryClient().get_map(), 5))
+            return
+        except Exception:
+            now = time.monotonic()
+            if now >= deadline:
+                _give_up(f"the pool (its slot directory) did not answer within {timeout_s:.0f} s of starting")
+            if now - said >= 10:
+                print("  still waiting for the pool (presence up starts it on the head) …", flush=True)
+                said = now
+            time.sleep(1.0)
+
+
 def _catch(failed: list[BaseException], fn: Callable[[], object]) -> None:
     try:
         fn()
@@ -305,6 +324,7 @@ def edge(settings: Settings) -> int:
     started = time.monotonic()
     join_ray(info.ray_address, info.ray_namespace, settings.ray_node_ip, settings.ray_join_timeout_s)
     print(f"  joined Ray ({time.monotonic() - started:.1f} s)", flush=True)
+    wait_for_pool(started + settings.ray_join_timeout_s, settings.ray_join_timeout_s)
 
     def announce(e: Edge) -> None:
         print(f"edge {e.edge_id} is up", flush=True)

@@ -669,6 +669,8 @@ def run_all(bed: Testbed, partitions: list[float] | None = None) -> bool:
                 t = time.time()
                 for node in bed.nodes:  # an edge that drained when cut off is back by itself
                     wait_for(lambda node=node: healthy(node.edge), 240, f"the edge on {node.ip} back")
+                # ... and back in the balancer (two good checks) before the next scenario spreads clients.
+                wait_for(lambda: set(bed.haproxy_states().values()) == {"UP"}, 60, "every edge UP in HAProxy")
                 report.measure(
                     f"partition {seconds:.0f} s", "every edge healthy again, from the end", time.time() - t
                 )
