@@ -48,89 +48,89 @@ class _Frame(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Identify(_Frame):
+class IdentifyFrame(_Frame):
     type: Literal["identify"]
     token: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 
 
-class Heartbeat(_Frame):
+class HeartbeatFrame(_Frame):
     type: Literal["heartbeat"]
 
 
-class PresenceUpdate(_Frame):
+class PresenceUpdateFrame(_Frame):
     type: Literal["presence.update"]
     status: ClientStatus
 
 
-class PresenceSubscribe(_Frame):
+class PresenceSubscribeFrame(_Frame):
     type: Literal["presence.subscribe"]
     userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]
 
 
-class PresenceUnsubscribe(_Frame):
+class PresenceUnsubscribeFrame(_Frame):
     type: Literal["presence.unsubscribe"]
     userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]
 
 
-class PresenceQuery(_Frame):
+class PresenceQueryFrame(_Frame):
     type: Literal["presence.query"]
     userIds: Annotated[list[Id], Field(max_length=MAX_LIST)]
 
 
-class Focus(_Frame):
+class FocusFrame(_Frame):
     type: Literal["focus"]
     channelId: Id | None
 
 
-class ChannelSubscribe(_Frame):
+class ChannelSubscribeFrame(_Frame):
     type: Literal["channel.subscribe"]
     channelId: Id
 
 
-class ChannelUnsubscribe(_Frame):
+class ChannelUnsubscribeFrame(_Frame):
     type: Literal["channel.unsubscribe"]
     channelId: Id
 
 
-class TypingStart(_Frame):
+class TypingStartFrame(_Frame):
     type: Literal["typing.start"]
     channelId: Id
 
 
-class TypingStop(_Frame):
+class TypingStopFrame(_Frame):
     type: Literal["typing.stop"]
     channelId: Id
 
 
-class VoiceJoin(_Frame):
+class VoiceJoinFrame(_Frame):
     type: Literal["voice.join"]
     channelId: Id
 
 
-class VoiceLeave(_Frame):
+class VoiceLeaveFrame(_Frame):
     type: Literal["voice.leave"]
 
 
-class SettingsUpdate(_Frame):
+class SettingsUpdateFrame(_Frame):
     type: Literal["settings.update"]
     lastSeenVisibility: Visibility
 
 
 ClientFrame = Annotated[
-    Identify
-    | Heartbeat
-    | PresenceUpdate
-    | PresenceSubscribe
-    | PresenceUnsubscribe
-    | PresenceQuery
-    | Focus
-    | ChannelSubscribe
-    | ChannelUnsubscribe
-    | TypingStart
-    | TypingStop
-    | VoiceJoin
-    | VoiceLeave
-    | SettingsUpdate,
+    IdentifyFrame
+    | HeartbeatFrame
+    | PresenceUpdateFrame
+    | PresenceSubscribeFrame
+    | PresenceUnsubscribeFrame
+    | PresenceQueryFrame
+    | FocusFrame
+    | ChannelSubscribeFrame
+    | ChannelUnsubscribeFrame
+    | TypingStartFrame
+    | TypingStopFrame
+    | VoiceJoinFrame
+    | VoiceLeaveFrame
+    | SettingsUpdateFrame,
     Field(discriminator="type"),
 ]
 
@@ -138,7 +138,7 @@ CLIENT_FRAME: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 
 # The hot frame, recognised without parsing. Any other spelling goes through the full parser.
 HEARTBEAT_FAST = frozenset({'{"type":"heartbeat"}', '{"type": "heartbeat"}'})
-HEARTBEAT = Heartbeat(type="heartbeat")
+HEARTBEAT = HeartbeatFrame(type="heartbeat")
 
 
 class FrameError(ValueError):
@@ -237,20 +237,20 @@ SERVER_FRAMES: tuple[type[_Frame], ...] = (
     Error,
 )
 CLIENT_FRAMES: tuple[type[_Frame], ...] = (
-    Identify,
-    Heartbeat,
-    PresenceUpdate,
-    PresenceSubscribe,
-    PresenceUnsubscribe,
-    PresenceQuery,
-    Focus,
-    ChannelSubscribe,
-    ChannelUnsubscribe,
-    TypingStart,
-    TypingStop,
-    VoiceJoin,
-    VoiceLeave,
-    SettingsUpdate,
+    IdentifyFrame,
+    HeartbeatFrame,
+    PresenceUpdateFrame,
+    PresenceSubscribeFrame,
+    PresenceUnsubscribeFrame,
+    PresenceQueryFrame,
+    FocusFrame,
+    ChannelSubscribeFrame,
+    ChannelUnsubscribeFrame,
+    TypingStartFrame,
+    TypingStopFrame,
+    VoiceJoinFrame,
+    VoiceLeaveFrame,
+    SettingsUpdateFrame,
 )
 
 

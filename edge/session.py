@@ -350,7 +350,7 @@ class Session:
                 return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
             return [Reply(frames.error("bad_frame", str(e)))]
         if not self.authenticated:
-            if isinstance(frame, p.Identify):
+            if isinstance(frame, p.IdentifyFrame):
                 return self._identify(frame.token, now)
             return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
         return self._dispatch(frame, now)
@@ -359,15 +359,15 @@ class Session:
         user, sid = self.user_id, self.socket_id
         assert user is not None  # only an authenticated socket's frames get here
         match frame:
-            case p.Heartbeat():
+            case p.HeartbeatFrame():
                 return HEARTBEAT_ACKED
-            case p.Identify():
+            case p.IdentifyFrame():
                 return [Reply(frames.error("bad_frame", "already identified"))]
-            case p.PresenceUpdate(status=status):
+            case p.PresenceUpdateFrame(status=status):
                 if status in ("idle", "online"):
                     self.idle = status == "idle"
                 return [ops.SetStatus(user, sid, status)]
-            case p.PresenceSubscribe(userIds=ids):
+            case p.PresenceSubscribeFrame(userIds=ids):
                 new = tuple(u for u in dict.fromkeys(ids) if u not in self.subscriptions)
                 if len(self.subscriptions) + len(new) > self.limits.max_subscriptions:
                     return [
@@ -384,13 +384,13 @@ class Session:
                 charge = ops.Spend(user, "lookups", len(new)) if new else None
                 # Charged first: a watch registers state at the shards, which a refusal could not undo.
                 return [Charged(charge, ops.Watch(user, sid, tuple(dict.fromkeys(ids))), added=new)]
-            case p.PresenceUnsubscribe(userIds=ids):
+            case p.PresenceUnsubscribeFrame(userIds=ids):
                 gone = tuple(u for u in dict.fromkeys(ids) if u in self.subscriptions)
                 self.subscriptions.difference_update(gone)
                 for u in gone:
                     self.view.pop(u, None)
                 return [ops.Unwatch(sid, gone)] if gone else []
-            case p.PresenceQuery(userIds=ids):
+            case p.PresenceQueryFrame(userIds=ids):
                 if len(ids) > self.limits.max_query_ids:
                     return [
                         Reply(
@@ -409,30 +409,30 @@ class Session:
                         together=now >= self.lookups_careful_until,
                     )
                 ]
-            case p.Focus(channelId=channel):
+            case p.FocusFrame(channelId=channel):
                 self.focus = channel
                 return [ops.Focus(user, sid, channel)]
-            case p.ChannelSubscribe(channelId=channel):
+            case p.ChannelSubscribeFrame(channelId=channel):
                 return [ops.ChannelSubscribe(channel, user, sid)]
-            case p.ChannelUnsubscribe(channelId=channel):
+            case p.ChannelUnsubscribeFrame(channelId=channel):
                 self.channels.discard(channel)
                 return [ops.ChannelUnsubscribe(channel, sid)]
-            case p.TypingStart(channelId=channel):
+            case p.TypingStartFrame(channelId=channel):
                 return [ops.TypingStart(channel, user)]
-            case p.TypingStop(channelId=channel):
+            case p.TypingStopFrame(channelId=channel):
                 return [ops.TypingStop(channel, user)]
-            case p.VoiceJoin(channelId=channel):
+            case p.VoiceJoinFrame(channelId=channel):
                 out: list[Command] = []
                 if self.voice_channel is not None and self.voice_channel != channel:
                     out.append(ops.VoiceLeave(self.voice_channel, sid))
                 # A client's own join: charged to the account's voice budget.
                 out.append(ops.VoiceJoin(channel, user, sid, own=True))
                 return out
-            case p.VoiceLeave():
+            case p.VoiceLeaveFrame():
                 if self.voice_channel is None:
                     return []
                 return [ops.VoiceLeave(self.voice_channel, sid)]
-            case p.SettingsUpdate(lastSeenVisibility=visibility):
+            case p.SettingsUpdateFrame(lastSeenVisibility=visibility):
                 self.visibility, self.visibility_at = visibility, max(now, self.visibility_at)
                 return [ops.Settings(user, visibility)]
         raise AssertionError(f"unhandled frame {frame!r}")  # pragma: no cover

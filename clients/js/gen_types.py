@@ -54,6 +54,10 @@ def _literal(value: Any) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _frame_name(model: str) -> str:
+    return model if model.endswith("Frame") else f"{model}Frame"
+
+
 def _interface(name: str, schema: dict[str, Any], summary: str | None) -> str:
     required = set(schema.get("required", []))
     lines = []
@@ -87,13 +91,14 @@ def render(doc: dict[str, Any] | None = None) -> str:
             members.append(model)
             named[model] = message.get("summary")
         unions[union] = members
-    # Frames are named <Model>Frame (ErrorFrame, not a second Error); helpers (UserStatus) as they are.
+    # Frames are named <Model>Frame (ErrorFrame, not a second Error; a client frame's model is so
+    # named already); helpers (UserStatus) as they are.
     for model in sorted(schemas):
-        name = f"{model}Frame" if model in named else model
+        name = _frame_name(model) if model in named else model
         out.append(_interface(name, schemas[model], named.get(model)))
         out.append("")
     for union, members in unions.items():
-        out.append(f"export type {union} =\n  | " + "\n  | ".join(f"{m}Frame" for m in members) + ";")
+        out.append(f"export type {union} =\n  | " + "\n  | ".join(_frame_name(m) for m in members) + ";")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 

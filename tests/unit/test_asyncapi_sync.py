@@ -89,10 +89,10 @@ def test_schemas_refuse_what_the_edge_refuses(doc: dict[str, Any]) -> None:
         schema = {"$ref": f"#/components/schemas/{model}", "components": components}
         return bool(jsonschema.Draft202012Validator(schema).is_valid(payload))
 
-    assert not valid("PresenceUpdate", {"type": "presence.update", "status": "offline"})
-    assert not valid("PresenceUpdate", {"type": "presence.update", "status": "online", "extra": 1})
-    assert not valid("PresenceQuery", {"type": "presence.query", "userIds": [""]})
-    assert not valid("SettingsUpdate", {"type": "settings.update", "lastSeenVisibility": "some"})
+    assert not valid("PresenceUpdateFrame", {"type": "presence.update", "status": "offline"})
+    assert not valid("PresenceUpdateFrame", {"type": "presence.update", "status": "online", "extra": 1})
+    assert not valid("PresenceQueryFrame", {"type": "presence.query", "userIds": [""]})
+    assert not valid("SettingsUpdateFrame", {"type": "settings.update", "lastSeenVisibility": "some"})
     # Server frames: an optional field is absent, never null.
     assert valid("PresenceChanged", {"type": "presence.changed", "userId": "u", "status": "offline"})
     assert not valid(

@@ -21,27 +21,27 @@ from actors.core.contract import iso_ms
 from edge import protocol as p
 
 VALID: list[tuple[dict[str, Any], type]] = [
-    ({"type": "identify", "token": "abc.def.ghi"}, p.Identify),
-    ({"type": "heartbeat"}, p.Heartbeat),
-    ({"type": "presence.update", "status": "online"}, p.PresenceUpdate),
-    ({"type": "presence.update", "status": "idle"}, p.PresenceUpdate),
-    ({"type": "presence.update", "status": "dnd"}, p.PresenceUpdate),
-    ({"type": "presence.update", "status": "invisible"}, p.PresenceUpdate),
-    ({"type": "presence.subscribe", "userIds": ["u1", "u2"]}, p.PresenceSubscribe),
-    ({"type": "presence.subscribe", "userIds": []}, p.PresenceSubscribe),
-    ({"type": "presence.unsubscribe", "userIds": ["u1"]}, p.PresenceUnsubscribe),
-    ({"type": "presence.query", "userIds": ["u1"]}, p.PresenceQuery),
-    ({"type": "focus", "channelId": "c1"}, p.Focus),
-    ({"type": "focus", "channelId": None}, p.Focus),
-    ({"type": "channel.subscribe", "channelId": "c1"}, p.ChannelSubscribe),
-    ({"type": "channel.unsubscribe", "channelId": "c1"}, p.ChannelUnsubscribe),
-    ({"type": "typing.start", "channelId": "c1"}, p.TypingStart),
-    ({"type": "typing.stop", "channelId": "c1"}, p.TypingStop),
-    ({"type": "voice.join", "channelId": "c1"}, p.VoiceJoin),
-    ({"type": "voice.leave"}, p.VoiceLeave),
-    ({"type": "settings.update", "lastSeenVisibility": "everyone"}, p.SettingsUpdate),
-    ({"type": "settings.update", "lastSeenVisibility": "friends"}, p.SettingsUpdate),
-    ({"type": "settings.update", "lastSeenVisibility": "nobody"}, p.SettingsUpdate),
+    ({"type": "identify", "token": "abc.def.ghi"}, p.IdentifyFrame),
+    ({"type": "heartbeat"}, p.HeartbeatFrame),
+    ({"type": "presence.update", "status": "online"}, p.PresenceUpdateFrame),
+    ({"type": "presence.update", "status": "idle"}, p.PresenceUpdateFrame),
+    ({"type": "presence.update", "status": "dnd"}, p.PresenceUpdateFrame),
+    ({"type": "presence.update", "status": "invisible"}, p.PresenceUpdateFrame),
+    ({"type": "presence.subscribe", "userIds": ["u1", "u2"]}, p.PresenceSubscribeFrame),
+    ({"type": "presence.subscribe", "userIds": []}, p.PresenceSubscribeFrame),
+    ({"type": "presence.unsubscribe", "userIds": ["u1"]}, p.PresenceUnsubscribeFrame),
+    ({"type": "presence.query", "userIds": ["u1"]}, p.PresenceQueryFrame),
+    ({"type": "focus", "channelId": "c1"}, p.FocusFrame),
+    ({"type": "focus", "channelId": None}, p.FocusFrame),
+    ({"type": "channel.subscribe", "channelId": "c1"}, p.ChannelSubscribeFrame),
+    ({"type": "channel.unsubscribe", "channelId": "c1"}, p.ChannelUnsubscribeFrame),
+    ({"type": "typing.start", "channelId": "c1"}, p.TypingStartFrame),
+    ({"type": "typing.stop", "channelId": "c1"}, p.TypingStopFrame),
+    ({"type": "voice.join", "channelId": "c1"}, p.VoiceJoinFrame),
+    ({"type": "voice.leave"}, p.VoiceLeaveFrame),
+    ({"type": "settings.update", "lastSeenVisibility": "everyone"}, p.SettingsUpdateFrame),
+    ({"type": "settings.update", "lastSeenVisibility": "friends"}, p.SettingsUpdateFrame),
+    ({"type": "settings.update", "lastSeenVisibility": "nobody"}, p.SettingsUpdateFrame),
 ]
 
 
@@ -88,7 +88,7 @@ def test_every_contract_frame_type_is_covered() -> None:
     ],
 )
 def test_heartbeat_spellings(raw: str | bytes) -> None:
-    assert isinstance(p.parse_client_frame(raw), p.Heartbeat)
+    assert isinstance(p.parse_client_frame(raw), p.HeartbeatFrame)
 
 
 BAD: list[str | bytes] = [

@@ -28,14 +28,14 @@ export interface FocusFrame {
   channelId: string | null;
 }
 
-/** Keeps the socket alive; answered with heartbeat.ack. Any frame refreshes liveness; a socket silent for 90 s is closed (4000). */
-export interface HeartbeatFrame {
-  type: "heartbeat";
-}
-
 /** Answer to heartbeat. */
 export interface HeartbeatAckFrame {
   type: "heartbeat.ack";
+}
+
+/** Keeps the socket alive; answered with heartbeat.ack. Any frame refreshes liveness; a socket silent for 90 s is closed (4000). */
+export interface HeartbeatFrame {
+  type: "heartbeat";
 }
 
 /** Authenticate as the first frame (or send `Authorization: Bearer TOKEN` on the upgrade). Within 10 s, else close 4001. */
