@@ -1,7 +1,8 @@
 """The multi-host testbed (issue 25): `python -m tests.testbed run` as a test. Three network
 namespaces as hosts, `ray up ray_cluster.yaml` over SSH, HAProxy in front of the edges, watchers
-through it, a worker node killed whole; the table of what it measured is printed. Slow (about
-six minutes on two cores) and needs root; docs/testing.md ("Multi-host testbed")."""
+through it, a worker cut off for 30 s, a worker node killed whole, the head restarted; the table
+of what it measured is printed. Slow (about ten minutes on two cores) and needs root;
+docs/testing.md ("Multi-host testbed")."""
 
 from __future__ import annotations
 

@@ -24,11 +24,14 @@ from tests.testbed.bed import Node, Testbed, log
 
 SERVER = "tb-g"
 # How long a watcher may take to show the truth after a node died: Ray declares a silent node dead
-# after about 65 s of failed health checks (its defaults: every 3 s, 10 s timeout, 5 failures),
+# after about 30-65 s of failed health checks (its defaults: every 3 s, 10 s timeout, 5 failures),
 # and the dead edge's accounts must depart within AFTER_RAY_S of that verdict or of their shard
-# being back (those whose shard died with the node), whichever is later.
+# being back (those whose shard died with the node), whichever is later: the shard's lazy start
+# (PostgreSQL, the directory), the edges noticing the new incarnation (<= 1 s), their
+# re-registration and the resync 2 s later. 5 s held once (2.1 s) and missed once by 1.9 s on
+# two cores under load 7-9 (the second run in docs/testing.md): 10 s.
 NODE_DEATH_BOUND_S = 90.0
-AFTER_RAY_S = 5.0
+AFTER_RAY_S = 10.0
 
 # Run on the head by `ssh`: Ray's view of nodes and of where each named actor lives, one JSON line
 # a second (Ray's own state, not presence's: the observer must not depend on what it measures).
