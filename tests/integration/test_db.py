@@ -96,7 +96,15 @@ async def test_migrate_twice_and_concurrently(fresh_database_url: str) -> None:
             r["tablename"]
             for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
         }
-        assert tables == {"users", "friendships", "servers", "server_members", "channels", "pool_size"}
+        assert tables == {
+            "users",
+            "friendships",
+            "servers",
+            "server_members",
+            "channels",
+            "pool_size",
+            "slot_map",
+        }
         triggers = await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal")
         assert triggers == 6
         pool = await asyncpg.create_pool(fresh_database_url, min_size=1, max_size=2)
