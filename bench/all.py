@@ -1,5 +1,6 @@
 """`presence bench all`: every benchmark in one invocation, one after another, each printing its own
-table, then a summary of every target (figure, target, met or missed).
+table, then a summary of every target (bench/targets.py): its figure, the baseline measured beside
+it in the same run, their ratio, the bound, met or missed.
 
 `lastseen` and `scale` bring up their own servers and Ray, so they run as subprocesses
 (`presence bench NAME`). At full size so do the websocket benchmarks (`edge`, `connections`,
@@ -17,6 +18,7 @@ once, each with fresh edges, load generators and account ids: faster, for smoke 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench import results
+from bench import results, targets
 from bench.results import machine_info, machine_summary, utc_now
 
 if TYPE_CHECKING:
@@ -173,68 +175,89 @@ def _latest(name: str) -> Path | None:
     return found[-1] if found else None
 
 
-def _targets_of(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
-    if "targets" in report:
-        return list(report["targets"])
-    if name == "lastseen":
-        t = report["target"]
-        return [
-            results.target(
-                "last-seen statements/s (ours)",
-                report["designs"]["ours"]["statements_per_s"],
-                "statements/s",
-                f"≤ {t['statements_per_s_max']:g}",
-                t["met"],
-            )
-        ]
-    return []
-
-
-def _fmt(value: Any, unit: str) -> str:
-    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
-        return str(value)
-    if unit == "ratio":
-        return f"{value:.2f}"
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
     if unit == "ms":
         return f"{lg.fmt_ms(value)} ms"
-    if unit in ("KiB",):
-        return f"{value:+.1f} KiB"
+    if unit == "KiB":
+        return f"{value:.2f} KiB"
     if abs(value) >= 100:
         return f"{value:,.0f} {unit}"
     return f"{value:.3g} {unit}"
+
+
+def _ratio_text(v: targets.Verdict) -> str:
+    return "-" if v.ratio is None else f"{v.ratio:.2f}x"
+
+
+def summary_rows(verdicts: list[targets.Verdict]) -> list[list[str]]:
+    """The summary's table: per target its figure, the baseline measured beside it, their ratio,
+    the bound and the verdict."""
+    return [
+        [
+            v.benchmark,
+            v.name,
+            _fmt(v.figure, v.unit) + (f" ({v.note})" if v.note else ""),
+            _fmt(v.baseline, v.unit),
+            _ratio_text(v),
+            v.goal,
+            "not judged at this size" if v.met is None else results.met_text(v.met),
+        ]
+        for v in verdicts
+    ]
+
+
+def verdicts_text(verdicts: list[targets.Verdict]) -> str:
+    """The `## all` row's cell: how many were met, and each one missed with its figures."""
+    judged = [v for v in verdicts if v.met is not None]
+    missed = [v for v in judged if v.met is False]
+    text = f"{len(judged) - len(missed)}/{len(judged)}"
+    if missed:
+        text += "; missed: " + "; ".join(
+            f"{v.benchmark} {v.name} {_fmt(v.figure, v.unit)}"
+            + (f" against {_fmt(v.baseline, v.unit)} = {_ratio_text(v)}" if v.baseline is not None else "")
+            + f" ({v.goal})"
+            for v in missed
+        )
+    return text
 
 
 def _summary(
     args: argparse.Namespace, runs: dict[str, dict[str, Any]], runtime: float, started_at: str
 ) -> int:
     info = machine_info()
-    rows, targets, failed = _outcomes(args.chosen, runs)
+    reports, failed = _reports(args.chosen, runs)
+    verdicts = targets.evaluate(reports)
     print(f"\n{'=' * 30} summary {'=' * 30}")
     print(
         f"presence bench all on {machine_summary(info)} (commit {info['commit']})"
         + (", --quick sizes (targets are for the full sizes)" if args.quick else "")
         + "\n"
     )
-    results.print_table(["benchmark", "target", "figure", "goal", "met?"], rows, align_left=2)
-    met = sum(1 for t in targets if t["met"] is True)
-    judged = sum(1 for t in targets if t["met"] is not None)
-    print(f"\n{met}/{judged} targets met; {len(failed)} benchmark(s) failed; total {runtime:.0f} s")
+    rows = summary_rows(verdicts) + [
+        [name, "FAILED", "-", "-", "-", "-", runs.get(name, {}).get("error", "no report")] for name in failed
+    ]
+    results.print_table(
+        ["benchmark", "target", "figure", "baseline", "ratio", "goal", "met?"], rows, align_left=2
+    )
+    tally = verdicts_text(verdicts)
+    print(f"\ntargets met: {tally}\n{len(failed)} benchmark(s) failed; total {runtime:.0f} s")
     payload = {
         **results.run_record(NAME, started_at, runtime, info),
         "quick": args.quick,
         "runs": runs,
-        "targets": targets,
+        "targets": [{**dataclasses.asdict(v), "ratio": v.ratio} for v in verdicts],
         "failed": failed,
     }
     if args.output is None and args.results_dir is not None:
         args.output = args.results_dir / "all.json"
-    verdicts = ", ".join(
-        f"{t['benchmark']} {results.met_text(t['met'])}" for t in targets if t["met"] is not None
-    )
     columns = [
         *results.lead_columns(info),
         ("sizes", "quick" if args.quick else "full"),
-        ("targets met", f"{met}/{judged}: {verdicts}"),
+        ("targets met", tally),
         ("failed", ", ".join(failed) or "none"),
         ("runtime", f"{runtime:.0f} s"),
     ]
@@ -247,12 +270,12 @@ RESULTS_TITLE = (
 )
 
 
-def _outcomes(
+def _reports(
     chosen: list[str], runs: dict[str, dict[str, Any]]
-) -> tuple[list[list[str]], list[dict[str, Any]], list[str]]:
-    """The summary's rows, every target met or missed, and the benchmarks that failed."""
-    rows: list[list[str]] = []
-    targets: list[dict[str, Any]] = []
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The JSON report of every benchmark that ran to the end, and the names of those that failed
+    (or whose report lacks a figure a target needs)."""
+    reports: dict[str, dict[str, Any]] = {}
     failed = []
     for name in chosen:
         run = runs.get(name, {"exit": 1, "json": None})
@@ -262,12 +285,13 @@ def _outcomes(
                 report = json.loads(Path(run["json"]).read_text())
             except (OSError, ValueError):
                 report = None
-        if run["exit"] != 0 or report is None:
+        try:
+            if run["exit"] != 0 or report is None:
+                raise ValueError(run.get("error", f"exit {run['exit']}"))
+            targets.evaluate({name: report})
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            run.setdefault("error", f"{type(e).__name__}: {e}")
             failed.append(name)
-            rows.append([name, "FAILED", "-", "-", run.get("error", f"exit {run['exit']}")])
             continue
-        for t in _targets_of(name, report):
-            targets.append({"benchmark": name, **t})
-            met = "n/a" if t["met"] is None and t["target"] == "no target" else results.met_text(t["met"])
-            rows.append([name, t["name"], _fmt(t["figure"], t["unit"]), t["target"], met])
-    return rows, targets, failed
+        reports[name] = report
+    return reports, failed

@@ -33,16 +33,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench import results
+from bench import results, targets
 from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
     from cluster.config import Settings
 
 NAME = "connections"
-TARGET_PER_EDGE = 19_000
-TARGET_EXTRA_KIB = 20.0
-TARGET_TOTAL = 50_000
+TARGET_PER_EDGE = targets.CONNECTIONS_PER_EDGE
+TARGET_EXTRA_KIB = targets.CONNECTIONS_EXTRA_KIB
+TARGET_TOTAL = targets.CONNECTIONS_TOTAL
 HEARTBEAT_S = 30.0
 
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench import results
+from bench import results, targets
 from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
@@ -61,12 +61,12 @@ NAME = "fanout"
 # The first window (200 changes/s: 10,000 deliveries/s) keeps the first target; the fastest
 # (800/s: 40,000 deliveries/s, issue 16) has its own, and its CPU per delivery is judged beside
 # the bare server's.
-TARGET_P99_MS = 50.0
-TARGET_FAST_P99_MS = 25.0
-FAST_DELIVERIES_PER_S = 40_000
-TARGET_CPU_RATIO = 1.2  # ours (edges + shards) / the bare server, per delivery (issue 28)
-TARGET_SHARD_US = 1.0  # shard CPU per delivery: fan-out per edge, not per watcher (issue 28)
-TARGET_P99_RATIO = 2.0  # the fastest window's p99 / the bare server's, in the same run (issue 28)
+TARGET_P99_MS = targets.FANOUT_P99_MS
+TARGET_FAST_P99_MS = targets.FANOUT_FAST_P99_MS
+FAST_DELIVERIES_PER_S = targets.FANOUT_FAST_DELIVERIES_PER_S
+TARGET_CPU_RATIO = targets.FANOUT_CPU_RATIO
+TARGET_SHARD_US = targets.FANOUT_SHARD_US
+TARGET_P99_RATIO = targets.FANOUT_P99_RATIO
 # The section of bench/RESULTS.md for the fastest window beside the bare server.
 BARE_SECTION = "fanout-bare"
 

@@ -64,7 +64,7 @@ from actors.core.shard import ShardState
 from actors.core.slots import SlotMap, slot_of
 from actors.flush import UPDATE_SQL as OURS_FLUSH_SQL
 from actors.flush import FlushActor
-from bench import results
+from bench import results, targets
 from bench.baselines import (
     COARSE_INTERVAL_MS,
     SEED_FLUSH_SQL,
@@ -84,7 +84,7 @@ NAME = "lastseen"
 # Virtual time starts here (2023-11-14T22:13:20Z): in the past, so that the FlushActor's
 # `LEAST(ts, now())` never clamps a simulated departure, and fixed, so runs are reproducible.
 T0 = 1_700_000_000
-TARGET_STATEMENTS_PER_S = 1.0
+TARGET_STATEMENTS_PER_S = targets.LASTSEEN_STATEMENTS_PER_S
 STATEMENT_TIMEOUT_S = 120.0
 
 DESIGNS = ("ours", "write_through", "coarse_redis_batched")

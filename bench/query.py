@@ -15,7 +15,9 @@ the edge's settings) answering each `presence.query` with one `presence.changed`
 pipelined `EXISTS presence:<id>` (redis-py asyncio), the answers in one write as ours. Each querier
 has a socket to it too and asks it the same ids at the same moments as ours (the two queries of a
 tick in turn first), so both see the same machine, load and clients; its latency is measured
-like ours, client-side until the last answer. Target: ours p99 ≤ 1.5x its p99, and < 20 ms.
+like ours, client-side until the last answer. Target (issue 28, bench/targets.py): ours p99 ≤ 1.2x
+its p99 in the same run, no query failed on either side (the absolute < 20 ms of earlier rounds is
+dropped: the bare server alone measured 13-29 ms p99 on different hours).
 
 The seed's call alone (`bench.baselines_redis`, the seed's `PresenceService`): every account
 heartbeats with `SET presence:<id> 1 EX 30` every 30 s (spread evenly; these are the keys the bare
@@ -34,7 +36,7 @@ import multiprocessing as mp
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bench import fanout, results
+from bench import fanout, results, targets
 from bench import loadgen as lg
 from bench.results import machine_info, machine_summary
 
@@ -42,8 +44,7 @@ if TYPE_CHECKING:
     from cluster.config import Settings
 
 NAME = "query"
-TARGET_P99_MS = 20.0
-TARGET_RATIO = 1.5  # ours p99 / the bare websockets + Redis server's p99
+TARGET_RATIO = targets.QUERY_P99_RATIO  # ours p99 / the bare websockets + Redis server's p99
 HEARTBEAT_S = 30.0
 
 
@@ -150,7 +151,6 @@ def _figures(m: dict[str, Any]) -> dict[str, Any]:
         "bare": bare,
         "failed": failed,
         "bare_failed": bare_failed,
-        "met": ours["p99"] < TARGET_P99_MS and failed == 0,
         "met_ratio": bare_ratio_p99 <= TARGET_RATIO and failed == 0 and bare_failed == 0,
         "ratios": {
             "ratio_p50": _ratio(ours["p50"], redis["p50"]),
@@ -170,9 +170,6 @@ def report(args: argparse.Namespace, m: dict[str, Any], runtime: float, started_
         **m,
         **f["ratios"],
         "targets": [
-            results.target(
-                "presence.query (100 ids) p99", f["ours"]["p99"], "ms", f"< {TARGET_P99_MS:g}", f["met"]
-            ),
             results.target(
                 "query p99: ours / bare websockets + Redis",
                 f["ratios"]["bare_ratio_p99"],
@@ -213,8 +210,8 @@ def _columns(
         ("ours/bare p99", f"{f['ratios']['bare_ratio_p99']:.2f}x"),
         ("seed call alone p50/p99/max ms", _three(f["redis"])),
         ("ours/seed p99", f"{f['ratios']['ratio_p99']:.1f}x"),
-        ("target p99 < 20 ms", results.met_text(f["met"])),
-        ("target ≤ 1.5x bare", results.met_text(f["met_ratio"])),
+        ("target p99 < 20 ms (to issue 28)", "-"),
+        (f"target ≤ {TARGET_RATIO:g}x bare (1.5x to issue 28)", results.met_text(f["met_ratio"])),
         ("runtime", f"{runtime:.0f} s"),
     ]
 
@@ -255,7 +252,4 @@ def _print(args: argparse.Namespace, m: dict[str, Any], info: dict[str, Any], f:
         f"Fanout meanwhile: p99 {lg.fmt_ms(fo['p99'])} ms, {m['delivered_fraction']:.2%} delivered; "
         f"the seed's heartbeats: {m['beside']['heartbeats']:,} SET EX"
     )
-    print(
-        f"targets: p99 < {TARGET_P99_MS:g} ms: {results.met_text(f['met'])}; p99 ≤ {TARGET_RATIO:g}x the "
-        f"bare server's: {results.met_text(f['met_ratio'])}"
-    )
+    print(f"target: p99 ≤ {TARGET_RATIO:g}x the bare server's: {results.met_text(f['met_ratio'])}")

@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from bench import fanout, results
+from bench import fanout, results, targets
 from bench import loadgen as lg
 from bench.results import machine_info, machine_summary
 
@@ -82,8 +82,8 @@ if TYPE_CHECKING:
     from cluster.config import Settings
 
 NAME = "reconnect"
-TARGET_RATIO = 2.0
-TARGET_FANOUT_P99_MS = 100.0
+TARGET_RATIO = targets.RECONNECT_RATIO
+TARGET_FANOUT_P99_MS = targets.RECONNECT_FANOUT_P99_MS
 HEARTBEAT_S = 30.0
 # Source addresses (loadgen.source_address): the load's sockets start at 0 (fanout_setup), the
 # watchers and the storm further on, so no address carries more than PER_ADDRESS sockets on B.

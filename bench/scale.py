@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import loadgen as lg
-from bench import results
+from bench import results, targets
 from bench.results import Progress, machine_info, machine_summary
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 NAMESPACE = "presence-bench-scale"
 # How long a load generator may take to start (Ray's client, its accounts connected).
 GENERATOR_START_S = 180.0
-TARGET_RATIO = 0.7  # frames/s at the largest pool size / at the first (issue 16: 8 shards vs 1)
+TARGET_RATIO = targets.SCALE_RATIO
 
 
 def per_size(phases: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
