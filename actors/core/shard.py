@@ -169,10 +169,13 @@ class ShardState:
         # to its own sockets (edge/watch_index.py), so a change costs this shard work per edge
         # watching, not per watcher. Kept with `watchers` by `_set_watcher` / `_drop_watcher`.
         self._fan: dict[str, dict[str, list[int]]] = {}
-        # watcher account → how many entries of `watchers` are its sockets: the relations sweep
-        # asks "does anybody watch from this account?" without walking every watcher (at 10,000
-        # accounts x 50 watchers the walk held the shard for ~90 ms a minute).
-        self._watching: Counter[str] = Counter()
+        # watcher account → target → how many entries of `watchers[target]` are its sockets: the
+        # relations sweep asks "does anybody watch from this account?" and a relations change asks
+        # "which targets does this account watch?" without walking every watcher (at 10,000
+        # accounts x 50 watchers the sweep's walk held the shard for ~90 ms a minute; in a server
+        # of a million members a walk per member joining or leaving cost the shard O(watchers)
+        # per change, issue 28 item 3).
+        self._watching: dict[str, Counter[str]] = {}
         # edge id → time of its last lease refresh
         self.edges: dict[str, float] = {}
         # edge id → {(user, socket)} owned here, and {(target, socket)} watched here: for expiry.
@@ -250,11 +253,7 @@ class ShardState:
         # Accounts owned here whose audience may have changed: the account itself, and every
         # account it watches (their audience test involves its servers and their friend sets).
         affected = [user_id] if user_id in self.watchers or user_id in self.accounts else []
-        affected += [
-            t
-            for t, ws in self.watchers.items()
-            if t != user_id and any(w.user_id == user_id for w in ws.values())
-        ]
+        affected += [t for t in self._watching.get(user_id, ()) if t != user_id]
         for target in affected:
             self._reclassify(target, changed_user=user_id)
         acc = self.accounts.get(user_id)
@@ -300,15 +299,15 @@ class ShardState:
         old = ws.get(socket_id)
         ws[socket_id] = w
         if old is not None:
-            self._unref_watching(old.user_id)
+            self._unref_watching(old.user_id, target)
             self._count_fan(target, old, -1)
-        self._watching[w.user_id] += 1
+        self._watching.setdefault(w.user_id, Counter())[target] += 1
         self._count_fan(target, w, 1)
 
     def _drop_watcher(self, target: str, socket_id: str) -> None:
         ws = self.watchers[target]
         w = ws.pop(socket_id)
-        self._unref_watching(w.user_id)
+        self._unref_watching(w.user_id, target)
         self._count_fan(target, w, -1)
         if not ws:
             del self.watchers[target]
@@ -324,10 +323,13 @@ class ShardState:
             if not edges:
                 del self._fan[target]
 
-    def _unref_watching(self, user_id: str) -> None:
-        self._watching[user_id] -= 1
-        if not self._watching[user_id]:
-            del self._watching[user_id]
+    def _unref_watching(self, user_id: str, target: str) -> None:
+        targets = self._watching[user_id]
+        targets[target] -= 1
+        if not targets[target]:
+            del targets[target]
+            if not targets:
+                del self._watching[user_id]
 
     def _referenced_users(self) -> set[str]:
         users = set(self.accounts) | set(self.watchers) | self._watching.keys()
@@ -944,7 +946,7 @@ class ShardState:
             self._fan.pop(target, None)
             out.watchers[target] = watchers
             for socket_id, w in watchers.items():
-                self._unref_watching(w.user_id)
+                self._unref_watching(w.user_id, target)
                 self.edge_watches.get(w.edge_id, set()).discard((target, socket_id))
                 out.edges.setdefault(w.edge_id, self.edges.get(w.edge_id, 0.0))
         out.publications = self.publications.export([u for u in self.publications if slot_of(u) in slots])

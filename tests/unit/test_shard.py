@@ -48,8 +48,12 @@ TIMEOUT = 90.0
 
 
 def assert_watching_index(state: ShardState) -> None:
-    """The relations sweep's index of watching accounts is exactly a count of the watchers."""
-    counted = Counter(w.user_id for ws in state.watchers.values() for w in ws.values())
+    """The index of watching accounts (for the relations sweep and a relations change) is exactly
+    a count of the watchers per watching account and target."""
+    counted: dict[str, Counter[str]] = {}
+    for target, ws in state.watchers.items():
+        for w in ws.values():
+            counted.setdefault(w.user_id, Counter())[target] += 1
     assert state._watching == counted
 
 
@@ -714,6 +718,41 @@ class TestWatch:
         w.drain()
         w.s.set_relations("alice", rel(friends={"dave"}, servers={"g1"}), w.now)
         assert w.drain() == []
+
+    def test_a_relations_change_reads_only_the_watchers_of_what_the_account_watches(self) -> None:
+        """A member joining or leaving a big server changes its relations: the shard decides
+        again the targets that account watches (and its own watchers), never walking the watchers
+        of every other target (issue 28 item 3: O(watchers in the shard) per change before)."""
+        members = {f"m{i}": rel(servers={"big"}) for i in range(300)}
+        w = World({**members, "joiner": rel(servers={"small"})})
+        for i in range(300):  # a member list on screen: each member watches the next ten
+            w.s.watch(f"m{i}", f"s{i}", "e1", [f"m{(i + k) % 300}" for k in range(1, 11)], w.now)
+        w.s.watch("joiner", "j1", "e2", ["m0", "m1"], w.now)
+        w.drain()
+        read: list[str] = []
+
+        class Reads(dict[str, dict[str, Any]]):
+            def __getitem__(self, target: str) -> dict[str, Any]:
+                read.append(target)
+                return super().__getitem__(target)
+
+            def get(self, target: str, default: Any = None) -> Any:
+                read.append(target)
+                return super().get(target, default)
+
+            def items(self) -> Any:
+                read.append("*")
+                return super().items()
+
+            def values(self) -> Any:
+                read.append("*")
+                return super().values()
+
+        w.s.watchers = Reads(w.s.watchers)
+        w.s.set_relations("joiner", rel(servers={"small", "big"}), w.now)
+        assert sorted(set(read)) == ["joiner", "m0", "m1"]  # its own watchers, and its targets'
+        assert changed_to(w.drain(), "j1") == ["offline", "offline"]  # came into their audience
+        assert_watching_index(w.s)
 
     def test_missing_relations(self) -> None:
         w = pair_world()
