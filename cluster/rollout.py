@@ -165,7 +165,8 @@ class RayFleet:
         return clients.ShardClient(index)
 
     async def node_of(self, index: int) -> str | None:
-        return await _pool().node_of(index)
+        node: str | None = await _pool().node_of(index)
+        return node
 
     async def shard_nodes(self) -> list[str]:
         from actors.pool import shard_nodes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol, TypedDict
 
 from actors import clients
@@ -125,7 +125,7 @@ def _pool_client() -> Pool:
 
 # `presence scale N` at the pool's own size: cluster/rollout.py `rebalance` (given by the command
 # line: rollout builds on this module, so this one cannot import it).
-Rebalance = Callable[..., Awaitable[Any]]
+Rebalance = Callable[..., Coroutine[Any, Any, Mapping[str, Any]]]
 
 
 def scale(settings: Settings, shards: int, rebalance: Rebalance | None = None) -> int:
@@ -144,7 +144,7 @@ def scale(settings: Settings, shards: int, rebalance: Rebalance | None = None) -
         # The size outlives Ray's memory of it: `presence up` starts the pool at it again.
         asyncio.run(db.record_pool_size(info.database_url, shards))
         if summary["from"] == shards and rebalance is not None:
-            spread = asyncio.run(rebalance(progress))
+            spread: Mapping[str, Any] = asyncio.run(rebalance(progress))
             print(
                 f"pool of {shards} shards rebalanced: {spread['shards']} moved to other nodes "
                 f"({spread['moved_slots']} slots moved out and back) in {spread['seconds']:.2f} s"

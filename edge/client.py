@@ -23,8 +23,10 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
+T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 2.0
 
 
@@ -37,7 +39,7 @@ class PresenceClient:
         self.timeout_s = timeout_s
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
 
-    def _get(self, path: str, **params: str) -> Any:
+    def _get(self, path: str, **params: str) -> object:
         url = f"{self.base_url}/api/v1/internal/presence/{path}?{urllib.parse.urlencode(params)}"
         request = urllib.request.Request(url)
         if self.token:
@@ -53,12 +55,16 @@ class PresenceClient:
     def online_count(self, server_id: str) -> int | None:
         body = self._get("online", serverId=server_id)
         value = body.get("online") if isinstance(body, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return None
 
     def is_focused(self, user_id: str, channel_id: str) -> bool | None:
         body = self._get("focus", userId=user_id, channelId=channel_id)
         value = body.get("focused") if isinstance(body, dict) else None
-        return value if isinstance(value, bool) else None
+        if isinstance(value, bool):
+            return value
+        return None
 
     async def aonline_count(self, server_id: str) -> int | None:
         return await self._in_thread(self.online_count, server_id)
@@ -66,7 +72,7 @@ class PresenceClient:
     async def ais_focused(self, user_id: str, channel_id: str) -> bool | None:
         return await self._in_thread(self.is_focused, user_id, channel_id)
 
-    async def _in_thread(self, fn: Any, *args: str) -> Any:
+    async def _in_thread(self, fn: Callable[..., T], *args: str) -> T | None:
         # The blocking call has its own timeout; the outer one bounds the thread hand-off too.
         try:
             return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s + 0.5)

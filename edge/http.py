@@ -44,14 +44,14 @@ import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-from actors.clients import DirectoryClient, ShardClient, flush_stats
+from actors.clients import DirectoryClient, flush_stats
 from actors.core.activity import REPORT_WINDOWS_H, BadWindow, parse_hours, window_start
 from actors.core.contract import ShardStats
 from actors.core.ids import id_problem
 from actors.counts import CountReader
 from actors.metrics import Metrics, render
 from edge.http_server import HttpRequest, error_response
-from edge.router import Router
+from edge.router import Router, Shard
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection
@@ -344,7 +344,7 @@ class InternalApi:
         members = await shard.server_members(server, SHARD_TIMEOUT_S)
         return json_response(None, 200, {"active": await self.edge.counts.active_among(members, since)})
 
-    async def _current_shards(self) -> list[ShardClient]:
+    async def _current_shards(self) -> list[Shard]:
         """The clients of exactly the shards of the current slot map (an edge learns of a resize
         only when a call fails, so the map is read first: a shrink's retired shards are gone)."""
         router = self.edge.router
@@ -451,7 +451,7 @@ class InternalApi:
         for st in stats:
             if isinstance(st, ShardStats):
                 labels = {"shard": str(st.shard)}
-                gauges = [
+                gauges: list[tuple[str, list[tuple[str, str]], float]] = [
                     (k, [], float(getattr(st, k)))
                     for k in ("accounts", "sockets", "online", "edges", "pending_last_seen")
                 ]
@@ -462,7 +462,9 @@ class InternalApi:
             flush = await flush_stats(SHARD_TIMEOUT_S)
         except Exception:  # a missing FlushActor shows as missing series
             flush = {}
-        counters = [(f"flush_{k}_total", [], float(flush[k])) for k in FLUSH_COUNTERS if k in flush]
+        counters: list[tuple[str, list[tuple[str, str]], float]] = [
+            (f"flush_{k}_total", [], float(flush[k])) for k in FLUSH_COUNTERS if k in flush
+        ]
         gauges = [(f"flush_{k}", [], float(flush[k])) for k in FLUSH_GAUGES if k in flush]
         histograms = flush.get("metrics", {}).get("histograms", [])
         snapshots.append(({}, {"counters": counters, "gauges": gauges, "histograms": histograms}))

@@ -41,7 +41,7 @@ from typing import cast
 
 from websockets.frames import Frame, Opcode
 from websockets.http11 import SERVER, Request, Response
-from websockets.protocol import Protocol, State
+from websockets.protocol import Event, Protocol, State
 from websockets.server import ServerProtocol
 
 log = logging.getLogger("presence.transport")
@@ -86,7 +86,7 @@ class LeanServerProtocol(ServerProtocol):
 
 def _between_frames(parser: Generator[None]) -> bool:
     """`ServerProtocol.parse` has read the request and waits for the next frame's first byte."""
-    frames = parser.gi_yieldfrom
+    frames = getattr(parser, "gi_yieldfrom", None)  # a generator object's, not in Generator's type
     if frames is None or getattr(frames, "__qualname__", "") != "Protocol.parse":
         return False
     waiting = getattr(frames, "gi_yieldfrom", None)
@@ -285,19 +285,20 @@ class Socket(asyncio.Protocol):
         if self._timer is None and protocol.close_expected():
             self._expect_close()
 
-    def _handle(self, events: list[Request | Frame]) -> None:
+    def _handle(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, Frame):
                 opcode = event.opcode
                 if opcode is Opcode.TEXT or opcode is Opcode.BINARY or opcode is Opcode.CONT:
                     self._frame(event)
             else:
-                self._handshake(event)
+                self._handshake(cast(Request, event))  # a server receives no Response
 
     def _frame(self, frame: Frame) -> None:
         if self.protocol.state is not OPEN:
             return  # closing: what the client still sends is dropped
-        data = frame.data
+        # websockets' parser reads bytes (Frame.parse); the field's type admits any buffer.
+        data = cast(bytes, frame.data)
         if frame.opcode is Opcode.CONT:
             if self._fragments is None:
                 return  # the protocol refused it already
