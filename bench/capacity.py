@@ -15,7 +15,11 @@ ids). Per node, CPU is spent on:
 
 - heartbeats, at the edge (never sent upstream);
 - each status change, routed by the edge and applied by its shard;
-- each delivery, the shard choosing its sockets and the edge writing it;
+- each change's fan-out in its shard: a part per change, and a part per edge that holds one of
+  its watchers (fan-out per edge, issue 28: the shard no longer walks the watchers, it sends one
+  publication to each edge that watches the account; the audience was decided at the watch);
+- each delivery, at the edge (its index of its own sockets watching the account expands the
+  publication, checks each socket's view and writes it);
 - connects (identify + subscribe);
 - calls between edges and shards: a call costs `call_us` of CPU over both ends, whatever it
   carries (`--road direct`, the default: the shards' direct lanes, actors/lane.py; `--road ray`:
@@ -43,17 +47,45 @@ CALL_US = 1_500.0
 # machine, back to back): 227 µs against 2,433 µs for a Ray call on that (slow) hour, 0.093x;
 # scaled to the Ray call's 1.5 ms above.
 LANE_CALL_US = CALL_US * 227 / 2_433
-HEARTBEAT_US = 24.0  # bench edge 1d16161: ~42,000 heartbeats/s per core, ours 1.08x the bare server
+# bench edge 2443416 (the sans-I/O edge, quiet machine): 34,452 heartbeats per CPU-second, ours
+# 1.47x the bare server on that (slow) hour; 24 µs at 1d16161 on a faster one.
+HEARTBEAT_US = 1e6 / 34_452
 # bench scale b81985d, 1 shard: router 12.4 µs/frame, shard (2 - 0.98 cores) / 74,798 frames/s =
 # 13.6, with 2.1 calls per 1,000 frames.
-APPLY_US = 12.4 + 13.6 - 2.1 * CALL_US / 1000
-# bench fanout de3d3fb, 800 changes/s: 18.4 (edge) + 10.6 (shards) per delivery, with 6.2 calls
-# per 1,000 deliveries.
-DELIVERY_US = 18.4 + 10.6 - 6.2 * CALL_US / 1000
+ROUTE_US, SHARD_APPLY_US = 12.4, 13.6
+APPLY_US = ROUTE_US + SHARD_APPLY_US - 2.1 * CALL_US / 1000
+# Fan-out per edge (issue 28 item 1), bench fanout 267bdf7 on the quiet machine, 800 changes/s of
+# 10,000 accounts x 50 watchers on one edge: 14.8 µs (edge) + 6.8 µs (shards) per delivery, with
+# 19.5 shard calls per 1,000 deliveries (about one call per change); a call's CPU is taken out,
+# half from each end.
+FANOUT_CALLS_PER_DELIVERY = 19.5 / 1000
+FANOUT_WATCHERS = 50
+EDGE_DELIVERY_US = 14.8 - FANOUT_CALLS_PER_DELIVERY * LANE_CALL_US / 2
+# The shard's cost per edge reached, from the micro-benchmark of its pure fan-out path and mail
+# step (bench/profiles/fanout_core.py at ca4e8cc, 1,000 x 50, 1 / 2 / 8 / 20 / 50 edges: 33.1 /
+# 36.7 / 53.4 / 90.2 / 188.7 µs per change: 3.1-3.2 µs per edge beyond the first).
+SHARD_EDGE_US = 3.1
+# The rest of the shards' 6.8 µs per delivery is per change: at one edge, 50 deliveries a change,
+# less its call, the shard's part of the change itself (in APPLY_US) and the one edge's share:
+# ~255 µs, against ~30 µs for the pure path in the micro-benchmark. The difference is the shell
+# (the lane's receive and reply, the mail's encoding, the event loop) and the shards' CPU at rest
+# (0.02 cores in that run: ~25 µs a change at 800/s); not profiled yet.
+SHARD_CHANGE_US = (
+    6.8 * FANOUT_WATCHERS
+    - FANOUT_CALLS_PER_DELIVERY * FANOUT_WATCHERS * LANE_CALL_US / 2
+    - SHARD_APPLY_US
+    - SHARD_EDGE_US
+)
 CONNECT_US = 2_000.0  # bench connections f3ecb88: 978 identified connects/s with the edge and shards busy
-# Memory per connected account: bench connections f3ecb88 (15.4 KiB of edge RSS per socket) and
-# the shard's state (ShardState with 50 friends, 2 servers, 1 socket, watching 50: 9.9 KiB).
-MEMORY_KIB = 15.4 + 9.9
+# Memory per connected account: the sans-I/O edge's RSS per idle identified socket (bench edge
+# 2443416, 9,000 sockets: 4.96 KiB; 15.4 KiB on websockets' asyncio server before issue 28) and
+# the shard's state per account with one socket, watching 50, friends with its 50 watchers, in
+# two servers (bench/profiles/fanout_core.py --memory at ca4e8cc: 13.5 KiB under tracemalloc;
+# 10.5 KiB by the same probe on the code before fan-out per edge, 85ebc02^; bench connections
+# f3ecb88's 9.9 KiB was an earlier probe).
+EDGE_KIB_PER_SOCKET = 4.96
+SHARD_KIB_PER_ACCOUNT = 13.5
+MEMORY_KIB = EDGE_KIB_PER_SOCKET + SHARD_KIB_PER_ACCOUNT
 
 
 @dataclass(frozen=True)
@@ -107,8 +139,10 @@ def node_load(w: Workload, nodes: int, accounts: float) -> NodeLoad:
     cores = {
         "heartbeats": accounts / w.heartbeat_s * HEARTBEAT_US / 1e6,
         "changes": changes * APPLY_US / 1e6,
-        "deliveries": deliveries * DELIVERY_US / 1e6,
-        "connects": connects * (CONNECT_US + w.watchers * DELIVERY_US / 2) / 1e6,
+        "fan-out": changes * (SHARD_CHANGE_US + SHARD_EDGE_US * edges_reached) / 1e6,
+        "deliveries": deliveries * EDGE_DELIVERY_US / 1e6,
+        # an arrival's subscribe sync: about half the ids it watches are online, each an answer
+        "connects": connects * (CONNECT_US + w.watchers * EDGE_DELIVERY_US / 2) / 1e6,
         "calls": (apply_calls + mail_calls) * w.call_us / 1e6,
     }
     return NodeLoad(accounts, changes, deliveries, apply_calls + mail_calls, cores)
@@ -161,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         w = replace(w, **RAY_ROAD)
     if args.check:
         # bench fanout: 10,000 accounts x 50 watchers on one node, 800 changes/s (no heartbeats
-        # or churn in its window): measured 1.16 cores for the edge and shards by the Ray road
-        # (de3d3fb), 0.80 by the direct lanes (67328d7). The round trips were fitted there, so
-        # this checks the arithmetic, not the prediction.
+        # or churn in its window): measured 0.86 cores for the edge and shards with fan-out per
+        # edge (267bdf7: 21.6 µs per delivery); 1.16 by the Ray road (de3d3fb), 0.80 by the
+        # direct lanes (67328d7) before it. The costs and round trips were fitted there, so this
+        # checks the arithmetic, not the prediction.
         fan = replace(w, changes_per_h=800 / 10_000 * 3600, heartbeat_s=1e12, churn_per_min=0.0)
         load = node_load(fan, 1, 10_000)
         print(f"model at bench fanout's load: {sum(load.cores.values()):.2f} cores ({load.cores})")

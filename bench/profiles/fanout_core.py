@@ -2,6 +2,11 @@
 pure state and the shell's mail step (`PresenceShard._carry_out`: serialise, queue per edge).
 
     python bench/profiles/fanout_core.py [--accounts 1000] [--watchers 50] [--edges 1] [--profile]
+    python bench/profiles/fanout_core.py --memory [--accounts 4000]
+
+`--memory`: the shard's state per connected account instead (tracemalloc over building the world:
+each account with one socket, watching `--watchers` others, friends with its `--watchers` watchers
+and in two servers), the capacity model's input (bench/capacity.py).
 
 Every account is watched by `--watchers` sockets of other accounts (all in its audience: a
 shared server), spread over `--edges` edges; each account then toggles online/dnd. Prints µs of
@@ -15,6 +20,7 @@ import argparse
 import cProfile
 import pstats
 import time
+import tracemalloc
 
 from actors.core import frames
 from actors.core.audience import Relations
@@ -23,11 +29,15 @@ from actors.core.mailbox import Mailbox
 from actors.core.shard import ShardState
 
 
-def world(accounts: int, watchers: int, edges: int) -> tuple[ShardState, list[str]]:
+def world(accounts: int, watchers: int, edges: int, friends: bool = False) -> tuple[ShardState, list[str]]:
     s = ShardState(status_publications=10**9)
     users = [f"u{i}" for i in range(accounts)]
-    rel = Relations(frozenset(), frozenset({"g"}), "everyone")
-    for u in users:
+    shared = Relations(frozenset(), frozenset({"g"}), "everyone")
+    for i, u in enumerate(users):
+        rel = shared
+        if friends:  # its watchers (the ring's previous `watchers` accounts) are its friends
+            ring = frozenset(users[(i - k) % accounts] for k in range(1, watchers + 1))
+            rel = Relations(ring, frozenset({"g", "h"}), "everyone")
         s.set_relations(u, rel, 0.0)
         s.load_account(u, AccountRow(), 0.0)
     for i, u in enumerate(users):
@@ -81,7 +91,18 @@ def main() -> None:
     p.add_argument("--edges", type=int, default=1)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--memory", action="store_true", help="KiB of shard state per connected account")
     a = p.parse_args()
+    if a.memory:
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        s, users = world(a.accounts, a.watchers, a.edges, friends=True)
+        kib = (tracemalloc.get_traced_memory()[0] - before) / 1024 / a.accounts
+        print(
+            f"{a.accounts} accounts, each watching {a.watchers} and friends with its watchers: "
+            f"{kib:.1f} KiB each"
+        )
+        return
     s, users = world(a.accounts, a.watchers, a.edges)
     boxes = {f"e{i}": Mailbox() for i in range(a.edges)}
     run(s, users, boxes, 2)  # warm
