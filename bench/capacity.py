@@ -80,11 +80,11 @@ CONNECT_US = 2_000.0  # bench connections f3ecb88: 978 identified connects/s wit
 # Memory per connected account: the sans-I/O edge's RSS per idle identified socket (bench edge
 # 2443416, 9,000 sockets: 4.96 KiB; 15.4 KiB on websockets' asyncio server before issue 28) and
 # the shard's state per account with one socket, watching 50, friends with its 50 watchers, in
-# two servers (bench/profiles/fanout_core.py --memory at ca4e8cc: 13.5 KiB under tracemalloc;
-# 10.5 KiB by the same probe on the code before fan-out per edge, 85ebc02^; bench connections
-# f3ecb88's 9.9 KiB was an earlier probe).
+# two servers (bench/profiles/fanout_core.py --memory at ffc1c26, with the watched-targets index
+# of relation changes: 15.0 KiB under tracemalloc; 13.5 at ca4e8cc; 10.5 KiB on the code before
+# fan-out per edge, 85ebc02^; bench connections f3ecb88's 9.9 KiB was an earlier probe).
 EDGE_KIB_PER_SOCKET = 4.96
-SHARD_KIB_PER_ACCOUNT = 13.5
+SHARD_KIB_PER_ACCOUNT = 15.0
 MEMORY_KIB = EDGE_KIB_PER_SOCKET + SHARD_KIB_PER_ACCOUNT
 
 
