@@ -97,7 +97,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--profile",
         type=Path,
         default=None,
-        help="record py-spy profiles of the edge and the bare server during their first window into DIR",
+        help="record py-spy profiles of each server's handshakes and first heartbeat window into DIR",
+    )
+    p.add_argument(
+        "--profile-handshakes-s",
+        type=float,
+        default=3.0,
+        help="with --profile: seconds of each server's handshakes recorded (default 3)",
     )
     lg.add_common_args(p)
     args = p.parse_args(argv)
@@ -182,7 +188,13 @@ def _idle(
     stage.log(f"{name}: {idle:,} idle connections, {args.concurrency} connects in flight")
     shares = lg.split(idle, len(workers))
     per = max(1, args.concurrency // len(workers))
+    # py-spy for the first `--profile-handshakes-s` of the handshakes (it cannot be stopped early
+    # without losing its output; fewer sockets than that many seconds' worth leave it idle).
+    spy_path = args.profile / f"edge-{name}-handshakes-pyspy.txt" if args.profile is not None else None
+    spy = lg.start_profile(spy_path, server.pid, args.profile_handshakes_s) if spy_path else None
     hs = lg.connect_side(workers, stage, idle_side, target, shares, group=f"{name}-idle", concurrency=per)
+    if spy is not None and spy_path is not None:
+        lg.finish_profile(spy, spy_path)
     beat = lg.connect_side(
         workers,
         stage,

@@ -98,6 +98,7 @@ class Socket(asyncio.Protocol):
 
     __slots__ = (
         "_backlog",
+        "_cork",
         "_early",
         "_fragments",
         "_paused",
@@ -119,6 +120,10 @@ class Socket(asyncio.Protocol):
         self._paused = False
         self._backlog: deque[Message] | None = None  # messages that arrived while paused
         self._fragments: list[bytes] | None = None  # a fragmented message so far (opcode first)
+        # While the bytes of one read are handled, what is written to this socket waits here and
+        # leaves as one write at the end (`_feed`): a client that pipelines frames gets their
+        # answers in one send() instead of one each.
+        self._cork: list[bytes] | None = None
         self._write_limit = write_limit
 
     # ------------------------------------------------------------------ what subclasses say
@@ -159,7 +164,7 @@ class Socket(asyncio.Protocol):
         """One text message; False if the socket is not open (nothing sent)."""
         if self.protocol.state is not OPEN or self.transport is None:
             return False
-        self.transport.write(Frame(Opcode.TEXT, text.encode()).serialize(mask=False))
+        self._send(Frame(Opcode.TEXT, text.encode()).serialize(mask=False))
         return True
 
     def write(self, frame: bytes) -> bool:
@@ -167,13 +172,21 @@ class Socket(asyncio.Protocol):
         extension is ever negotiated here, so a frame's bytes are the same for every socket."""
         if self.protocol.state is not OPEN or self.transport is None:
             return False
-        self.transport.write(frame)
+        cork = self._cork
+        if cork is None:
+            self.transport.write(frame)
+        else:
+            cork.append(frame)
         return True
 
     def writelines(self, frames: list[bytes]) -> bool:
         if self.protocol.state is not OPEN or self.transport is None:
             return False
-        self.transport.writelines(frames)
+        cork = self._cork
+        if cork is None:
+            self.transport.writelines(frames)
+        else:
+            cork.extend(frames)
         return True
 
     def close(self, code: int = 1000, reason: str = "") -> None:
@@ -279,11 +292,39 @@ class Socket(asyncio.Protocol):
         protocol = self.protocol
         protocol.receive_data(data)
         events = protocol.events_received()
+        if self._cork is not None:  # fed again from inside a handler (`release`)
+            self._feed_events(events)
+        else:
+            cork = self._cork = []
+            try:
+                self._feed_events(events)
+            finally:
+                self._cork = None
+                t = self.transport
+                if cork and t is not None:
+                    t.write(cork[0] if len(cork) == 1 else b"".join(cork))
+        if self._timer is None and protocol.close_expected():
+            self._expect_close()
+
+    def _feed_events(self, events: list[Event]) -> None:
         self._flush()  # pongs, the answer to a close, a refusal of a bad frame
         if events:
             self._handle(events)
-        if self._timer is None and protocol.close_expected():
-            self._expect_close()
+
+    def _send(self, data: bytes) -> None:
+        """Write `data` now, or with the rest of this read's answers (`_cork`)."""
+        cork = self._cork
+        if cork is not None:
+            cork.append(data)
+        elif self.transport is not None:
+            self.transport.write(data)
+
+    def _uncork(self) -> None:
+        """Write what waits in the cork now (before an end of writing)."""
+        cork = self._cork
+        if cork and self.transport is not None:
+            self.transport.write(b"".join(cork))
+            cork.clear()
 
     def _handle(self, events: list[Event]) -> None:
         for event in events:
@@ -360,6 +401,7 @@ class Socket(asyncio.Protocol):
         else:
             self.request = None
             if self.transport is not None:
+                self._uncork()
                 self.transport.close()  # refused: the answer is written, then the connection closed
 
     def _flush(self) -> None:
@@ -368,8 +410,10 @@ class Socket(asyncio.Protocol):
             return
         for data in self.protocol.data_to_send():
             if data:
-                t.write(data)
-            elif t.can_write_eof():
+                self._send(data)
+                continue
+            self._uncork()
+            if t.can_write_eof():
                 try:
                     t.write_eof()
                 except Exception:  # uvloop may raise RuntimeError on a closing transport

@@ -340,3 +340,54 @@ async def test_frames_sent_with_the_request_and_split_anywhere_are_read() -> Non
             assert [r() for r in sock.requests] == [None]
         finally:
             raw.close()
+
+
+class Echo(Recorder):
+    """Answers every text message with itself, as the edge answers a heartbeat."""
+
+    __slots__ = ()
+
+    def on_message(self, message: str | bytes) -> None:
+        super().on_message(message)
+        assert isinstance(message, str)
+        self.send_text(message)
+
+
+class CountingTransport:
+    """A transport that counts its writes (each one a send() to the kernel)."""
+
+    def __init__(self, inner: asyncio.Transport) -> None:
+        self.inner, self.writes = inner, 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_the_answers_to_frames_read_together_leave_in_one_write_in_order() -> None:
+    """A client pipelining frames (8 heartbeats in flight) gets their answers in one send(), not
+    one each; answers to frames read apart still leave at once."""
+    async with _server(Echo) as s:
+        raw = await asyncio.to_thread(_raw_upgrade, s.port)
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.open)
+            counting = CountingTransport(sock.transport)  # type: ignore[arg-type]
+            sock.transport = counting  # type: ignore[assignment]
+            texts = [f"beat {i}" for i in range(8)]
+            await asyncio.to_thread(raw.sendall, b"".join(_masked(t) for t in texts))
+            await s.until(lambda: len(sock.messages) == 8)
+            assert counting.writes == 1
+            expected = b"".join(prepare(t) for t in texts)
+            got = b""
+            while len(got) < len(expected):
+                got += await asyncio.to_thread(raw.recv, 65536)
+            assert got == expected
+            await asyncio.to_thread(raw.sendall, _masked("alone"))
+            await s.until(lambda: len(sock.messages) == 9)
+            assert counting.writes == 2
+        finally:
+            raw.close()
