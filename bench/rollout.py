@@ -51,7 +51,7 @@ one shard per core. The full size takes about ten minutes.
 
     presence bench rollout [--sockets 19000] [--edges 3] [--subscriptions 50] [--rate 2000]
                            [--shards 8] [--steady-s 10] [--settle-s 5] [--sample 10]
-                           [--quick] [--no-record]
+                           [--quick] [--no-record] [--raw FILE]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ import argparse
 import asyncio
 import bisect
 import math
+import pickle
 import random
 import secrets
 import socket
@@ -67,6 +68,7 @@ import time
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -161,6 +163,8 @@ class Raw:
     rec_t: array[float] = field(default_factory=lambda: array("d"))
     spur_t: array[float] = field(default_factory=lambda: array("d"))
     spur_k: bytearray = field(default_factory=bytearray)
+    spur_w: array[int] = field(default_factory=lambda: array("i"))  # who got it
+    spur_u: array[int] = field(default_factory=lambda: array("i"))  # about whom
     rc_u: array[int] = field(default_factory=lambda: array("i"))
     rc_lost: array[float] = field(default_factory=lambda: array("d"))
     rc_ready: array[float] = field(default_factory=lambda: array("d"))
@@ -469,24 +473,47 @@ async def _open(st: _Gen, c: _Client) -> None:
 
 async def _subscribe(st: _Gen, c: _Client) -> None:
     """Subscribe to the ring and show what the sync says (an `offline` there is a flicker: every
-    account of the run is connected all along)."""
+    account of the run is connected all along), then every `presence.changed` after it.
+
+    The frames are taken by one handler from before the subscription leaves: the edge sends the
+    changes it held back during the watch right behind the sync, often in the same read, and a
+    frame that comes before this coroutine resumes would otherwise go nowhere (the watcher would
+    miss a real change, and count the next one as a repeat)."""
     assert c.conn is not None
     conn = c.conn
     ids = [f"{st.prefix}{t}" for t in lg.fanout_targets(c.index, st.accounts, st.subscriptions)]
-    sync = conn.expect(b"presence.sync", st.connect_timeout_s)
+    synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_text(_conn: lg.WsConn, payload: bytes) -> None:
+        if synced.done():
+            _on_frame(st, c, payload)
+        elif payload.startswith(b'{"type":"presence.sync"'):
+            _show_sync(st, c, orjson.loads(payload))
+            synced.set_result(None)
+        elif payload.startswith(b'{"type":"error"'):
+            synced.set_exception(ConnectionError(f"error frame: {payload[:200]!r}"))
+
+    conn.on_text = on_text
     conn.send(orjson.dumps({"type": "presence.subscribe", "userIds": ids}))
-    frame = await sync
+    await asyncio.wait([synced, conn.lost], timeout=st.connect_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    if not synced.done():
+        conn.on_text = None
+        synced.cancel()
+        raise ConnectionError(f"closed ({conn.close_code})") if conn.lost.done() else TimeoutError("no sync")
+    synced.result()
+
+
+def _show_sync(st: _Gen, c: _Client, frame: dict[str, Any]) -> None:
     now = time.monotonic()
     for entry in frame["users"]:
-        k = view_index(c.index, int(entry["userId"][len(st.prefix) :]), st.accounts, st.subscriptions)
+        target = int(entry["userId"][len(st.prefix) :])
+        k = view_index(c.index, target, st.accounts, st.subscriptions)
         if k is None:
             continue
         code = code_of(entry["status"])
         if code == OFFLINE and st.recording:
-            st.raw.spur_t.append(now)
-            st.raw.spur_k.append(3)
+            _spurious(st.raw, now, 3, c.index, target)
         c.view[k] = code
-    conn.on_text = lambda _conn, payload: _on_frame(st, c, payload)
 
 
 def _on_frame(st: _Gen, c: _Client, payload: bytes) -> None:
@@ -508,13 +535,19 @@ def _on_frame(st: _Gen, c: _Client, payload: bytes) -> None:
         return
     raw = st.raw
     if why is not None:
-        raw.spur_t.append(t)
-        raw.spur_k.append(why)
+        _spurious(raw, t, why, c.index, target)
     elif c.sampled:
         raw.rec_w.append(c.index)
         raw.rec_u.append(target)
         raw.rec_s.append(status)
         raw.rec_t.append(t)
+
+
+def _spurious(raw: Raw, t: float, why: int, watcher: int, target: int) -> None:
+    raw.spur_t.append(t)
+    raw.spur_k.append(why)
+    raw.spur_w.append(watcher)
+    raw.spur_u.append(target)
 
 
 async def _keep(st: _Gen, c: _Client, group: list[lg.WsConn]) -> None:
@@ -659,6 +692,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drain-grace-s", type=float, default=None, help="the edges' (default theirs, 4 s)")
     p.add_argument("--drain-window-s", type=float, default=None, help="the edges' (default theirs, 10 s)")
     p.add_argument("--connect-timeout-s", type=float, default=None, help="default PresenceClient's")
+    p.add_argument("--raw", type=Path, default=None, help="also write every record of the run here (pickle)")
     lg.add_common_args(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -828,7 +862,11 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
         edges.stop()
     stage.log("matching every receipt to its change")
     shape = Shape(args.sockets, args.subscriptions, args.sample, phases[0].start, phases[-1].end + drain_s)
-    rows = analyse(merge(parts), phases, shape)
+    raw = merge(parts)
+    if args.raw is not None:
+        args.raw.write_bytes(pickle.dumps({"raw": raw, "phases": phases, "shape": shape}))
+        stage.log(f"records written to {args.raw}")
+    rows = analyse(raw, phases, shape)
     errors: dict[str, int] = {}
     for part in parts:
         for k, v in part["errors"].items():

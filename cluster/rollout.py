@@ -28,11 +28,18 @@ from cluster.runtime import cluster_info_or_exit
 from cluster.scale import MAIL_POLL_S, MAIL_WAIT_S, RETIRE_DRAIN_S, Shard
 
 RESTART_WAIT_S = 120.0
+# How long the edges may take to route by the latest map before a shard or the directory is
+# replaced. Each edge asks the directory for the map every 5 s and reports the version it routes
+# by when it registers (right after); an edge still behind then would send operations to the
+# actor being replaced, be answered MOVED or fail, and need the directory to learn where to go.
+MAP_CATCH_UP_S = 15.0
+MAP_POLL_S = 0.25
 
 
 class Directory(Protocol):
     async def get_map(self) -> tuple[int, tuple[int, ...], int]: ...
     async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int: ...
+    async def list_edges(self) -> dict[str, dict[str, Any]]: ...
 
 
 class Fleet(Protocol):
@@ -78,17 +85,23 @@ async def rollout(
         )
     current = list(owners)
     moved = 0
+    latest, _, _ = await d.get_map()
 
     async def move(src: int, dst: int, slots: Sequence[int]) -> None:
-        nonlocal moved
+        nonlocal moved, latest
         for i in range(0, len(slots), chunk):
             part = list(slots[i : i + chunk])
             export = await f.shard(src).export_slots(part)
             await f.shard(dst).import_slots(export)
             for s in part:
                 current[s] = dst
-            await d.set_map(tuple(current), count)
+            latest = await d.set_map(tuple(current), count)
             moved += len(part)
+
+    async def edges_caught_up(before: str) -> None:
+        behind = await edges_behind(d, latest, clock, sleep)
+        if behind:
+            progress(f"{before}: edges still routing by an older map: {', '.join(behind)}")
 
     for index in range(count) if relocate is None else sorted(relocate):
         mine = [s for s, owner in enumerate(current) if owner == index]
@@ -99,6 +112,7 @@ async def rollout(
             plan.setdefault(others[n % len(others)], []).append(s)
         for dst, slots in sorted(plan.items()):
             await move(index, dst, slots)
+        await edges_caught_up(f"shard {index}")
         old = f.shard(index)
         deadline = clock() + MAIL_WAIT_S
         while await old.mail_pending() and clock() < deadline:
@@ -116,12 +130,33 @@ async def rollout(
         progress(f"shard {index} replaced{where} ({len(mine)} slots moved out and back)")
     if relocate is not None:
         return {"shards": len(relocate), "moved_slots": moved, "seconds": clock() - started}
+    # The last moves back flipped the map: an edge that routes by the map before them would need
+    # the directory (being replaced) to find those slots' owner again: 1011 after call_retry_s.
+    await edges_caught_up("the directory")
     left = await f.restart_flush()
     progress("FlushActor replaced" + (f" ({left} rows left behind)" if left else ""))
     version, owners_now, count_now = await d.get_map()
     await f.restart_directory(version, owners_now, count_now)
     progress("slot directory replaced")
     return {"shards": count, "moved_slots": moved, "seconds": clock() - started}
+
+
+async def edges_behind(
+    d: Directory,
+    version: int,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> list[str]:
+    """Wait (up to MAP_CATCH_UP_S) until every edge registered lately routes by map `version` or
+    a newer one; the edges still behind then. An edge of a release that does not report its
+    version is not waited for."""
+    deadline = clock() + MAP_CATCH_UP_S
+    while True:
+        edges = await d.list_edges()
+        behind = sorted(e for e, info in edges.items() if int(info.get("map_version", version)) < version)
+        if not behind or clock() >= deadline:
+            return behind
+        await sleep(MAP_POLL_S)
 
 
 class Spread(Protocol):

@@ -831,15 +831,19 @@ class Edge:
     async def _register_loop(self) -> None:
         while True:
             try:
+                await self.router.refresh_map()
+                assert self.router.map is not None
                 await self.directory.register_edge(
                     self.edge_id,
                     {
                         "ws_port": self.ws_port,
                         "internal_port": self.internal_port,
                         "sockets": len(self.conns),
+                        # The map this edge routes by: `presence rollout` replaces a shard or the
+                        # directory only once every edge routes by the map without it.
+                        "map_version": self.router.map.version,
                     },
                 )
-                await self.router.refresh_map()
             except Exception as e:
                 log.info("directory unreachable: %s", e)
             await asyncio.sleep(5.0)

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from actors import clients
-from cluster.rollout import rollout
+from cluster.rollout import RayFleet, rollout
 from edge.server import Edge
 
 from .conftest import SHARDS, Cluster, Ids, load
@@ -106,3 +106,39 @@ async def test_rollout_under_load_loses_nothing_and_closes_nothing(
 
 def edge_ws(e: Edge) -> str:
     return f"ws://127.0.0.1:{e.ws_port}/ws/presence"
+
+
+class WatchedFleet(RayFleet):
+    """The real pool; notes which map every edge routes by whenever an actor is replaced."""
+
+    def __init__(self, edges: list[Edge]) -> None:
+        self.edges = edges
+        self.seen: list[tuple[str, int, list[int]]] = []
+
+    async def _note(self, what: str) -> None:
+        version, _, _ = await clients.DirectoryClient().get_map()
+        routed = [e.router.map.version for e in self.edges if e.router.map is not None]
+        self.seen.append((what, version, routed))
+
+    async def restart_shard(self, index: int) -> None:
+        await self._note(f"shard {index}")
+        await super().restart_shard(index)
+
+    async def restart_directory(self, version: int, owners: tuple[int, ...], shard_count: int) -> None:
+        await self._note("directory")
+        await super().restart_directory(version, owners, shard_count)
+
+
+async def test_no_actor_is_replaced_while_an_edge_routes_by_an_older_map(
+    cluster: Cluster, edge: Edge, second_edge: Edge
+) -> None:
+    """An edge that still routes by the map before the last moves sends those slots to the actor
+    being replaced; for the directory, it cannot learn the new map until the directory is back
+    (seconds on a busy machine: every operation on those slots waited, then its socket was closed
+    1011 and the change was lost, bench rollout's losses). Failed on the old rollout, which
+    replaced each actor right after the flips, before the edges' next look at the map."""
+    fleet = WatchedFleet([edge, second_edge])
+    await rollout(progress=lambda _: None, fleet=fleet)
+    assert [what for what, _, _ in fleet.seen] == [*(f"shard {i}" for i in range(SHARDS)), "directory"]
+    for what, version, routed in fleet.seen:
+        assert routed == [version, version], (what, version, routed)

@@ -8,6 +8,7 @@ import math
 from array import array
 from collections import Counter
 
+import orjson
 import pytest
 
 from bench import loadgen as lg
@@ -187,3 +188,32 @@ def test_the_full_size_is_the_issues_and_quick_is_small() -> None:
         ro.parse(["--shards", "1"])  # nothing to roll out onto
     with pytest.raises(SystemExit):
         ro.parse(["--edges", "1"])  # no other edge to reconnect to
+
+
+class _Transport:
+    """What a client socket's server does with a subscription: the sync and, in the same read,
+    the changes it held back during the watch (an edge's `_release`)."""
+
+    def __init__(self, conn: lg.WsConn, frames: list[bytes]) -> None:
+        self.conn, self.frames = conn, frames
+
+    def write(self, data: bytes) -> None:
+        for frame in self.frames:  # one data_received: no await between them
+            self.conn._text(frame)
+
+
+async def test_a_change_right_behind_the_sync_reaches_the_watchers_view() -> None:
+    """The bench dropped frames that came in the same read as the sync (before the watcher's
+    coroutine resumed to install its handler): the change was missed and the next one counted
+    as a repeat."""
+    st = ro._Gen("p", accounts=10, subscriptions=3, connect_timeout_s=5.0)
+    st.recording = True
+    client = ro._Client(0, "p0", b"", [0], bytearray(3), sampled=True)
+    conn = lg.WsConn("127.0.0.1", 1, lg.WS_PATH)
+    sync = {"type": "presence.sync", "users": [{"userId": f"p{u}", "status": "online"} for u in (1, 2, 3)]}
+    changed = {"type": "presence.changed", "userId": "p2", "status": "idle"}
+    conn.transport = _Transport(conn, [orjson.dumps(sync), orjson.dumps(changed)])  # type: ignore[assignment]
+    client.conn = conn
+    await ro._subscribe(st, client)
+    assert client.view[ro.view_index(0, 2, 10, 3)] == ro.IDLE  # type: ignore[index]
+    assert list(st.raw.rec_u) == [2] and not st.raw.spur_k

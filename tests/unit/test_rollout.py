@@ -56,6 +56,9 @@ class FakeFleet:
         self.owners, self.count = tuple(owners), shard_count
         return self.version
 
+    async def list_edges(self) -> dict[str, dict[str, Any]]:
+        return {}
+
     # the fleet
     def shard(self, index: int) -> FakeShard:
         return self.shards[index]
@@ -93,6 +96,64 @@ async def test_every_shard_replaced_empty_and_given_its_slots_back() -> None:
     for i in range(4):  # the mail collected and last-seen handed on before each restart
         at = fleet.log.index(("restart", i))
         assert ("drain", i) in fleet.log[:at] and ("mail", i) in fleet.log[:at]
+
+
+class LaggingEdgeFleet(FakeFleet):
+    """An edge that learns each new map only at its third registration after the flip, and an
+    edge of an older release that reports no version."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.edge_version, self.looks = self.version, 0
+
+    async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int:
+        self.looks = 0
+        return await super().set_map(owners, shard_count)
+
+    async def list_edges(self) -> dict[str, dict[str, Any]]:
+        self.looks += 1
+        if self.looks >= 3:
+            self.edge_version = self.version
+        return {"e1": {"map_version": self.edge_version}, "old": {"sockets": 3}}
+
+    async def restart_shard(self, index: int) -> None:
+        self.log.append(("edge routes by", self.edge_version, "map", self.version))
+        await super().restart_shard(index)
+
+    async def restart_directory(self, version: int, owners: tuple[int, ...], shard_count: int) -> None:
+        self.log.append(("edge routes by", self.edge_version, "map", self.version))
+        await super().restart_directory(version, owners, shard_count)
+
+
+async def test_nothing_is_replaced_while_an_edge_routes_by_an_older_map() -> None:
+    """An edge behind would send the slots just moved to the shard being restarted (or need the
+    directory being replaced to find them): each waits until the edges route by the latest map."""
+    fleet = LaggingEdgeFleet(3)
+    now = [0.0]
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    await rollout(lambda _: None, chunk=1000, directory=fleet, fleet=fleet, clock=lambda: now[0], sleep=sleep)
+    seen = [e for e in fleet.log if e[0] == "edge routes by"]
+    assert len(seen) == 4 and all(e[1] == e[3] for e in seen), seen
+
+
+async def test_an_edge_that_never_catches_up_holds_the_rollout_back_for_a_bounded_time() -> None:
+    fleet = FakeFleet(2)
+    now = [0.0]
+    lines: list[str] = []
+
+    async def stuck() -> dict[str, dict[str, Any]]:
+        return {"e9": {"map_version": 0}}
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    fleet.list_edges = stuck  # type: ignore[method-assign]
+    await rollout(lines.append, chunk=1000, directory=fleet, fleet=fleet, clock=lambda: now[0], sleep=sleep)
+    assert sum("e9" in line for line in lines) == 3  # before each shard and the directory, then on
+    assert now[0] == pytest.approx(3 * 15.0, abs=1.0)
 
 
 async def test_a_pool_of_one_is_refused_with_what_to_do() -> None:
