@@ -418,7 +418,7 @@ class PresenceShard:
         missing_rel = self.state.missing_relations(rel_ids)
         if not missing_rel:
             for reader, targets in queries:
-                acc_ids.extend(self.state.audience_of_query(reader, targets))
+                acc_ids.extend(self.state.accounts_to_load_for_query(reader, targets))
             queries = []
         missing_acc = [u for u in dict.fromkeys(acc_ids) if not self.state.has_account(u)]
         missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
@@ -430,9 +430,7 @@ class PresenceShard:
                     self.state.set_relations(user_id, rel, now)
             # A query's audience is known once the relations are: its visible accounts load too.
             for reader, targets in queries:
-                missing_acc.extend(
-                    u for u in self.state.audience_of_query(reader, targets) if not self.state.has_account(u)
-                )
+                missing_acc.extend(self.state.accounts_to_load_for_query(reader, targets))
             if missing_acc:
                 rows = await loads.accounts(list(dict.fromkeys(missing_acc)))
                 for user_id, row in rows.items():

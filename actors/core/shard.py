@@ -24,6 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from . import frames
 from .activity import RollingRefresh
@@ -116,8 +117,15 @@ class Watcher:
     sees: str = AUDIENCE
 
 
-@dataclass(frozen=True, slots=True)
-class QueryAnswer:
+def status_shown(real: Status, user_id: str, reader: str) -> Status:
+    """The account's own sockets see its real status; everybody else the visible one."""
+    return real if reader == user_id else visible_status(real)
+
+
+class QueryAnswer(NamedTuple):
+    """One target of a query the reader may see (a NamedTuple: a query makes up to a hundred,
+    and a tuple is made in about half a frozen dataclass's time)."""
+
     user_id: str
     status: Status
     last_seen_at: float | None
@@ -742,8 +750,7 @@ class ShardState:
         return acc.real if acc is not None else "offline"
 
     def status_for(self, user_id: str, reader: str) -> Status:
-        """The account's own sockets see its real status; everybody else the visible one."""
-        return self.real_status_of(user_id) if reader == user_id else self.visible_status_of(user_id)
+        return status_shown(self.real_status_of(user_id), user_id, reader)
 
     def visible_status_of(self, user_id: str) -> Status:
         return visible_status(self.real_status_of(user_id))
@@ -841,13 +848,20 @@ class ShardState:
                 reader_rel=reader_rel,
                 precision_s=self.precision_s,
             )
-            out.append(QueryAnswer(target, self.status_for(target, reader), seen))
+            out.append(QueryAnswer(target, status_shown(acc.real, target, reader), seen))
         return out
 
     def audience_of_query(self, reader: str, targets: Iterable[str]) -> list[str]:
         """Which targets are in the reader's audience (relations must be loaded)."""
         reader_rel = self.relations[reader]
         return [t for t in dict.fromkeys(targets) if in_audience(t, self.relations[t], reader, reader_rel)]
+
+    def accounts_to_load_for_query(self, reader: str, targets: Iterable[str]) -> list[str]:
+        """The accounts a query must have loaded before `query` (relations must be): its targets
+        in the reader's audience that are not in memory. The audience is tested only for those:
+        most queries find every target loaded and test nothing here."""
+        absent = [t for t in dict.fromkeys(targets) if t not in self.accounts]
+        return self.audience_of_query(reader, absent) if absent else []
 
     # ------------------------------------------------------------------ budgets
 

@@ -1503,6 +1503,9 @@ class ShardMachine(RuleBasedStateMachine):
         self.need(reader, *targets)
         in_aud = self.state.audience_of_query(reader, targets)
         assert in_aud == [t for t in dict.fromkeys(targets) if self.aud(t, reader)]
+        # What the shell loads first: exactly the audience's accounts not in memory.
+        to_load = self.state.accounts_to_load_for_query(reader, targets)
+        assert to_load == [t for t in in_aud if not self.state.has_account(t)]
         for t in in_aud:
             self.load(t)
         answers = self.state.query(reader, override, targets, self.now)
