@@ -131,9 +131,16 @@ LOST_RAY = "lost Ray"
 CUT_OFF = "cut off"
 
 
-def join_ray(address: str, namespace: str, node_ip: str | None, timeout_s: float, **init_kwargs: Any) -> None:
+def join_ray(
+    address: str,
+    namespace: str,
+    node_ip: str | None,
+    timeout_s: float,
+    progress_s: float = 10.0,
+    **init_kwargs: Any,
+) -> None:
     """Join Ray at `address`, at most `timeout_s`: first wait for its GCS's port (a line every
-    10 s saying so), then `ray.init` (which, with no local raylet or an unanswering GCS, retries
+    `progress_s` saying so), then `ray.init` (which, with no local raylet or an unanswering GCS, retries
     on its own for minutes: `presence edge` hung after a head restart). Past the deadline the
     process exits with one line and LOST_RAY_EXIT, and its supervisor tries again."""
     started = time.monotonic()
@@ -144,10 +151,10 @@ def join_ray(address: str, namespace: str, node_ip: str | None, timeout_s: float
         now = time.monotonic()
         if now >= deadline:
             _give_up(f"Ray's GCS at {address} did not answer within {timeout_s:.0f} s")
-        if now - said >= 10:
+        if now - said >= progress_s:
             print(f"  still waiting for Ray's GCS at {address} ({now - started:.0f} s) …", flush=True)
             said = now
-        time.sleep(0.5)
+        time.sleep(min(0.5, progress_s))
     failed: list[BaseException] = []
     joining = threading.Thread(
         target=lambda: _catch(failed, lambda: clients.connect(address, namespace, node_ip, **init_kwargs)),
@@ -161,7 +168,7 @@ def join_ray(address: str, namespace: str, node_ip: str | None, timeout_s: float
                 f"could not join Ray at {address} within {timeout_s:.0f} s (is Ray running on this "
                 "node? `ray start` comes first)"
             )
-        joining.join(min(10.0, left))
+        joining.join(min(progress_s, left))
         if joining.is_alive():
             print(f"  still joining Ray at {address} ({time.monotonic() - started:.0f} s) …", flush=True)
     if failed:

@@ -58,6 +58,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Schedul
     return parallel.make_scheduler(config, log)
 
 
+_packing = parallel.Packing()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # On the controller of a parallel run, reports carry the worker that ran them.
+    node = getattr(report, "node", None)
+    if node is not None:
+        _packing.add(node.gateway.id, report.nodeid, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _packing.seconds:
+        terminalreporter.write_sep("=", "how the groups packed onto the workers (tests/parallel.py)")
+        for line in _packing.lines():
+            terminalreporter.write_line(line)
+        if path := os.environ.get("PRESENCE_TEST_PACKING"):
+            Path(path).write_text("\n".join(_packing.modules()) + "\n")
+
+
 @pytest.fixture(scope="session")
 def embedded_dir() -> Iterator[Path]:
     """One scratch directory under /tmp for every embedded server of the session."""

@@ -31,7 +31,9 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,46 +47,68 @@ MAX_WORKERS = 6
 WORKERS_PER_CORE = 2
 EXTERNAL_SERVERS = ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS")
 
-# Expected seconds of the heaviest modules (serial run with --durations on the 2-core machine;
-# test_command_line, test_outages, test_embedded and test_bench_scale_smoke measured again alone
-# after issue 27's fixes, at the quieter end of a loaded machine: only their order matters here).
+# Expected seconds of the heavier modules (serial runs with --durations on the 2-core machine,
+# most of them loaded; only their order matters: a long module that starts last leaves one worker
+# running alone at the end). A run with PRESENCE_TEST_PACKING=FILE writes every module's seconds.
 PLAN: dict[str, float] = {
     "tests/integration/test_doc_examples.py": 110,
     "tests/integration/test_command_line.py": 100,
-    "tests/integration/test_bench_smoke_more.py": 92,
     "tests/integration/test_outages.py": 70,
     "tests/integration/test_faults_history.py": 60,
     "tests/integration/test_conformance.py": 58,
+    "tests/integration/test_bench_smoke_more.py": 50,
+    "tests/integration/test_bench_smoke_fanout.py": 45,
     "tests/integration/test_embedded.py": 40,
     "tests/integration/test_admin_browser.py": 35,
     "tests/integration/test_bench_scale_smoke.py": 35,
+    "tests/integration/test_drain.py": 30,
     "tests/integration/test_multinode.py": 28,
     "tests/integration/test_resize.py": 25,
+    "tests/integration/test_rollout.py": 25,
+    "tests/integration/test_views.py": 22,
     "tests/integration/test_demo_browser.py": 20,
+    "tests/integration/test_durable.py": 20,
+    "tests/integration/test_internal_http.py": 20,
+    "tests/integration/test_rolling.py": 20,
+    "tests/integration/test_edge_ray_loss.py": 20,
     "tests/integration/test_lastseen_ws.py": 19,
     "tests/integration/test_failures.py": 15,
-    "tests/integration/test_views.py": 14,
-    "tests/unit/test_shard.py": 14,
+    "tests/integration/test_security.py": 15,
+    "tests/integration/test_presence_ws.py": 15,
     "tests/integration/test_bench_rtt_smoke.py": 14,
     "tests/integration/test_active.py": 12,
     "tests/integration/test_fuzz.py": 12,
-    "tests/integration/test_durable.py": 12,
     "tests/integration/test_ray_security.py": 12,
+    "tests/integration/test_clients_live.py": 12,
     "tests/integration/test_flush.py": 11,
     "tests/integration/test_packaging.py": 11,
-    "tests/unit/test_tokens.py": 10,
-    "tests/unit/test_flush_buffer.py": 8,
-    "tests/integration/test_bench_smoke.py": 7,
+    "tests/integration/test_bench_smoke.py": 11,
+    "tests/integration/test_hostile.py": 10,
+    # The unit lane's heaviest (hypothesis), half of what they took on a loaded machine.
+    "tests/unit/test_shard.py": 17,
+    "tests/unit/test_flush_buffer.py": 16,
+    "tests/unit/test_tokens.py": 13,
+    "tests/unit/test_layers.py": 6,
+    "tests/unit/test_budgets.py": 6,
+    "tests/unit/test_slots.py": 6,
+    "tests/unit/test_channels.py": 5,
 }
-# Lanes: modules that must not run side by side, so one worker runs them one after the other. The
-# benchmark smoke runs and `presence up` keep both cores busy for a minute or more; the recorded
-# histories check departure times to the second. Each heavy load shares a lane with a history.
+# Lanes: modules one worker runs one after the other. The benchmark smoke runs, `presence up`
+# (test_command_line, test_doc_examples) and the conformance suite each keep both cores busy for a
+# minute: run side by side, each takes twice as long. They are spread over three lanes of about
+# 130-160 s each on a quiet machine, beside the unit lane: `bench all --quick` is split in two
+# halves (test_bench_smoke_more, test_bench_smoke_fanout), which as one module followed by its
+# history made a lane of about 300 s on a loaded run (the run's end). The recorded histories,
+# whose checks are timed to the second (test_faults_history, test_views), follow a load in lane-a
+# rather than meet three others.
 LANES: dict[str, str] = {
     "tests/integration/test_bench_smoke_more.py": "lane-a",
     "tests/integration/test_faults_history.py": "lane-a",
-    "tests/integration/test_conformance.py": "lane-b",
+    "tests/integration/test_views.py": "lane-a",
     "tests/integration/test_command_line.py": "lane-b",
-    "tests/integration/test_views.py": "lane-b",
+    "tests/integration/test_conformance.py": "lane-b",
+    "tests/integration/test_bench_smoke_fanout.py": "lane-c",
+    "tests/integration/test_doc_examples.py": "lane-c",
 }
 # The unit tier keeps one core busy from start to end (hypothesis, pure code) and some of its tests
 # time real event-loop windows of a few milliseconds: side by side with itself on two cores it is
@@ -167,3 +191,52 @@ def one_start_at_a_time() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@dataclass
+class Packing:
+    """How the groups packed onto the workers, for the end of a parallel run: the longest worker
+    decides the wall time, so the run prints, per worker, when it finished and its groups (a lane,
+    an `xdist_group` or a module) with the seconds their tests took (setup, call and teardown as
+    pytest measured them). Fed on the controller with every test report as it arrives.
+    `PRESENCE_TEST_PACKING=FILE` also writes every module's seconds there (for `PLAN`)."""
+
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default=0.0)
+    # worker -> module -> seconds, in the order the modules started on it
+    seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    last_report: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def add(self, worker: str, nodeid: str, duration: float) -> None:
+        modules = self.seconds.setdefault(worker, {})
+        module = module_of(nodeid)
+        modules[module] = modules.get(module, 0.0) + duration
+        self.last_report[worker] = self.clock() - self.started
+
+    def lines(self, top: int = 6) -> list[str]:
+        """One line per worker, the last to finish first: finished at, busy seconds, its biggest
+        groups."""
+        out = []
+        for worker in sorted(self.seconds, key=lambda w: -self.last_report[w]):
+            groups: dict[str, float] = {}
+            for module, s in self.seconds[worker].items():
+                group = lane_of(module) or module
+                groups[group] = groups.get(group, 0.0) + s
+            busy = sum(groups.values())
+            biggest = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
+            shown = ", ".join(f"{name} {s:.0f} s" for name, s in biggest)
+            rest = len(groups) - len(biggest)
+            more = f" and {rest} more" if rest > 0 else ""
+            out.append(
+                f"{worker}: finished at {self.last_report[worker]:.0f} s, tests {busy:.0f} s in "
+                f"{len(groups)} groups: {shown}{more}"
+            )
+        return out
+
+    def modules(self) -> list[str]:
+        """Every module, slowest first: seconds, worker, module (the figures `PLAN` wants)."""
+        rows = [(s, w, m) for w, modules in self.seconds.items() for m, s in modules.items()]
+        return [f"{s:7.1f} {w} {m}" for s, w, m in sorted(rows, reverse=True)]

@@ -1,137 +1,34 @@
-"""Smoke test of the websocket benchmarks at their --quick sizes: `presence bench all --quick --only
-edge,connections,fanout,query,reconnect` runs each one end to end (real edges, pool, PostgreSQL,
-Redis) and each writes well-formed JSON. Never a speed: CI machines differ, the figures are for
-RESULTS.md."""
+"""Smoke test of the websocket benchmarks at their --quick sizes, first half: `presence bench all
+--quick --only edge,connections,query` runs each one end to end (real edges, pool, PostgreSQL,
+Redis) and each writes well-formed JSON (tests/integration/bench_quick.py; the other half is
+test_bench_smoke_fanout.py)."""
 
 from __future__ import annotations
 
-import json
-import math
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from .bench_quick import check_all_ran, check_report, run_quick
+
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ("edge", "connections", "fanout", "query", "reconnect")
+BENCHES = ("edge", "connections", "query")
 
 
 @pytest.fixture(scope="module")
 def quick_run(
     tmp_path_factory: pytest.TempPathFactory, migrated_pg_url: str, redis_url: str
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    out_dir = tmp_path_factory.mktemp("bench-more")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cluster.cli",
-            "bench",
-            "all",
-            "--quick",
-            "--no-record",
-            "--only",
-            ",".join(BENCHES),
-            "--results-dir",
-            str(out_dir),
-            "--database-url",
-            migrated_pg_url,
-            "--redis-url",
-            redis_url,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return done, out_dir
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _well_formed_targets(report: dict[str, Any]) -> None:
-    assert report["targets"], report
-    for t in report["targets"]:
-        assert isinstance(t["name"], str) and isinstance(t["target"], str)
-        assert _number(t["figure"]), t
-        assert t["met"] in (True, False, None), t
-
-
-def _latency(summary: dict[str, Any]) -> None:
-    assert summary["n"] > 0
-    for key in ("p50", "p99", "max"):
-        assert _number(summary[key]), (key, summary)
+    return run_quick(tmp_path_factory, BENCHES, migrated_pg_url, redis_url)
 
 
 def test_all_ran(quick_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
-    done, out_dir = quick_run
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((out_dir / "all.json").read_text())
-    assert summary["benchmark"] == "all" and summary["failed"] == []
-    assert {t["benchmark"] for t in summary["targets"]} == set(BENCHES)
-    assert "summary" in done.stdout
+    check_all_ran(*quick_run, BENCHES)
 
 
 @pytest.mark.parametrize("name", BENCHES)
 def test_bench_wrote_well_formed_json(
     name: str, quick_run: tuple[subprocess.CompletedProcess[str], Path]
 ) -> None:
-    _, out_dir = quick_run
-    report = json.loads((out_dir / f"{name}.json").read_text())
-    assert report["benchmark"] == name
-    assert report["machine"]["cpus"] >= 1
-    assert report["args"]["quick"] is True
-    _well_formed_targets(report)
-    if name == "edge":
-        for side in ("bare", "ours"):
-            assert _number(report[side]["per_s"]) and _number(report[side]["generator_cpu_cores"])
-        assert _number(report["ratio"])
-    elif name == "connections":
-        for side in ("bare", "ours"):
-            assert isinstance(report[side]["connected"], int)
-            assert _number(report[side]["kib_per_connection"])
-        assert isinstance(report["ours"]["sockets_in_pool"], int)
-    elif name == "fanout":
-        assert report["changes"] > 0 and report["deliveries_expected"] > 0
-        _latency(report["latency_ms"])
-        assert _number(report["cpu_cores"]["generators"])
-        # A window per rate on the same sockets, then the bare websockets server's at the last.
-        rates = [w["rate"] for w in report["windows"]]
-        assert len(rates) == 2 and rates[0] < rates[1]
-        for w in [*report["windows"], report["bare"]]:
-            assert w["delivered_fraction"] == 1.0, w  # every change reaches every watcher
-            _latency(w["latency_ms"])
-            assert _number(w["cpu_us_per_delivery"]["total"]) and w["cpu_us_per_delivery"]["total"] > 0
-        for w in report["windows"]:
-            assert _number(w["cpu_us_per_delivery"]["edges"]) and _number(w["cpu_us_per_delivery"]["shards"])
-            assert w["ray_calls"]["apply"] > 0 and w["ray_calls"]["pull"] > 0
-        assert report["bare"]["server"] == "bare" and report["bare"]["rate"] == rates[-1]
-        names = [t["name"] for t in report["targets"]]
-        assert any("ours / bare" in n for n in names), names
-    elif name == "query":
-        _latency(report["queries"]["latency_ms"])
-        _latency(report["bare_queries"]["latency_ms"])  # the bare websockets + Redis server
-        _latency(report["beside"]["latency_ms"])  # the seed's Redis call alone
-        assert _number(report["bare_ratio_p99"]) and _number(report["ratio_p99"])
-    else:
-        sockets = report["args"]["sockets"]
-        for side in ("bare", "ours"):
-            storm = report[side]
-            assert storm["sockets"] == storm["back"] == sockets and storm["failed"] == 0, storm
-            assert _number(storm["seconds"]) and storm["seconds"] > 0
-            _latency(storm["per_socket_ms"])
-            assert sum(storm["attempts"].values()) == sockets
-            assert _number(storm["server_cpu_cores"])
-        shown = report["ours"]["shown_online"]
-        assert shown["pairs"] > 0 and shown["missing"] == 0, shown
-        assert _number(shown["seconds"]) and shown["seconds"] > 0
-        assert shown["offline_flaps"] == 0  # edge A's lease outlives the storm
-        assert _number(report["ratio"]) and _number(report["ratio_identified"])
-        assert report["fanout"]["changes"] > 0
-        _latency(report["fanout"]["before_ms"])
-        _latency(report["fanout"]["storm_ms"])
+    check_report(name, quick_run[1])

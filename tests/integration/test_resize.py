@@ -27,6 +27,10 @@ pytestmark = pytest.mark.integration
 
 DRIVERS = 16
 WATCHERS = 4
+# The late subscribers take turns among these accounts, each always on the same edge: one account
+# for them all had its 21st socket on an edge closed (4029, `max_sockets_per_account`) once the
+# resizes took over ~12 s (a loaded machine).
+LATE_ACCOUNTS = 10
 
 
 class Driver:
@@ -115,8 +119,10 @@ async def test_resize_2_6_3_under_load(
 ) -> None:
     users = [ids(f"d{i}") for i in range(DRIVERS)]
     watchers_ids = [ids(f"w{i}") for i in range(WATCHERS + 2)]
+    late_ids = [ids(f"late{i}") for i in range(LATE_ACCOUNTS)]
     server, channel = ids("g"), ids("voice")
-    await load(conn, {"servers": [{"id": server, "members": users + watchers_ids, "channels": [channel]}]})
+    members = users + watchers_ids + late_ids
+    await load(conn, {"servers": [{"id": server, "members": members, "channels": [channel]}]})
     summary = await resize(2, progress=lambda _: None)  # start from two shards
     assert summary["to"] == 2
 
@@ -150,7 +156,8 @@ async def test_resize_2_6_3_under_load(
 
     async def late_subscribers() -> None:
         while not stop.is_set():
-            c = await Client.connect(ws_url(edges[len(late) % 2]), cluster.token(watchers_ids[WATCHERS]))
+            n = len(late)
+            c = await Client.connect(ws_url(edges[n % 2]), cluster.token(late_ids[n % LATE_ACCOUNTS]))
             await c.request({"type": "presence.subscribe", "userIds": users}, of_type("presence.sync"))
             late.append(c)
             # The pace of the late subscribers arriving during the resizes.
