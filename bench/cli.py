@@ -39,6 +39,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.rollout",
         "a deploy under load: edges restarted the old way, then rolled (drain, resume), then a pool rollout",
     ),
+    "bigserver": (
+        "bench.bigserver",
+        "a server of 1,000,000 members: its load, lookups, typing, counts, reloads beside a 1,000-member one",
+    ),
     "rtt": ("bench.rtt", "round trip of one Ray call to an idle shard: the floor under every hop"),
     "all": ("bench.all", "every benchmark, one after another, and a summary of every target"),
 }

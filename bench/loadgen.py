@@ -1130,9 +1130,17 @@ class Generator:
         return list(range(k, accounts, n)) if n else []
 
     async def _subscribe_all(
-        self, group: str, prefix: str, accounts: int, subscriptions: int, concurrency: int, timeout: float
+        self,
+        group: str,
+        prefix: str,
+        accounts: int,
+        subscriptions: int,
+        concurrency: int,
+        timeout: float,
+        targets_of: Callable[[int], list[int]] | None = None,
     ) -> tuple[float, int, dict[str, int]]:
-        """Subscribe every account of `group` to its `subscriptions` targets, each waiting for its
+        """Subscribe every account of `group` to its `subscriptions` targets (`targets_of(i)`, by
+        default the next ones on the ring: `fanout_targets`), each waiting for its
         `presence.sync`; (seconds taken, subscribed, errors)."""
         conns = self.groups.get(group, [])
         for c in conns:
@@ -1146,7 +1154,8 @@ class Generator:
             nonlocal synced
             async with sem:
                 i = int(c.user[len(prefix) :])
-                ids = [f"{prefix}{t}" for t in fanout_targets(i, accounts, subscriptions)]
+                targets = targets_of(i) if targets_of else fanout_targets(i, accounts, subscriptions)
+                ids = [f"{prefix}{t}" for t in targets]
                 try:
                     fut_sync = c.expect(b"presence.sync", timeout)
                     c.send(orjson.dumps({"type": "presence.subscribe", "userIds": ids}))

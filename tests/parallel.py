@@ -52,6 +52,8 @@ EXTERNAL_SERVERS = ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS"
 # running alone at the end). A run with PRESENCE_TEST_PACKING=FILE writes every module's seconds.
 PLAN: dict[str, float] = {
     "tests/integration/test_doc_examples.py": 110,
+    # With bench bigserver --quick in its own process (~100-130 s at load 12-20).
+    "tests/integration/test_bench_smoke.py": 110,
     "tests/integration/test_command_line.py": 100,
     "tests/integration/test_outages.py": 70,
     "tests/integration/test_faults_history.py": 60,
@@ -82,7 +84,6 @@ PLAN: dict[str, float] = {
     "tests/integration/test_clients_live.py": 12,
     "tests/integration/test_flush.py": 11,
     "tests/integration/test_packaging.py": 11,
-    "tests/integration/test_bench_smoke.py": 11,
     "tests/integration/test_hostile.py": 10,
     # The unit lane's heaviest (hypothesis), half of what they took on a loaded machine.
     "tests/unit/test_shard.py": 17,

@@ -56,3 +56,46 @@ def test_bench_unknown_name_lists_the_available_ones(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "unknown benchmark 'nope'" in err
     assert "lastseen" in err
+
+
+def test_bench_bigserver_quick(tmp_path: Path) -> None:
+    """`presence bench bigserver --quick` (20,000 members, 1,000 connected) end to end, in a
+    process of its own (its own Ray, and its own PostgreSQL and Redis: it loads servers named
+    `big` and `small` and writes their memberships): every operation measured on both servers."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bigserver.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "bench",
+            "bigserver",
+            "--quick",
+            "--no-record",
+            "--output",
+            str(out),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "bigserver" and report["args"]["quick"] is True
+    assert report["load"]["load_s"] > 0
+    assert report["load"]["pg_rows"]["server_members"] == 20_000 + 1_000
+    for server in ("big", "small"):
+        for op, summary in report["window"]["probes"][server]["latency_ms"].items():
+            assert summary["n"] > 0 and math.isfinite(summary["p50"]), (server, op, summary)
+    assert (
+        report["window"]["probes"]["big"]["online_seen"][1]
+        > report["window"]["probes"]["small"]["online_seen"][1]
+    )
+    assert report["window"]["status_changes"] > 0 and report["window"]["deliveries"] > 0
+    assert report["memory"]["accounts_in_shards"] > 0
+    assert [t["met"] for t in report["targets"]] == [None] * 5  # no verdict at the quick size
+    assert "p50 ratio" in done.stdout
