@@ -261,7 +261,14 @@ class AudienceListener:
         connect_timeout_s: float = 5.0,
     ) -> None:
         self._dsn = dsn
-        self._handlers: dict[str, IdCallback] = {"u": on_user, "c": on_channel, "s": on_settings}
+        self._handlers: dict[str, IdCallback] = {
+            "u": on_user,
+            "c": on_channel,
+            "s": on_settings,
+            # More memberships changed at once than are worth a notification each (schema.sql):
+            # whatever the shard holds may have changed, as after a reconnection.
+            "a": lambda _ident: on_reset(),
+        }
         self._on_reset = on_reset
         # Equal jitter: at least half of each window, so that a recovering server is not hit
         # again at once, and the shards' reconnections spread over the other half.

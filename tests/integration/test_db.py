@@ -106,7 +106,7 @@ async def test_migrate_twice_and_concurrently(fresh_database_url: str) -> None:
             "slot_map",
         }
         triggers = await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal")
-        assert triggers == 6
+        assert triggers == 8  # server_members: one per row on UPDATE, one per statement on INSERT, DELETE
         pool = await asyncpg.create_pool(fresh_database_url, min_size=1, max_size=2)
         await database.migrate(pool)  # a pool works too
         await pool.close()
@@ -349,6 +349,19 @@ async def test_triggers_cover_direct_writes(db: asyncpg.Connection, notes: Notif
     assert await notes.drain() == {"s:private"}
 
 
+async def test_a_big_membership_change_notifies_once(db: asyncpg.Connection, notes: Notifications) -> None:
+    """More than 1,000 memberships changed by one statement (`presence load` of a big server) are
+    one 'a:' notification (every shard reloads what it holds), not one per member; up to 1,000, one
+    per member as before (issue 28 item 3: a million members were a million notifications)."""
+    members = [f"huge-{i}" for i in range(1_001)]
+    await database.load_fixture(db, {"servers": [{"id": "huge", "members": members}]})
+    assert await notes.drain() == {"a:"}
+    await database.load_fixture(db, {"servers": [{"id": "huge", "members": members[1:]}]})
+    assert await notes.drain() == {"u:huge-0"}
+    await db.execute("DELETE FROM server_members WHERE server_id = 'huge'")
+    assert await notes.drain() == {f"u:{m}" for m in members[1:]}
+
+
 # -- AudienceListener ------------------------------------------------------------------------------
 
 
@@ -393,6 +406,8 @@ async def test_listener_receives_audience_changes(db: asyncpg.Connection, migrat
         await database.load_fixture(db, {"servers": [{"id": "g1", "channels": ["c1"]}]})
         await wait_for(lambda: ("c", "c2") in rec.events, what="channel notification")
         assert set(rec.events) == {("u", "u4"), ("s", "u2"), ("u", "u1"), ("u", "u3"), ("c", "c2")}
+        await db.execute("SELECT pg_notify('presence_audience', 'a:')")  # many memberships at once
+        await wait_for(lambda: rec.resets == 2, what="a reload of everything")
     finally:
         await listener.stop()
     assert not listener.connected

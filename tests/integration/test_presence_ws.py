@@ -283,3 +283,22 @@ async def _query_is_silent(c: Client, user: str) -> bool:
     # A window for a wrong answer (eventually asks again): silence has no event.
     await asyncio.sleep(0.05)
     return not [f for f in c.frames if f.get("userId") == user]
+
+
+async def test_joining_a_big_server_takes_effect_for_existing_subscription(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """eve joins a server of more than 1,000 members in one load: the database sends one `a:`
+    notification instead of one per member (schema.sql), and the shards reload every account they
+    hold, so eve's subscription to carol widens as a single join's would (issue 28 item 3)."""
+    _, _, carol, _, eve = await social(conn, ids)
+    e = await connect(cluster, edge, eve)
+    sync = await e.request({"type": "presence.subscribe", "userIds": [carol]}, of_type("presence.sync"))
+    assert sync["users"] == []
+    c = await connect(cluster, edge, carol)
+    await c.roundtrip()
+    crowd = [ids(f"member{i}") for i in range(1_001)]
+    await load(conn, {"servers": [{"id": ids("big"), "members": [eve, carol, *crowd]}]})
+    await e.expect(changed(carol, "online"), timeout=10)
+    await c.close()
+    await e.close()
