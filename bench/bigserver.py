@@ -2,7 +2,7 @@
 
 One server, `big`, of `--members` members (1,000,000) and one of `--small-members` (1,000),
 `small`, each with a channel, loaded with `presence load` (timed, with PostgreSQL's rows and sizes
-after it). Then, on one edge, `--connected` members of `big` (20,000) connect and each watches
+after it). Then, on `--edges` edges, `--connected` members of `big` (20,000) connect and each watches
 `--watch` (100) other members: a member list on screen, a window of the list; the windows start
 `members / connected` apart, so together they cover the whole server and each member is watched
 by about `watch x connected / members` sockets (2 at the full size). Meanwhile the connected
@@ -81,11 +81,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--probes", type=int, default=120, help="probe members per server")
     p.add_argument("--turns-per-s", type=float, default=2.0, help="probe turns per second per server")
     p.add_argument("--generators", type=int, default=2, help="client processes of the connected members")
+    p.add_argument(
+        "--edges",
+        type=int,
+        default=None,
+        help="edge processes (default: one per 15,000 sockets; this container caps a process at 20,000 fds)",
+    )
     lg.add_common_args(p)
     args = p.parse_args(argv)
     if args.quick:
         args.members, args.connected, args.rate, args.churn = 20_000, 1_000, 200.0, 20.0
         args.seconds, args.probes, args.turns_per_s = 8.0, 30, 1.0
+    if args.edges is None:
+        args.edges = -(-(args.connected + 2 * args.probes) // 15_000)
     if args.connected + WINDOWS * args.watch + args.probes > args.members:
         p.error("--members must exceed --connected + the probes' windows + --probes")
     if args.small_members < WINDOWS * args.watch + args.probes:
@@ -237,12 +245,22 @@ async def watch_lists(
 
 
 def connect_members(
-    args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage, workers: lg.Workers, edge: lg.EdgeProcess
+    args: argparse.Namespace,
+    env: lg.BenchEnv,
+    stage: lg.Stage,
+    workers: lg.Workers,
+    edges: list[lg.EdgeProcess],
 ) -> dict[str, Any]:
-    """The connected members of `big` on the edge, each watching its window of the list."""
+    """The connected members of `big`, spread over the edges, each watching its window of the list."""
     shares = lg.split(args.connected, len(workers))
     opened = lg.connect_side(
-        workers, stage, lg.Side("big", users="big"), [("127.0.0.1", edge.port)], shares, timeout=120.0
+        workers,
+        stage,
+        lg.Side("big", users="big"),
+        [("127.0.0.1", e.port) for e in edges],
+        shares,
+        timeout=120.0,
+        retries=5,  # a set-up that must be complete: a handshake reset in a burst is tried again
     )
     stage.log(f"connected {opened['connected']:,} members in {opened['seconds']:.1f} s; subscribing")
     started = time.monotonic()
@@ -475,11 +493,12 @@ async def _rejoin(db: Any, users: list[str]) -> int:
 
 def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str, Any]:
     measured: dict[str, Any] = {"load": load(args, env, stage)}
-    edge = env.start_edge()
+    edges = [env.start_edge() for _ in range(args.edges)]
+    edge = edges[0]  # the probes' and the online count's
     shards = fanout.pool_pids()["shards"]
     rss_before = sum(lg.rss_kib(p) for p in shards)
     with lg.Workers(args.generators, {"secret": env.secret}) as workers:
-        measured["setup"] = connect_members(args, env, stage, workers, edge)
+        measured["setup"] = connect_members(args, env, stage, workers, edges)
         stage.log(
             f"window: {args.seconds:g} s of probes, {args.rate:g} status changes/s, churn {args.churn:g}/s"
         )

@@ -87,6 +87,7 @@ def test_bench_bigserver_quick(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["benchmark"] == "bigserver" and report["args"]["quick"] is True
     assert report["load"]["load_s"] > 0
+    assert report["setup"]["connect"]["failed"] == 0 and report["setup"]["subscribed"] == 1_000
     assert report["load"]["pg_rows"]["server_members"] == 20_000 + 1_000
     for server in ("big", "small"):
         for op, summary in report["window"]["probes"][server]["latency_ms"].items():
