@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.parallel import Packing
+from pathlib import Path
+
+from tests.parallel import LANES, PLAN, Packing
 
 
 def test_the_worker_that_finished_last_comes_first_with_its_biggest_groups() -> None:
@@ -29,3 +31,11 @@ def test_the_worker_that_finished_last_comes_first_with_its_biggest_groups() -> 
         "    2.0 gw0 tests/unit/test_d.py",
         "    1.0 gw0 tests/unit/test_c.py",
     ]
+
+
+def test_every_module_the_plan_and_the_lanes_name_exists() -> None:
+    """A renamed or split module left in PLAN or LANES would silently count as light and run
+    outside its lane (as `bench all --quick`'s halves must not)."""
+    root = Path(__file__).resolve().parents[2]
+    missing = [m for m in [*PLAN, *LANES] if not (root / m).is_file()]
+    assert missing == []
