@@ -28,7 +28,8 @@ moments, on both servers; target ≤ 1.2x the small server's figure):
 Each probe's 100 members are one of five windows of members not connected, subscribed once at
 set-up (so both servers' probes find them in the shards' memory); each probe takes a turn once a
 minute at most (the lookup budget: 600 ids a minute). Memory per member: the shards' RSS growth
-from before the sockets connected to after the window, over the accounts they then hold.
+from before the sockets connected to after the window, over the members they then hold (watched,
+with their relations and watchers, or with an account in memory, whichever count is larger).
 
     presence bench bigserver [--members 1000000] [--small-members 1000] [--connected 20000]
                              [--watch 100] [--rate 2000] [--churn 100] [--seconds 30]
@@ -343,7 +344,9 @@ async def _query(c: lg.WsConn, ids: list[str]) -> None:
 
     def on_text(_c: lg.WsConn, payload: bytes) -> None:
         nonlocal left
-        if payload.startswith(b'{"type":"presence.changed"') and orjson.loads(payload)["userId"] in wanted:
+        if payload.startswith(b'{"type":"error"') and not done.done():  # rate_limited...: say so
+            done.set_exception(RuntimeError(orjson.loads(payload).get("code", "error")))
+        elif payload.startswith(b'{"type":"presence.changed"') and orjson.loads(payload)["userId"] in wanted:
             left -= 1
             if not left and not done.done():
                 done.set_result(None)
@@ -419,7 +422,7 @@ async def take_turn(args: argparse.Namespace, probes: Probes, edge: lg.EdgeProce
         try:
             value = await asyncio.wait_for(step(), OP_TIMEOUT_S)
         except Exception as e:
-            key = f"{op}: {type(e).__name__}"
+            key = f"{op}: {type(e).__name__} {e}"[:80]
             probes.failures[key] = probes.failures.get(key, 0) + 1
             continue
         if op == "online":
@@ -503,13 +506,17 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
             f"window: {args.seconds:g} s of probes, {args.rate:g} status changes/s, churn {args.churn:g}/s"
         )
         measured["window"] = asyncio.run(_window(args, env, workers, edge))
-        accounts = sum(s.accounts for s in env.shard_stats())
+        stats = env.shard_stats()
+        accounts, watched = sum(s.accounts for s in stats), sum(s.watched for s in stats)
         rss_after = sum(lg.rss_kib(p) for p in shards)
     measured["memory"] = {
         "shard_rss_kib_before": rss_before,
         "shard_rss_kib_after": rss_after,
         "accounts_in_shards": accounts,
-        "kib_per_account": (rss_after - rss_before) / accounts if accounts else float("nan"),
+        "watched_in_shards": watched,
+        # A member the shards hold: watched (its relations and watchers; an offline one has no
+        # account loaded) or with an account in memory (connected, or read for a query).
+        "kib_per_member": (rss_after - rss_before) / max(accounts, watched, 1),
     }
     return measured
 
@@ -615,7 +622,7 @@ RESULTS_TITLE = (
     "and 100 members leaving or joining/s; meanwhile probes of each server time a subscribe's sync, a "
     "query of 100, typing in its channel, the internal online count and a relations reload (a watched "
     "account joining, until its watcher is told), big beside a 1,000-member server in the same run "
-    "(target ≤ 1.2x, p50); the shards' memory per account they hold."
+    "(target ≤ 1.2x, p50); the shards' memory per member they hold (watched or in memory)."
 )
 
 
@@ -640,7 +647,7 @@ def _columns(
             "rows users / server_members",
             f"{load['pg_rows']['users']:,} / {load['pg_rows']['server_members']:,}",
         ),
-        ("KiB per account in shards", f"{m['memory']['kib_per_account']:.2f}"),
+        ("KiB per member held in shards", f"{m['memory']['kib_per_member']:.2f}"),
     ]
     for op in OPERATIONS:
         cells.append(
@@ -667,7 +674,8 @@ def _print(args: argparse.Namespace, m: dict[str, Any], info: dict[str, Any], f:
         f"({load['pg_bytes']['server_members'] / 2**20:.0f} MiB)\n"
         f"{setup['connect']['connected']:,} members connected in {setup['connect']['seconds']:.1f} s, "
         f"{setup['subscribed']:,} lists of {args.watch} on screen in {setup['subscribe_s']:.1f} s; shards: "
-        f"{mem['accounts_in_shards']:,} accounts held, {mem['kib_per_account']:.2f} KiB each "
+        f"{mem['watched_in_shards']:,} members watched, {mem['accounts_in_shards']:,} accounts in memory, "
+        f"{mem['kib_per_member']:.2f} KiB per member held "
         f"({mem['shard_rss_kib_before'] / 1024:.0f} → {mem['shard_rss_kib_after'] / 1024:.0f} MiB)\n"
         f"window {args.seconds:g} s: {w.get('status_changes', 0):,} status changes, "
         f"{w.get('deliveries', 0):,} deliveries, {w['churn_changes']:,} members left or joined, "
