@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from tests.testbed.bed import WORK_ROOT, Testbed, down_from_state, log
+from tests.testbed.scenarios import SCENARIOS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
                         "keeps presence serving on the workers")  # fmt: skip
     parser.add_argument("--partition-s", type=float, action="append",
                         help="cut a worker off this long, then heal (repeatable; default 30)")  # fmt: skip
+    parser.add_argument("--only", action="append", choices=SCENARIOS,
+                        help="run only this scenario (repeatable; bring-up and the shards' spread "
+                        "after `ray up` are always checked)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "down":
         down_from_state()
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(3600)
         from tests.testbed.scenarios import run_all
 
-        ok = run_all(bed, partitions=args.partition_s or [30.0])
+        ok = run_all(bed, partitions=args.partition_s or [30.0], only=set(args.only or SCENARIOS))
     except KeyboardInterrupt:
         log("interrupted: tearing down")
     finally:

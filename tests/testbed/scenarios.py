@@ -32,6 +32,9 @@ SERVER = "tb-g"
 # two cores under load 7-9 (the second run in docs/testing.md): 10 s.
 NODE_DEATH_BOUND_S = 90.0
 AFTER_RAY_S = 10.0
+# What `--only` can pick, in the order `run_all` runs them (`head-restart` is the GCS fault
+# tolerance one with `--gcs-ft`, which runs no partition and no node death).
+SCENARIOS = ("placement", "partition", "node-death", "head-restart")
 
 # Run on the head by `ssh`: Ray's view of nodes and of where each named actor lives, one JSON line
 # a second (Ray's own state, not presence's: the observer must not depend on what it measures).
@@ -643,8 +646,10 @@ async def head_restart_gcs_ft(bed: Testbed, report: Report) -> None:
         await c.close()
 
 
-def run_all(bed: Testbed, partitions: list[float] | None = None) -> bool:
+def run_all(bed: Testbed, partitions: list[float] | None = None, only: set[str] | None = None) -> bool:
     from tests.testbed.bed import healthy, wait_for
+
+    only = set(SCENARIOS) if only is None else only
 
     report = Report()
     for what, seconds in bed.timings.items():
@@ -662,12 +667,14 @@ def run_all(bed: Testbed, partitions: list[float] | None = None) -> bool:
                 len(spread) == len(bed.nodes),
                 json.dumps(spread),
             )
-        placement(bed, report, observer)
+        if "placement" in only:
+            placement(bed, report, observer)
         if bed.gcs_ft:
             observer.close()
-            asyncio.run(head_restart_gcs_ft(bed, report))
+            if "head-restart" in only:
+                asyncio.run(head_restart_gcs_ft(bed, report))
         else:
-            for seconds in partitions or []:
+            for seconds in partitions if "partition" in only else []:
                 asyncio.run(partition(bed, report, observer, seconds))
                 t = time.time()
                 for node in bed.nodes:  # an edge that drained when cut off is back by itself
@@ -677,9 +684,11 @@ def run_all(bed: Testbed, partitions: list[float] | None = None) -> bool:
                 report.measure(
                     f"partition {seconds:.0f} s", "every edge healthy again, from the end", time.time() - t
                 )
-            asyncio.run(node_death(bed, report, observer))
+            if "node-death" in only:
+                asyncio.run(node_death(bed, report, observer))
             observer.close()
-            head_restart(bed, report)
+            if "head-restart" in only:
+                head_restart(bed, report)
     finally:
         observer.close()
         print(report.table(), flush=True)
