@@ -172,7 +172,16 @@ def join_ray(
         if joining.is_alive():
             print(f"  still joining Ray at {address} ({time.monotonic() - started:.0f} s) …", flush=True)
     if failed:
-        raise failed[0]
+        # Ray refused at once (this node not among its nodes: its raylet gone after a long
+        # partition, or not started yet): one line, and the supervisor tries again.
+        _give_up(f"could not join Ray at {address} ({_first_line(failed[0])}; is Ray running on this node?)")
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of what went wrong, naming its cause too (Ray wraps it in ConnectionError)."""
+    errors = [e for e in (error, error.__cause__) if e is not None and str(e).strip()]
+    said = [str(e).strip().splitlines()[0] for e in errors]
+    return ": ".join(said) or type(error).__name__
 
 
 def wait_for_pool(deadline: float, timeout_s: float) -> None:

@@ -6,6 +6,8 @@ the command that starts each presence process, and are supervised and idempotent
 from __future__ import annotations
 
 import copy
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +90,41 @@ def test_presence_processes_are_supervised_idempotent_and_get_their_file_limit(k
     assert "while true" in start  # restarted when it exits
     # The limit is raised in the very command that execs the presence process.
     assert '(ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec presence ' in start
+
+
+def test_a_worker_whose_ray_is_gone_starts_it_again_before_its_edge(tmp_path: Path) -> None:
+    """After a partition longer than Ray's verdict the node's raylet has exited (no GCS for 60 s,
+    or told it is dead) and nothing else brings it back: the worker's supervisor loop starts Ray
+    there again, with the start command's arguments, before `presence edge` (which would only wait
+    for a Ray that is not there). The loop runs for real with `pgrep`, `ray` and `presence` faked."""
+    worker = load()["worker_start_ray_commands"]
+    (start,) = [c for c in worker if "presence edge" in c]
+    (ray_start,) = [c for c in worker if "ray start" in c and "presence edge" not in c]
+    fakes, home = tmp_path / "bin", tmp_path / "home"
+    fakes.mkdir()
+    home.mkdir()
+    (home / ".presence.env").write_text("PRESENCE_X=1\n")
+    calls = tmp_path / "calls"
+    for name, body in {
+        "pgrep": "exit 1",  # no raylet on this node
+        "ray": f'echo "ray $*" >> {calls}',
+        # The edge ends the loop: kill its supervisor (the loop's shell).
+        "presence": f'echo "presence $*" >> {calls}; kill -TERM $PPID',
+    }.items():
+        (fakes / name).write_text(f"#!/bin/bash\n{body}\n")
+        (fakes / name).chmod(0o755)
+    env = {"PATH": f"{fakes}:/usr/bin:/bin", "HOME": str(home), "NODE_IP": "10.9.9.9"}
+    env["RAY_HEAD_IP"] = "10.9.9.1"
+    subprocess.run(["bash", "-c", start], env=env, check=True, timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (calls.exists() and "presence edge" in calls.read_text()):
+        time.sleep(0.1)  # the loop runs in the background (nohup ... &)
+    lines = calls.read_text().splitlines()
+    assert lines[0] == (
+        "ray start --address=10.9.9.1:6379 --node-ip-address=10.9.9.9 "
+        '--resources={"presence_edge": 1, "presence_shard": 1}'
+    ), lines
+    assert lines[1].startswith("presence edge"), lines
+    # The same arguments as the start command `ray up` runs (one rule, said twice).
+    for arg in ('--address="$RAY_HEAD_IP:6379"', '"presence_edge": 1, "presence_shard": 1'):
+        assert arg in ray_start.replace('\\"', '"').replace("'", ""), arg

@@ -189,3 +189,34 @@ def test_joining_a_ray_whose_gcs_does_not_answer_gives_up_at_the_deadline_saying
         edge_process.join_ray(f"127.0.0.1:{port}", "presence", None, 2.0, progress_s=0.5)
     assert 2.0 <= time.monotonic() - started < 6.0
     assert capsys.readouterr().out.count("still waiting for Ray's GCS") >= 2
+
+
+def test_joining_a_ray_that_refuses_at_once_gives_up_in_one_line_saying_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a partition longer than Ray's verdict the node's raylet is gone and `ray.init` fails
+    at once ("No node info found matching attributes: '<node ip>'"): one line and the exit its
+    supervisor restarts, not a traceback (before: the ConnectionError escaped, exit 1)."""
+    import socket
+
+    def give_up(why: str) -> None:
+        raise SystemExit(why)
+
+    def refused(*_: object, **__: object) -> None:
+        try:
+            raise RuntimeError("No node info found matching attributes: '10.225.25.13' when trying ...")
+        except RuntimeError as e:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.225.25.11:6379") from e
+
+    monkeypatch.setattr(edge_process, "_give_up", give_up)
+    monkeypatch.setattr(edge_process.clients, "connect", refused)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()  # the GCS's port answers
+        port = s.getsockname()[1]
+        with pytest.raises(SystemExit) as gave_up:
+            edge_process.join_ray(f"127.0.0.1:{port}", "presence", "10.225.25.13", 30.0)
+    why = str(gave_up.value)
+    assert why.startswith(f"could not join Ray at 127.0.0.1:{port} (Failed to connect to Ray cluster")
+    assert "No node info found matching attributes: '10.225.25.13'" in why
+    assert "\n" not in why
