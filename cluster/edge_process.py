@@ -266,7 +266,7 @@ async def watch(
                 file=sys.stderr,
                 flush=True,
             )
-            edge.drain()
+            edge.drain(cut_off_since=time.time() - shards.failing_for(now))
             return CUT_OFF
     return None
 

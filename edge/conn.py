@@ -64,10 +64,18 @@ class Conn:
             self.went_at = at
             self.phase = Phase.LEAVING if self.phase is Phase.LIVE else Phase.GONE
 
-    def closed_by_server(self, at: float) -> None:
-        """The server is closing it for its own reasons, at `at`: its client will be back."""
+    def closed_by_server(self, at: float, cut_off_since: float | None = None) -> None:
+        """The server is closing it for its own reasons, at `at`: its client will be back.
+
+        `cut_off_since`: the edge closes it because it has been cut off from most of the shards
+        since then (its node partitioned away). A socket not heard since then departs when it was
+        last heard, as a silent socket does: its client is most likely beyond the cut (the
+        balancer closed its side at once) and was never seen again, so stamping the close, up to
+        half a minute later, would move its departure. One heard since is on this side, still
+        there: it departs now."""
         self.resumable = True
-        self.went(at)
+        heard = self.session.last_frame_at
+        self.went(heard if cut_off_since is not None and heard < cut_off_since else at)
 
     def departed_at(self, now: float) -> float:
         """When its departure happened: when it went, or `now` if it has not gone yet."""

@@ -269,6 +269,7 @@ class Edge:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._drain: asyncio.Task[None] | None = None
+        self._cut_off_since: float | None = None  # a drain because cut off: since when
         # Set once a drain has handed every departure to the shards: the process may stop.
         self.drained = asyncio.Event()
 
@@ -299,9 +300,12 @@ class Edge:
     def draining(self) -> bool:
         return self._drain is not None
 
-    def drain(self) -> asyncio.Task[None]:
-        """Start draining, once (asking again changes nothing): see `_drain_run`."""
+    def drain(self, cut_off_since: float | None = None) -> asyncio.Task[None]:
+        """Start draining, once (asking again changes nothing): see `_drain_run`. `cut_off_since`:
+        the edge drains because it has been cut off from most shards since then (a wall-clock
+        time), which decides when its sockets depart (`Conn.closed_by_server`)."""
         if self._drain is None:
+            self._cut_off_since = cut_off_since
             self._drain = asyncio.create_task(self._drain_run())
         return self._drain
 
@@ -358,7 +362,7 @@ class Edge:
         account keeps its presence meanwhile (a resumable departure, `resume_s`)."""
         if conn.session.socket_id not in self.conns or conn.went_at is not None:
             return
-        conn.closed_by_server(time.time())
+        conn.closed_by_server(time.time(), self._cut_off_since)
         self.metrics.inc("closes_total", code=str(p.CLOSE_SERVICE_RESTART))
         conn.ws.close(p.CLOSE_SERVICE_RESTART, "service restart; reconnect")
 

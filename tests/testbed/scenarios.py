@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from tests.integration.history import VIEW_CHECKS, Graph, check, departures_stored
+from tests.integration.history import VIEW_CHECKS, Graph, check, departures_stored, mentions
 from tests.integration.recorder import RecordedClient, Recorder
 from tests.testbed.bed import Node, Testbed, log
 
@@ -35,6 +38,9 @@ AFTER_RAY_S = 10.0
 # What `--only` can pick, in the order `run_all` runs them (`head-restart` is the GCS fault
 # tolerance one with `--gcs-ft`, which runs no partition and no node death).
 SCENARIOS = ("placement", "partition", "node-death", "head-restart")
+# How long before its last lease renewal an edge may have last heard a socket (the edge renews
+# its lease on every shard at least this often: actors/core's lease, docs/architecture.md).
+LEASE_RENEWAL_S = 5.0
 
 # Run on the head by `ssh`: Ray's view of nodes and of where each named actor lives, one JSON line
 # a second (Ray's own state, not presence's: the observer must not depend on what it measures).
@@ -440,15 +446,17 @@ def head_restart(bed: Testbed, report: Report) -> None:
 
 
 async def _watchers(
-    bed: Testbed, prefix: str, per_edge: int = 3
+    bed: Testbed, prefix: str, per_edge: int = 3, unwatched: tuple[str, ...] = ()
 ) -> tuple[Recorder, list[str], dict[str, RecordedClient], str]:
-    """Watchers spread by HAProxy, each subscribed to every other account of its own server."""
+    """Watchers spread by HAProxy, each subscribed to every other account of its own server
+    (`unwatched`: members of it that have no watcher here, watched all the same)."""
     users = [f"{prefix}-u{i}" for i in range(per_edge * len(bed.nodes))]
+    members = [*users, *unwatched]
     server = f"{prefix}-g"
-    await load_graph(bed, users, server)
+    await load_graph(bed, members, server)
     url = f"ws://127.0.0.1:{bed.lb_port}/ws/presence"
-    rec = Recorder(Graph(frozenset(users), servers={server: frozenset(users)}))
-    clients = {u: await connect_watcher(rec, url, u, users, bed.secret) for u in users}
+    rec = Recorder(Graph(frozenset(members), servers={server: frozenset(members)}))
+    clients = {u: await connect_watcher(rec, url, u, members, bed.secret) for u in users}
     return rec, users, clients, url
 
 
@@ -457,11 +465,12 @@ async def _keep_connected(
     gone: list[str],
 ) -> None:  # fmt: skip
     """Clients HAProxy closed (their edge pulled) reconnect through it until they are in."""
+    members = sorted(rec.history.graph.users)
 
     async def one(u: str) -> None:
         while True:
             try:
-                clients[u] = await connect_watcher(rec, url, u, users, bed.secret)
+                clients[u] = await connect_watcher(rec, url, u, members, bed.secret)
                 return
             except Exception:
                 await asyncio.sleep(0.5)
@@ -501,60 +510,250 @@ async def _judge(
         log(f"violation: {v}")
 
 
-def _node_log_lines(bed: Testbed, node: Node, pattern: str) -> list[str]:
-    """Lines of the node's Ray worker logs (the shards') matching `pattern` (grep -E)."""
-    logs = "/tmp/ray/session_latest/logs/*.err"
+def _node_log_lines(bed: Testbed, node: Node, pattern: str) -> list[tuple[float, str]]:
+    """(time, line) of the node's Ray worker logs (the shards') matching `pattern` (grep -E), from
+    every Ray session the node had (Ray may have been started there again since)."""
+    logs = "/tmp/ray/session_2*/logs/*.err"
     out = bed.ssh(node, f"grep -hE {pattern!r} {logs} 2>/dev/null || true", check=False)
-    return [ln for ln in out.splitlines() if ln.strip()]
+    lines = []
+    for line in out.splitlines():
+        with contextlib.suppress(ValueError):  # a line without the logger's time
+            lines.append((datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp(), line))
+    return sorted(lines)
+
+
+def _edge_log_lines(node: Node, pattern: str) -> list[tuple[float, str]]:
+    """(time, line) of the node's presence.log (its edge's supervisor loop) matching `pattern`."""
+    log_file = node.home / "presence.log"
+    lines = []
+    for line in log_file.read_text(errors="replace").splitlines() if log_file.exists() else []:
+        if re.search(pattern, line):
+            with contextlib.suppress(ValueError):
+                lines.append((datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp(), line))
+    return lines
+
+
+# Run in the cut-off node's network namespace (not through HAProxy): sockets on the cut-off edge
+# itself, made before the cut, that try a status change once its shards should be suspended
+# (FENCE_LEASE_S, 8 s) and before it drains (15 s of its /healthz 503). What came back is printed.
+INSIDE_CLIENT = r"""
+import asyncio, json, sys, time
+import websockets
+
+async def one(url, token, go, out):
+    got = {"frames": [], "closed": None}
+    out.append(got)
+    try:
+        async with websockets.connect(url, open_timeout=15) as ws:
+            await ws.send(json.dumps({"type": "identify", "token": token}))
+            got["ready"] = json.loads(await asyncio.wait_for(ws.recv(), 15)).get("type")
+            await go.wait()
+            got["sent_at"] = time.time()
+            await ws.send(json.dumps({"type": "presence.update", "status": "dnd"}))
+            end = time.time() + 12
+            while time.time() < end:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), end - time.time()))
+                what = frame.get("code") or frame.get("status") or ""
+                got["frames"].append(f"{frame.get('type')}:{what}")
+    except websockets.ConnectionClosed as e:
+        got["closed"] = e.rcvd.code if e.rcvd else "no close frame"
+    except Exception as e:
+        got["error"] = repr(e)[:200]
+
+async def main():
+    url, tokens = sys.argv[1], sys.argv[2:]
+    go, out = asyncio.Event(), []
+    tasks = [asyncio.create_task(one(url, t, go, out)) for t in tokens]
+    await asyncio.sleep(3)
+    print("connected", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    go.set()
+    await asyncio.gather(*tasks)
+    print(json.dumps(out), flush=True)
+
+asyncio.run(main())
+"""
 
 
 async def partition(bed: Testbed, report: Report, observer: Observer, seconds: float) -> None:
     """A worker cut off (its link down: every packet dropped both ways) for `seconds`, then healed.
-    Its edge's clients are closed by HAProxy and reconnect through it; its shards suspend
-    themselves (the fence) and serve again after the heal if Ray did not replace them. After the
-    heal: a status change reaches every watcher, every view equals the truth, no violation."""
+    Its edge's clients are closed by HAProxy; half reconnect through it, half never come back (their
+    accounts must depart, not stay online: no ghost). Its shards suspend themselves (the fence):
+    clients on the cut-off edge itself (in its namespace, past HAProxy) try a status change during
+    the cut, which no watcher may ever see. Healed before Ray's verdict the shards serve again;
+    after it, Ray has replaced them, the node's Ray has exited and its supervisor starts Ray and the
+    edge there again. After the heal: a status change reaches every watcher, every view equals the
+    truth, no violation."""
+    from edge.tokens import mint_token
+
     name = f"partition {seconds:.0f} s"
-    rec, users, clients, url = await _watchers(bed, f"tp{int(seconds)}")
-    await wait_until(lambda: everybody_shows(clients, users, "online"), 30)
+    victim = bed.nodes[-1]
+    sample = observer.latest() or {"actors": {}}
+    if victim.ip not in shards_by_node(sample):
+        # A partition before this one had Ray replace the node's shards: the operator's rebalance
+        # (`presence scale N` at the same N) gives it its share again.
+        size = sum(len(v) for v in shards_by_node(sample).values())
+        t = time.time()
+        bed.ssh(bed.nodes[0], ON_HEAD.format(f"scale {size}"), timeout=300)
+        await asyncio.sleep(2.5)  # the observer's next samples
+        report.measure(name, f"rebalance first (presence scale {size}: none on the node)", time.time() - t)
+    inside = tuple(f"tp{int(seconds)}-in{i}" for i in range(2))
+    rec, users, clients, url = await _watchers(bed, f"tp{int(seconds)}", unwatched=inside)
+    members = [*users, *inside]
+    script = bed.work / "inside_client.py"
+    script.write_text(INSIDE_CLIENT)
+    insider = subprocess.Popen(
+        ["ip", "netns", "exec", victim.name, sys.executable, str(script), f"ws://{victim.ip}:8765/ws/presence",
+         *(mint_token(u, bed.secret) for u in inside)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        await _partition(
+            bed, report, observer, seconds, name, rec, users, members, clients, url, inside, insider
+        )
+    finally:
+        insider.kill()
+        insider.wait(10)
+        for c in clients.values():
+            await c.close()
+
+
+async def _partition(
+    bed: Testbed, report: Report, observer: Observer, seconds: float, name: str, rec: Recorder,
+    users: list[str], members: list[str], clients: dict[str, RecordedClient], url: str,
+    inside: tuple[str, ...], insider: subprocess.Popen[str],
+) -> None:  # fmt: skip
+    from tests.integration.recorder import read_last_seen
+
+    assert insider.stdin is not None and insider.stdout is not None
+    connected = await asyncio.to_thread(insider.stdout.readline)
+    await wait_until(lambda: everybody_shows(clients, members, "online"), 30)
+    report.expect(
+        name, "clients on the cut-off edge itself (past HAProxy) online", connected.strip() == "connected"
+    )
     victim = bed.nodes[-1]
     on_victim = [u for u, c in clients.items() if edge_of(c) == victim.name]
+    coming_back, abandoned = on_victim[: len(on_victim) // 2], on_victim[len(on_victim) // 2 :]
+    sample = observer.latest() or {"nodes": {}, "actors": {}}
+    held = len(shards_by_node(sample).get(victim.ip, []))
+    report.rows.append(Row(name, "shards on the node cut off", str(held)))
+    victim_ids = {i for i, n in sample["nodes"].items() if n["ip"] == victim.ip and n["alive"]}
     cut_at = time.time()
     rec.fault(f"cut {victim.name}")
     bed.cut(victim)
-    log(f"cut {victim.name} off for {seconds:.0f} s ({len(on_victim)} clients on its edge)")
+    cut_done = time.time()  # `ip link set down` takes a moment on a loaded machine
+    log(
+        f"cut {victim.name} off for {seconds:.0f} s "
+        f"({len(on_victim)} clients on its edge, {len(abandoned)} abandoned)"
+    )
     closed = await wait_until(lambda: all(_closed(clients[u]) for u in on_victim), 30)
     report.measure(name, "its edge's clients closed by HAProxy", None if closed is None else closed - cut_at)
-    back = asyncio.create_task(_keep_connected(rec, url, users, clients, bed, on_victim))
+    back_at: list[float] = []
+    back = asyncio.create_task(_keep_connected(rec, url, users, clients, bed, coming_back))
+    back.add_done_callback(lambda _: back_at.append(time.time()))
+    # The fence's lease and then some, before the cut-off edge drains (15 s of /healthz 503).
+    await asyncio.sleep(max(0.0, cut_at + 12 - time.time()))
+    insider.stdin.write("go\n")
+    insider.stdin.flush()
     await asyncio.sleep(max(0.0, cut_at + seconds - time.time()))
     bed.heal(victim)
     healed_at = time.time()
     log(f"healed {victim.name}")
-    t_back = None
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(back, 180)
-        t_back = time.time()
-    report.measure(name, "its clients reconnected, from the cut", None if t_back is None else t_back - cut_at)
-    ray_dead = observer.first(
-        lambda smp: any(n["ip"] == victim.ip and not n["alive"] for n in smp["nodes"].values()), cut_at
-    )
-    report.measure(name, "Ray declared the node dead", None if ray_dead is None else ray_dead - cut_at)
+        await asyncio.wait_for(asyncio.shield(back), 180)
+    report.measure(
+        name, f"{len(coming_back)} of its clients back through HAProxy, from the cut",
+        back_at[0] - cut_at if back_at else None,
+    )  # fmt: skip
+    tried = json.loads((await asyncio.to_thread(insider.stdout.readline)) or "[]")
+    log(f"the cut-off edge's own clients: {json.dumps(tried)}")
     # A status change after the heal reaches everybody (the cut-off shards serve again, or Ray's
     # new incarnations do).
-    first = users[0]
+    first = next(u for u in users if u not in on_victim)
     t0 = time.time()
     await clients[first].send({"type": "presence.update", "status": "dnd"})
-    seen = await wait_until(lambda: everybody_shows(clients, [first], "dnd"), 60)
+    live = {u: c for u, c in clients.items() if u not in abandoned}
+    seen = await wait_until(lambda: everybody_shows(live, [first], "dnd"), 60)
     report.measure(name, "a status change after the heal seen by all", None if seen is None else seen - t0)
-    truth = {u: "online" for u in users} | {first: "dnd"}
-    await _judge(name, bed, report, rec, clients, truth, healed_at, 90.0, bed.nodes[0])
+    gone = [*abandoned, *inside]
+    truth = {u: "online" for u in users if u not in gone} | dict.fromkeys(gone, "offline") | {first: "dnd"}
+    await _judge(name, bed, report, rec, live, truth, healed_at, 90.0, bed.nodes[0])
+    # Ray's verdict on the node as it was at the cut (a node id of its own: once Ray runs there
+    # again, the node has a new one, and the old one stays in the table, dead).
+    ray_dead = observer.first(
+        lambda smp: any(not smp["nodes"].get(i, {"alive": True})["alive"] for i in victim_ids), cut_at
+    )
+    report.measure(name, "Ray declared the node dead", None if ray_dead is None else ray_dead - cut_at)
+    # The status changes tried on the cut-off edge itself during the cut: one whose shard is on
+    # the cut-off node is refused by it, suspended (1011: the socket closed, its client goes to a
+    # healthy edge) and never shown; one whose shard is across the cut waits, and may be applied
+    # by that shard once healed (a delayed operation, not a second truth). Never shown before the
+    # heal, never shown after a refusal.
+    refused = [u for u, t in zip(inside, tried, strict=False) if t.get("closed") == 1011]
+    shown = {u: [e.t for e in told_events(rec, u, "dnd")] for u in inside}
+    wrong = [u for u, ts in shown.items() if ts and (u in refused or min(ts) < healed_at)]
+    late = [u for u, ts in shown.items() if ts and u not in wrong]
+    report.expect(
+        name,
+        "changes on the cut-off edge during the cut: refused, or applied after the heal",
+        len(tried) == len(inside) and all("sent_at" in t for t in tried) and not wrong,
+        f"{len(refused)} refused (1011), {len(late)} applied after the heal, {len(wrong)} wrong",
+    )
+    # Departures: an abandoned account's last-seen is when it was last heard: between its socket's
+    # last frame less a lease renewal (what the shard last heard from the edge, LEASE_RENEWAL_S)
+    # and the cut. Later is a moved departure, earlier (a checkpoint) or none a lost one.
+    await asyncio.sleep(3)
+    h = rec.history
+    h.stored_after = await read_last_seen(bed.database_url, members) or {}
+    verdicts: dict[str, list[str]] = {"right": [], "late": [], "early": [], "none": []}
+    for u in abandoned:
+        heard = max(rec.last_word.get(n, life.opened_at) for n, life in h.sockets.items() if life.user == u)
+        at = h.stored_after.get(u)
+        kind = (
+            "none" if at is None
+            else "late" if at > cut_done + h.tolerance_s
+            else "early" if at < heard - LEASE_RENEWAL_S - h.tolerance_s
+            else "right"
+        )  # fmt: skip
+        verdicts[kind].append(u if at is None else f"{u} {at - cut_at:+.1f} s")
+    report.rows.append(
+        Row(
+            name,
+            "abandoned accounts' last-seen = last heard (right / late / early / none)",
+            " / ".join(str(len(v)) for v in verdicts.values())
+            + "".join(f"; {k}: {', '.join(v)}" for k, v in verdicts.items() if k != "right" and v),
+        )
+    )
     suspended = _node_log_lines(bed, victim, "suspended: it has not reached|stops serving for good")
     resumed = _node_log_lines(bed, victim, "serving again")
+    # The cut-off edge's own log (on the node's disk, not in its /tmp) names the suspended shards
+    # that refused it: the evidence left when the shards' logs went with a Ray session.
+    refusals = _edge_log_lines(victim, "is suspended \\(cut off from most nodes\\)")
+    during = [t for t, _ in [*suspended, *refusals] if cut_at <= t <= healed_at]
+    served_cut_off = [line for t, line in resumed if cut_at + 1 < t < healed_at]
     report.rows.append(
-        Row(name, "its shards: suspended / serving again (their logs)", f"{len(suspended)} / {len(resumed)}")
+        Row(
+            name,
+            "its shards: suspended (their logs, its edge's refusals) / serving again, during the cut",
+            f"{len(during)} / {len(served_cut_off)} (first suspension "
+            + (f"{min(during) - cut_at:.1f} s after the cut)" if during else "none)"),
+        )
     )
-    report.expect(name, "the cut-off shards suspended themselves (fence)", bool(suspended))
-    for c in clients.values():
-        await c.close()
+    report.expect(name, "the cut-off shards suspended themselves (fence)", bool(during))
+    report.expect(name, "no cut-off shard served again while cut off", not served_cut_off)
+    for line in served_cut_off[:3]:
+        log(f"served while cut off: {line[:200]}")
+
+
+def told_events(rec: Recorder, user: str, status: str) -> list[Any]:
+    """Every frame (a sync or a change) that told a socket `user` is `status`."""
+    return [
+        e
+        for e in rec.history.events
+        if e.kind == "recv"
+        and e.frame is not None
+        and any(u == user and st == status for u, st, _ in mentions(e.frame, e.user))
+    ]
 
 
 async def head_restart_gcs_ft(bed: Testbed, report: Report) -> None:
@@ -677,13 +876,25 @@ def run_all(bed: Testbed, partitions: list[float] | None = None, only: set[str] 
             for seconds in partitions if "partition" in only else []:
                 asyncio.run(partition(bed, report, observer, seconds))
                 t = time.time()
-                for node in bed.nodes:  # an edge that drained when cut off is back by itself
-                    wait_for(lambda node=node: healthy(node.edge), 240, f"the edge on {node.ip} back")
-                # ... and back in the balancer (two good checks) before the next scenario spreads clients.
-                wait_for(lambda: set(bed.haproxy_states().values()) == {"UP"}, 60, "every edge UP in HAProxy")
+                back = True
+                try:
+                    # An edge that drained when cut off is back by itself (after a partition past
+                    # Ray's verdict, once its supervisor started Ray there again)...
+                    for node in bed.nodes:
+                        wait_for(lambda node=node: healthy(node.edge), 300, f"the edge on {node.ip} back")
+                    # ... and in the balancer (two good checks) before the next scenario spreads clients.
+                    wait_for(lambda: set(bed.haproxy_states().values()) == {"UP"}, 60, "every edge UP")
+                except TimeoutError as e:
+                    back, why = False, str(e)
                 report.measure(
                     f"partition {seconds:.0f} s", "every edge healthy again, from the end", time.time() - t
                 )
+                report.expect(
+                    f"partition {seconds:.0f} s", "every edge back by itself (in HAProxy)", back,
+                    "yes" if back else why[:80],
+                )  # fmt: skip
+                if not back:
+                    break
             if "node-death" in only:
                 asyncio.run(node_death(bed, report, observer))
             observer.close()

@@ -62,6 +62,20 @@ def test_closed_by_the_server_is_resumable() -> None:
     assert (c.phase, c.resumable, c.went_at) == (Phase.LEAVING, True, 42.0)
 
 
+@pytest.mark.parametrize(("heard", "went_at"), [(10.0, 10.0), (25.0, 50.0)])
+def test_closed_because_its_edge_was_cut_off_it_departs_when_last_heard_unless_heard_since(
+    heard: float, went_at: float
+) -> None:
+    """A partition: the edge, cut off from the shards since 20, drains at 50. A socket last heard
+    at 10 had its client beyond the cut (the balancer closed it): it departs at 10, not 40 s late.
+    One heard at 25 is on this side of the cut, still there: it departs when closed."""
+    c = conn()
+    c.connected()
+    c.session.last_frame_at = heard
+    c.closed_by_server(50.0, cut_off_since=20.0)
+    assert (c.phase, c.resumable, c.went_at) == (Phase.LEAVING, True, went_at)
+
+
 def test_not_gone_departs_now() -> None:
     assert conn().departed_at(now=7.0) == 7.0
 

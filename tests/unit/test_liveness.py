@@ -4,6 +4,7 @@ edge's watch that acts on them (cluster/edge_process.py `watch`) on a fake edge 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -117,9 +118,10 @@ class FakeEdge:
     router: FakeRouter
     edge_id: str = "e1"
     draining: bool = False
+    cut_off_since: float | None = None
 
-    def drain(self) -> None:
-        self.draining = True
+    def drain(self, cut_off_since: float | None = None) -> None:
+        self.draining, self.cut_off_since = True, cut_off_since
 
 
 class Clock:
@@ -155,8 +157,11 @@ def test_an_edge_cut_off_from_most_shards_drains_but_one_never_healthy_is_left_a
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     edge = FakeEdge(FakeRouter([True, True, *[False] * 30]))
+    before = time.time()
     why = asyncio.run(edge_process.watch(edge, asyncio.Event(), lambda: True, 5.0, 15.0, clock=Clock()))  # type: ignore[arg-type]
     assert why == edge_process.CUT_OFF and edge.draining
+    # The drain is told since when (wall clock) the shards were out of reach: 15 rounds before.
+    assert edge.cut_off_since is not None and before - 15.0 <= edge.cut_off_since <= time.time() - 15.0
     assert "draining its sockets (1012)" in capsys.readouterr().err
 
     async def never_healthy() -> str | None:
