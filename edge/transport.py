@@ -33,8 +33,10 @@ A `Socket` is one connection. Subclasses say what happens (`on_request`, `on_ope
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import http
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import cast
@@ -43,6 +45,9 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import SERVER, Request, Response
 from websockets.protocol import Event, Protocol, State
 from websockets.server import ServerProtocol
+from websockets.typing import Origin
+
+from edge.upgrade import plain_upgrade
 
 log = logging.getLogger("presence.transport")
 
@@ -101,6 +106,7 @@ class Socket(asyncio.Protocol):
         "_cork",
         "_early",
         "_fragments",
+        "_fresh",
         "_paused",
         "_timer",
         "_write_limit",
@@ -124,6 +130,9 @@ class Socket(asyncio.Protocol):
         # leaves as one write at the end (`_feed`): a client that pipelines frames gets their
         # answers in one send() instead of one each.
         self._cork: list[bytes] | None = None
+        # Nothing read yet: a plain upgrade request arriving whole may skip websockets' parser
+        # (`_feed`, edge/upgrade.py).
+        self._fresh = True
         self._write_limit = write_limit
 
     # ------------------------------------------------------------------ what subclasses say
@@ -289,21 +298,33 @@ class Socket(asyncio.Protocol):
     # ------------------------------------------------------------------ inside
 
     def _feed(self, data: bytes) -> None:
+        if self._fresh:
+            self._fresh = False
+            # The whole request and nothing after it (a client waits for the 101 before sending
+            # frames; one that does not is left to websockets, as is anything else unusual).
+            plain = plain_upgrade(data[:-4]) if data.endswith(b"\r\n\r\n") else None
+            if plain is not None:
+                self._corked(lambda: self._handshake(plain.request, plain.accept))
+                return
         protocol = self.protocol
         protocol.receive_data(data)
         events = protocol.events_received()
+        self._corked(lambda: self._feed_events(events))
+
+    def _corked(self, handle: Callable[[], None]) -> None:
+        """`handle()` what was read, its writes to this socket in one (`_cork`)."""
         if self._cork is not None:  # fed again from inside a handler (`release`)
-            self._feed_events(events)
+            handle()
         else:
             cork = self._cork = []
             try:
-                self._feed_events(events)
+                handle()
             finally:
                 self._cork = None
                 t = self.transport
                 if cork and t is not None:
                     t.write(cork[0] if len(cork) == 1 else b"".join(cork))
-        if self._timer is None and protocol.close_expected():
+        if self._timer is None and self.protocol.close_expected():
             self._expect_close()
 
     def _feed_events(self, events: list[Event]) -> None:
@@ -373,7 +394,9 @@ class Socket(asyncio.Protocol):
             return
         self.on_message(message)
 
-    def _handshake(self, request: Request) -> None:
+    def _handshake(self, request: Request, plain_accept: str | None = None) -> None:
+        """The upgrade request: websockets' (parsed by it), or a plain one (`plain_accept` its
+        accept key), which is answered as websockets would answer it, without its checks."""
         protocol = self.protocol
         self._cancel_timer()
         self.request = request
@@ -387,12 +410,15 @@ class Socket(asyncio.Protocol):
             )
         if self.transport is None or self.transport.is_closing():
             return  # dropped by `on_request`
-        if response is None:
-            response = protocol.accept(request)
-        if SERVER:
-            response.headers["Server"] = SERVER
-        protocol.send_response(response)
-        self._flush()
+        if response is None and plain_accept is not None:
+            self._accept_plain(request, plain_accept)
+        else:
+            if response is None:
+                response = protocol.accept(request)
+            if SERVER:
+                response.headers["Server"] = SERVER
+            protocol.send_response(response)
+            self._flush()
         if protocol.state is OPEN:
             try:
                 self.on_open()
@@ -403,6 +429,19 @@ class Socket(asyncio.Protocol):
             if self.transport is not None:
                 self._uncork()
                 self.transport.close()  # refused: the answer is written, then the connection closed
+
+    def _accept_plain(self, request: Request, accept: str) -> None:
+        """What `ServerProtocol.accept` and `send_response` do for a plain request (no origins,
+        extensions or subprotocols to negotiate): the same 101, byte for byte, and the protocol
+        open with its frame parser (as `LeanServerProtocol` leaves it once past the request)."""
+        protocol = self.protocol
+        protocol.accept_called = True
+        protocol.origin = cast("Origin | None", request.headers.get("Origin"))
+        self._send(_switching_protocols(accept))
+        protocol.state = OPEN
+        protocol.logger.info("connection open")
+        protocol.parser = Protocol.parse(protocol)
+        next(protocol.parser)
 
     def _flush(self) -> None:
         t = self.transport
@@ -434,6 +473,27 @@ class Socket(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+_date: tuple[int, str] = (0, "")
+
+
+def _http_date() -> str:
+    """The Date header's value, as websockets writes it (made once a second)."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, email.utils.formatdate(now, usegmt=True))
+    return _date[1]
+
+
+def _switching_protocols(accept: str) -> bytes:
+    """websockets' 101 response (`ServerProtocol.accept`, `Response.serialize`), Server included."""
+    server = f"Server: {SERVER}\r\n" if SERVER else ""
+    return (
+        f"HTTP/1.1 101 Switching Protocols\r\nDate: {_http_date()}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n{server}\r\n"
+    ).encode("iso-8859-1")
 
 
 async def serve(

@@ -17,7 +17,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
-from websockets.http11 import Request, Response
+from websockets.http11 import SERVER, Request, Response
+from websockets.server import ServerProtocol
 
 from edge import transport
 from edge.http import json_response
@@ -389,5 +390,43 @@ async def test_the_answers_to_frames_read_together_leave_in_one_write_in_order()
             await asyncio.to_thread(raw.sendall, _masked("alone"))
             await s.until(lambda: len(sock.messages) == 9)
             assert counting.writes == 2
+        finally:
+            raw.close()
+
+
+def _without_date(response: bytes) -> bytes:
+    return b"\r\n".join(line for line in response.split(b"\r\n") if not line.startswith(b"Date: "))
+
+
+async def test_a_plain_upgrade_gets_websockets_own_101_without_its_parser(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The usual request is answered without websockets' parser and checks (edge/upgrade.py),
+    with the bytes websockets would have sent; a socket opened so works as any other."""
+    async with _server(Echo) as s:
+        request = _upgrade_request(s.port)
+        websockets_own = ServerProtocol()
+        websockets_own.receive_data(request)
+        (parsed,) = websockets_own.events_received()
+        assert isinstance(parsed, Request)
+        answer = websockets_own.accept(parsed)
+        answer.headers["Server"] = SERVER
+        websockets_own.send_response(answer)
+        expected = websockets_own.data_to_send()[0]
+
+        def not_used(*_: object) -> None:
+            raise AssertionError("websockets' request check ran for a plain request")
+
+        monkeypatch.setattr(ServerProtocol, "process_request", not_used)
+        raw = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", s.port))
+        try:
+            await asyncio.to_thread(raw.sendall, request)
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += await asyncio.to_thread(raw.recv, 4096)
+            assert _without_date(got) == _without_date(expected)
+            assert s.sockets[0].events == ["request /", "open"]
+            await asyncio.to_thread(raw.sendall, _masked("hello"))
+            assert await asyncio.to_thread(raw.recv, 4096) == prepare("hello")
         finally:
             raw.close()
