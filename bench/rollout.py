@@ -14,13 +14,15 @@ one after another, with the load running all along:
    and the directory replaced live.
 
 A steady window (`--steady-s`) before them is the baseline; each phase lasts from its start until
-the next one starts (its action, then `--settle-s`).
+the next one starts (its action, then until every client is back, then `--settle-s`), so that no
+phase is charged with the reconnects of the one before.
 
 The clients act as the client libraries do: a socket closed with 1012 or 1011 comes back after
 `restart_delay` (jittered over a second), anything else after `reconnect_delay`, to the next
 edge of its own list (a client's edges are its own first, then the two others in an order that
 alternates between clients, so a drained edge's clients spread over the others); it identifies,
-subscribes to its accounts again and shows what the `presence.sync` says. There is no balancer:
+restores its own choice (idle or awake) if `ready` says otherwise, subscribes to its accounts
+again and shows what the `presence.sync` says and every change after it. There is no balancer:
 a restarted edge comes back on the same ports (the benchmark's probe plays the supervisor loop
 that restarts it on a cluster).
 
@@ -348,6 +350,12 @@ def judge(rows: list[dict[str, Any]], converged_misses: int, quick: bool) -> dic
 # generator process. Every client is an account, a watcher of its ring and a socket of the load.
 
 GIVE_UP_S = 120.0
+# The frame that makes an account of the load idle or online again (the load's changes, and a
+# client restoring its choice after a reconnect).
+RESTORE = {
+    ONLINE: lg.client_frame(b'{"type":"presence.update","status":"online"}'),
+    IDLE: lg.client_frame(b'{"type":"presence.update","status":"idle"}'),
+}
 
 
 @dataclass(slots=True)
@@ -377,6 +385,8 @@ class _Gen:
     stopping: bool = False
     load_stop: bool = False
     skipped: int = 0
+    restored: int = 0  # reconnects whose `ready` differed from the client's own choice
+    away: int = 0  # clients coming back (their socket lost, not subscribed again yet)
     errors: dict[str, int] = field(default_factory=dict)
     changer: asyncio.Task[None] | None = None
     cpu0: float = 0.0
@@ -457,7 +467,11 @@ async def setup_subscribe(gen: lg.Generator, concurrency: int) -> dict[str, Any]
 
 async def _open(st: _Gen, c: _Client) -> None:
     """A socket to the client's current edge, identified; its `ready` says the account's status
-    (a resumed account's is what it was)."""
+    (a resumed account's is what it was). Coming back, the client restores its own choice as the
+    client libraries do (what belongs to the socket: idle or awake) when `ready` says otherwise: a
+    change it sent just before the server closed its socket may never have been read (an edge
+    behind on its loop drops what is unread when it closes), and a resumed place keeps the idle
+    flag of the socket it replaces."""
     host, port = st.targets[c.order[c.at]]
     conn = await lg.open_ws(host, port, lg.WS_PATH, lg.source_address(c.index), st.connect_timeout_s)
     try:
@@ -468,7 +482,13 @@ async def _open(st: _Gen, c: _Client) -> None:
             conn.transport.abort()
         raise
     conn.user, conn.index = c.user, c.index
-    c.conn, c.status = conn, code_of(ready["status"])
+    resumed = code_of(ready["status"])
+    if c.conn is None:
+        c.status = resumed
+    elif resumed != c.status:
+        conn.send_raw(RESTORE[c.status])
+        st.restored += 1
+    c.conn = conn
 
 
 async def _subscribe(st: _Gen, c: _Client) -> None:
@@ -563,6 +583,7 @@ async def _keep(st: _Gen, c: _Client, group: list[lg.WsConn]) -> None:
         if st.stopping:
             return
         lost_at = time.monotonic()
+        st.away += 1
         code = c.conn.close_code or 1006
         restart = code in RESTART_CLOSE_CODES
         delay = (
@@ -570,7 +591,10 @@ async def _keep(st: _Gen, c: _Client, group: list[lg.WsConn]) -> None:
             if restart
             else reconnect_delay(0, False, DEFAULT_BACKOFF, rng.random)
         )
-        ready_at, synced_at = await _come_back(st, c, delay, rng)
+        try:
+            ready_at, synced_at = await _come_back(st, c, delay, rng)
+        finally:
+            st.away -= 1
         raw = st.raw
         raw.rc_u.append(c.index)
         raw.rc_lost.append(lost_at)
@@ -609,10 +633,7 @@ async def load_start(gen: lg.Generator, start_at: float, rate: float) -> int:
     robin, each the other of idle and online from the account's current one; a client whose
     socket is being replaced is skipped. Everything is recorded from then on."""
     st = _state
-    frames = {
-        ONLINE: lg.client_frame(b'{"type":"presence.update","status":"online"}'),
-        IDLE: lg.client_frame(b'{"type":"presence.update","status":"idle"}'),
-    }
+    frames = RESTORE
 
     async def changer() -> None:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
@@ -652,7 +673,12 @@ async def finish(gen: lg.Generator, drain_s: float) -> dict[str, Any]:
         name: bytes(value) if isinstance(value, bytearray) else value.tobytes()
         for name, value in vars(st.raw).items()
     }
-    return {**out, "skipped": st.skipped, "errors": st.errors, "cpu_s": cpu}
+    return {**out, "skipped": st.skipped, "restored": st.restored, "errors": st.errors, "cpu_s": cpu}
+
+
+async def away(gen: lg.Generator) -> int:
+    """How many of this generator's clients are coming back."""
+    return _state.away
 
 
 async def own_statuses(gen: lg.Generator) -> dict[int, int]:
@@ -817,10 +843,26 @@ def _phases(workers: lg.Workers, stage: lg.Stage, edges: _Edges, args: argparse.
         stage.log(f"{name}: starting")
         started = time.monotonic()
         action_s = action(stage)
-        stage.log(f"{name}: done in {action_s:.1f} s; {args.settle_s:g} s more")
+        back_s = _everybody_back(workers)
+        stage.log(
+            f"{name}: done in {action_s:.1f} s; every client back {back_s:.1f} s later; "
+            f"{args.settle_s:g} s more"
+        )
         time.sleep(args.settle_s)
         phases.append(Phase(name, started, time.monotonic(), action_s))
     return phases
+
+
+def _everybody_back(workers: lg.Workers) -> float:
+    """Wait until no client is coming back (at most GIVE_UP_S), so that a phase's reconnects do not
+    spill into the next one (a slow old restart's accounts coming back online during the rolling
+    restart would be counted as its flicker); the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < GIVE_UP_S:
+        if sum(workers.call("phase", _phase("away", {}))) == 0:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def _converge(workers: lg.Workers, accounts: int) -> dict[str, int]:
@@ -878,6 +920,7 @@ def run(args: argparse.Namespace, env: lg.BenchEnv, stage: lg.Stage) -> dict[str
         "views": views,
         "errors": errors,
         "skipped_changes": sum(p["skipped"] for p in parts),
+        "restored_on_reconnect": sum(p["restored"] for p in parts),
         "generator_cpu_s": sum(p["cpu_s"] for p in parts),
     }
 
@@ -923,7 +966,8 @@ def _print(args: argparse.Namespace, m: dict[str, Any], info: dict[str, Any], cm
     print(
         f"at the end: {views['mismatches']:,} (watcher, account) views not converged, "
         f"{views['closed']} sockets not open; {m['skipped_changes']:,} changes skipped (their socket was "
-        "being replaced)"
+        f"being replaced); {m.get('restored_on_reconnect', 0):,} clients back with a status other than "
+        "their own choice restored it"
     )
     print(
         "rolling restart / old restart: frames for unchanged accounts "

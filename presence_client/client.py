@@ -494,6 +494,11 @@ class PresenceClient:
             self._send({"type": "presence.update", "status": self._pending_status})
         elif self._idle:
             self._send({"type": "presence.update", "status": "idle"})
+        elif self.status == "idle":
+            # A resumed place keeps the idle flag of the socket it replaces (protocol.md "Drain and
+            # resume"), and an `online` sent just before the server closed that socket may never
+            # have been read: this socket is awake, so it says so.
+            self._send({"type": "presence.update", "status": "online"})
         self._pending_status = None
         if self._pending_visibility is not None:
             self._send({"type": "settings.update", "lastSeenVisibility": self._pending_visibility})

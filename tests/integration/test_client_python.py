@@ -68,9 +68,11 @@ async def scripted() -> AsyncIterator[Callable[[Script], Awaitable[Scripted]]]:
         await s.server.wait_closed()
 
 
-async def ready(s: Scripted, ws: ServerConnection, n: int, interval_ms: int = 30_000) -> None:
+async def ready(
+    s: Scripted, ws: ServerConnection, n: int, interval_ms: int = 30_000, status: str = "online"
+) -> None:
     assert (await s.recv(ws, n))["type"] == "identify"
-    await ws.send(json.dumps({"type": "ready", "userId": "me", "socketId": f"s-{n}", "status": "online",
+    await ws.send(json.dumps({"type": "ready", "userId": "me", "socketId": f"s-{n}", "status": status,
                               "heartbeatIntervalMs": interval_ms}))  # fmt: skip
 
 
@@ -149,6 +151,30 @@ async def test_restart_close_codes_come_back_at_once(scripted: Any, code: int) -
     assert client.reconnect_delays == [pytest.approx(0.1), pytest.approx(0.2), pytest.approx(0.05)]
     last = [info for state, info in states if state == "reconnecting"][-1]
     assert last["code"] == code and last["attempt"] == 0 and last["throttled"] is False
+    await client.close()
+
+
+async def test_back_awake_on_a_resumed_idle_place_says_online(scripted: Any) -> None:
+    """A drained socket's place is resumed with its idle flag, and the `online` the client sent
+    just before the close may never have been read: back with `ready` idle while awake, the
+    client says `online`; back with `ready` online, it sends nothing. Failed on the old client,
+    which restored only an idle socket (its account stayed idle although it was active)."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n, interval_ms=100, status="idle" if n == 1 else "online")
+        while (await s.recv(ws, n))["type"] != "heartbeat":
+            pass  # what the client restores comes at once, before its first heartbeat
+        if n < 2:
+            await ws.close(1012, "service restart; reconnect")
+        else:
+            await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=BackoffPolicy(restart_window_s=0.05))
+    client.connect()
+    await until(lambda: s.count == 3 and any(f["type"] == "heartbeat" for f in s.received[2]))
+    restored = [[f for f in frames if f["type"] == "presence.update"] for frames in s.received]
+    assert restored == [[], [{"type": "presence.update", "status": "online"}], []]
     await client.close()
 
 

@@ -490,6 +490,9 @@ export class PresenceClient {
     // socket's own (idle, focus, voice, subscriptions) are not.
     if (this._pendingStatus !== null) this._send({ type: "presence.update", status: this._pendingStatus });
     else if (this._idle) this._send({ type: "presence.update", status: "idle" });
+    // A resumed place keeps the idle flag of the socket it replaces, and an `online` sent just
+    // before the server closed that socket may never have been read: this socket is awake.
+    else if (this.status === "idle") this._send({ type: "presence.update", status: "online" });
     this._pendingStatus = null;
     if (this._pendingVisibility !== null) {
       this._send({ type: "settings.update", lastSeenVisibility: this._pendingVisibility });

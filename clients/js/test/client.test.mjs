@@ -494,6 +494,28 @@ test("channels, voice, idle and focus are restored on the new socket; rosters ke
   client.close();
 });
 
+test("back from a drain to a resumed idle place while awake: says online (its last online may never have been read)", async () => {
+  const { client, clock } = make();
+  client.connect();
+  await flush();
+  let ws = FakeSocket.last();
+  await ready(ws);
+  client.setStatus("idle");
+  client.setStatus("online"); // sent; the draining edge closes the socket before reading it
+  ws.take();
+  ws.drop(1012);
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws, "me", { status: "idle" }); // the held place it took was idle
+  assert.deepEqual(ws.take(), [{ type: "presence.update", status: "online" }]);
+  ws.drop(1012);
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws, "me", { status: "online" }); // nothing to restore
+  assert.deepEqual(ws.take(), []);
+  client.close();
+});
+
 test("outgoing frames are paced under the edge's rate limit", async () => {
   const { client, clock } = make({ rateBurst: 10, ratePerSecond: 5 });
   client.connect();
