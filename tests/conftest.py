@@ -73,7 +73,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("=", "how the groups packed onto the workers (tests/parallel.py)")
         for line in _packing.lines():
             terminalreporter.write_line(line)
-        if path := os.environ.get("PRESENCE_TEST_PACKING"):
+        # Not a PRESENCE_* name: `presence` warns about those that name no setting.
+        if path := os.environ.get("TEST_PACKING_FILE"):
             Path(path).write_text("\n".join(_packing.modules()) + "\n")
 
 

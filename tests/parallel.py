@@ -49,7 +49,7 @@ EXTERNAL_SERVERS = ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS"
 
 # Expected seconds of the heavier modules (serial runs with --durations on the 2-core machine,
 # most of them loaded; only their order matters: a long module that starts last leaves one worker
-# running alone at the end). A run with PRESENCE_TEST_PACKING=FILE writes every module's seconds.
+# running alone at the end). A run with TEST_PACKING_FILE=FILE writes every module's seconds.
 PLAN: dict[str, float] = {
     "tests/integration/test_doc_examples.py": 110,
     # With bench bigserver --quick in its own process (~100-130 s at load 12-20).
@@ -200,7 +200,7 @@ class Packing:
     decides the wall time, so the run prints, per worker, when it finished and its groups (a lane,
     an `xdist_group` or a module) with the seconds their tests took (setup, call and teardown as
     pytest measured them). Fed on the controller with every test report as it arrives.
-    `PRESENCE_TEST_PACKING=FILE` also writes every module's seconds there (for `PLAN`)."""
+    `TEST_PACKING_FILE=FILE` also writes every module's seconds there (for `PLAN`)."""
 
     clock: Callable[[], float] = time.monotonic
     started: float = field(default=0.0)
