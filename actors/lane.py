@@ -37,7 +37,6 @@ for the next one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import itertools
@@ -47,7 +46,7 @@ import secrets
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from actors.core.contract import WIRE_VERSION, serves_edge, wire_compatible, wire_mismatch
 from actors.core.handshake_gate import Entry, HandshakeGate
@@ -117,15 +116,8 @@ def encode(payload: bytes) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes:
-    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-    if length > MAX_FRAME_BYTES:
-        raise ValueError(f"lane frame of {length} bytes")
-    return await reader.readexactly(length)
-
-
-def _keepalive(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
+def _keepalive(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
     if sock is None:
         return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -138,24 +130,232 @@ def _keepalive(writer: asyncio.StreamWriter) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+class _Framed(asyncio.Protocol):
+    """One end of a lane's connection, on its transport: the handshake's fixed-size fields read
+    with `read_exactly`, then length-prefixed frames handed to `on_frame` as they arrive, several
+    per read when they came together. No stream reader, no task per frame: a call costs one
+    callback at each end (bench/profiles/README.md, "the lane's CPU per call")."""
+
+    # Before the handshake is over, a peer gets this much buffered, then reading pauses.
+    UNPROVEN_BUFFER = 64 * 1024
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.framing = False
+        self.closed = False
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)
+        _keepalive(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self.framing:
+            self._frames()
+            return
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if len(self._buffer) > self.UNPROVEN_BUFFER and self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("the lane's connection closed"))
+
+    async def read_exactly(self, n: int, timeout_s: float) -> bytes:
+        """The next `n` bytes of the handshake (TimeoutError, or ConnectionError if it closed)."""
+        async with asyncio.timeout(timeout_s):
+            while len(self._buffer) < n:
+                if self.closed:
+                    raise ConnectionResetError("the lane's connection closed")
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    def start_framing(self) -> None:
+        """The handshake is over: frames from now on (those already buffered first)."""
+        self.framing = True
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        self._frames()
+
+    def write(self, payload: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_LENGTH.pack(len(payload)) + payload)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _frames(self) -> None:
+        buffer = self._buffer
+        start = 0
+        try:
+            while len(buffer) - start >= _LENGTH.size and not self.closed:
+                (length,) = _LENGTH.unpack_from(buffer, start)
+                if length > MAX_FRAME_BYTES:
+                    raise ValueError(f"lane frame of {length} bytes")
+                end = start + _LENGTH.size + length
+                if len(buffer) < end:
+                    break
+                frame = buffer[start + _LENGTH.size : end]
+                start = end
+                self.on_frame(frame)
+        except Exception as e:
+            self.unreadable(e)
+        finally:
+            del buffer[:start]
+
+    def on_frame(self, frame: bytearray) -> None:
+        raise NotImplementedError
+
+    def unreadable(self, error: Exception) -> None:
+        """A frame this end cannot read: the connection goes."""
+        self.closed = True
+        self.close()
+
+
+# What an immediate handler answers when the call must wait (the lane then runs the coroutine
+# handler of the same name in a task).
+LATER = None
+
+
+class _ShardConnection(_Framed):
+    """The shard's end of one edge's connection."""
+
+    def __init__(self, server: LaneServer) -> None:
+        super().__init__()
+        self.server = server
+        self.pulls: set[asyncio.Task[None]] = set()
+        # Calls other than pulls still running in tasks: while there are any, later calls go
+        # behind them (one edge's batches apply in the order they arrived).
+        self.behind = 0
+        self._opening: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server._connections.add(self)
+        self._opening = asyncio.get_running_loop().create_task(self._open())
+
+    async def _open(self) -> None:
+        try:
+            proven = await self.server._handshake(self)
+        except (ConnectionError, TimeoutError):
+            proven = False
+        if proven and not self.closed:
+            self.start_framing()
+        else:
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # A pull still waiting would hand its mail to nobody: cancelled, the mail stays.
+        for pull in self.pulls:
+            pull.cancel()
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+        self.server._connections.discard(self)
+
+    def on_frame(self, frame: bytearray) -> None:
+        request_id, method, args = pickle.loads(frame)
+        server = self.server
+        if not self.behind:
+            now = server.immediate.get(method)
+            if now is not None:
+                try:
+                    result = now(*args)
+                except Exception as e:
+                    self.reply(request_id, method, _failure(method, e))
+                    return
+                if result is not LATER:
+                    self.reply(request_id, method, (True, result))
+                    return
+        task = asyncio.get_running_loop().create_task(self._answer(request_id, method, args))
+        server._tasks.add(task)
+        task.add_done_callback(server._tasks.discard)
+        if method == "pull":
+            self.pulls.add(task)
+            task.add_done_callback(self.pulls.discard)
+        else:
+            self.behind += 1
+            task.add_done_callback(self._caught_up)
+
+    def _caught_up(self, _: object) -> None:
+        self.behind -= 1
+
+    def unreadable(self, error: Exception) -> None:
+        if not isinstance(error, (ValueError, pickle.PickleError)):
+            log.error("lane: a request could not be read; connection closed", exc_info=error)
+        super().unreadable(error)
+
+    async def _answer(self, request_id: int, method: str, args: tuple[Any, ...]) -> None:
+        handler = self.server.handlers.get(method)
+        try:
+            if handler is None:
+                raise LookupError(f"no lane method {method!r}")
+            outcome: tuple[bool, Any] = (True, await handler(*args))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            outcome = _failure(method, e)
+        self.reply(request_id, method, outcome)
+
+    def reply(self, request_id: int, method: str, outcome: tuple[bool, Any]) -> None:
+        if self.closed:
+            return
+        try:
+            frame = pickle.dumps((request_id, *outcome), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            log.exception("lane: the answer to %s could not be pickled", method)
+            frame = pickle.dumps((request_id, False, (type(e).__name__, str(e))))
+        self.write(frame)
+
+
+def _failure(method: str, e: Exception) -> tuple[bool, Any]:
+    """A failed call's outcome: the edge sees it as it would see a failed Ray call."""
+    if isinstance(e, TimeoutError):  # a refusal the edge retries (a suspended shard): no traceback
+        log.info("lane: %s refused: %s", method, e)
+    else:
+        log.error("lane: %s failed", method, exc_info=e)
+    return False, (type(e).__name__, str(e))
+
+
 class LaneServer:
     """The shard's end: serves `handlers` (method name → coroutine function) to whoever proves
-    it knows the secret."""
+    it knows the secret. `immediate` (method name → plain function) answers a call without a task
+    when it can, or says `LATER` and the coroutine handler takes it."""
 
-    def __init__(self, handlers: dict[str, Handler], version: int = WIRE_VERSION) -> None:
+    def __init__(
+        self,
+        handlers: dict[str, Handler],
+        version: int = WIRE_VERSION,
+        immediate: dict[str, Callable[..., Any]] | None = None,
+    ) -> None:
         self.handlers = handlers
+        self.immediate = immediate or {}
         self.version = version
         self.secret = secrets.token_bytes(SECRET_BYTES)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._connections: set[asyncio.StreamWriter] = set()
+        self._connections: set[_ShardConnection] = set()
         self._gate: HandshakeGate[asyncio.Future[None]] = HandshakeGate(
             MAX_HANDSHAKES, HANDSHAKES_PER_SOURCE, WAITING_PER_SOURCE, WAITING_HANDSHAKES
         )
         self.refused = 0  # connections that failed the handshake or found the line full
 
     async def start(self, host: str) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, host, 0)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ShardConnection(self), host, 0)
         port = self._server.sockets[0].getsockname()[1]
         return host, int(port)
 
@@ -164,35 +364,8 @@ class LaneServer:
             self._server.close()
         for task in list(self._tasks):
             task.cancel()
-        for writer in list(self._connections):  # Server.close leaves open connections open
-            writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _keepalive(writer)
-        self._connections.add(writer)
-        pulls: set[asyncio.Task[None]] = set()
-        try:
-            if not await self._handshake(reader, writer):
-                return
-            while True:
-                request_id, method, args = pickle.loads(await read_frame(reader))
-                # One task per request, started in arrival order (see the module's docstring).
-                task = asyncio.get_running_loop().create_task(self._answer(writer, request_id, method, args))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                if method == "pull":
-                    pulls.add(task)
-                    task.add_done_callback(pulls.discard)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ValueError, pickle.PickleError):
-            pass
-        except Exception:
-            log.exception("lane: a request could not be read; connection closed")
-        finally:
-            # A pull still waiting would hand its mail to nobody: cancelled, the mail stays.
-            for pull in pulls:
-                pull.cancel()
-            self._connections.discard(writer)
-            writer.close()
+        for connection in list(self._connections):  # Server.close leaves open connections open
+            connection.close()
 
     @property
     def handshakes_in_progress(self) -> int:
@@ -224,17 +397,18 @@ class LaneServer:
         for _, turn in self._gate.leave(source):
             turn.set_result(None)
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _handshake(self, connection: _ShardConnection) -> bool:
         """The edge proves it knows the secret, after the shard proved it (module docstring)."""
-        peer = writer.get_extra_info("peername")
+        assert connection.transport is not None
+        peer = connection.transport.get_extra_info("peername")
         source = str(peer[0]) if peer else "?"
         if not await self._take_turn(source):
             return False
         try:
-            edge_hello = await asyncio.wait_for(reader.readexactly(EDGE_HELLO_BYTES), HANDSHAKE_S)
+            edge_hello = await connection.read_exactly(EDGE_HELLO_BYTES, HANDSHAKE_S)
             shard_hello = secrets.token_bytes(NONCE_BYTES) + _VERSION.pack(self.version)
-            writer.write(shard_hello + _proof(self.secret, b"shard", edge_hello, shard_hello))
-            offered = await asyncio.wait_for(reader.readexactly(_PROOF_BYTES), HANDSHAKE_S)
+            connection.transport.write(shard_hello + _proof(self.secret, b"shard", edge_hello, shard_hello))
+            offered = await connection.read_exactly(_PROOF_BYTES, HANDSHAKE_S)
         finally:
             self._turn_over(source)
         if hmac.compare_digest(offered, _proof(self.secret, b"edge", edge_hello, shard_hello)):
@@ -249,115 +423,97 @@ class LaneServer:
             log.warning("lane: %d connection(s) refused so far (no proof of the secret)", self.refused)
         return False
 
-    async def _answer(
-        self, writer: asyncio.StreamWriter, request_id: int, method: str, args: tuple[Any, ...]
-    ) -> None:
-        handler = self.handlers.get(method)
-        try:
-            if handler is None:
-                raise LookupError(f"no lane method {method!r}")
-            reply: tuple[int, bool, Any] = (request_id, True, await handler(*args))
-        except asyncio.CancelledError:
-            raise
-        except TimeoutError as e:  # a refusal the edge retries (a suspended shard): no traceback
-            log.info("lane: %s refused: %s", method, e)
-            reply = (request_id, False, (type(e).__name__, str(e)))
-        except Exception as e:  # the edge sees it as it would see a failed Ray call
-            log.exception("lane: %s failed", method)
-            reply = (request_id, False, (type(e).__name__, str(e)))
-        if writer.is_closing():
-            return
-        try:
-            frame = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:
-            log.exception("lane: the answer to %s could not be pickled", method)
-            frame = pickle.dumps((request_id, False, (type(e).__name__, str(e))))
-        writer.write(encode(frame))
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
+
+class _EdgeConnection(_Framed):
+    """The edge's end of one lane: replies matched to the calls waiting for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.broken: BaseException | None = None
+
+    def on_frame(self, frame: bytearray) -> None:
+        request_id, ok, result = pickle.loads(frame)
+        reply = self.waiting.get(request_id)
+        if reply is not None and not reply.done():
+            reply.set_result((ok, result))
+
+    def unreadable(self, error: Exception) -> None:  # a reply this process cannot read: broken
+        self.fail(LaneBroken(f"{type(error).__name__}: {error}"))
+        super().unreadable(error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.fail(LaneBroken(f"closed ({type(exc).__name__})" if exc is not None else "closed"))
+
+    def fail(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
+        for reply in self.waiting.values():
+            if not reply.done():
+                reply.set_exception(LaneBroken(str(error)))
+        self.waiting.clear()
 
 
 class LaneClient:
     """The edge's end of one lane: calls multiplexed over one connection."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+    def __init__(self, connection: _EdgeConnection) -> None:
+        self._connection = connection
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._broken: BaseException | None = None
-        self._reading = asyncio.get_running_loop().create_task(self._read_replies())
+        connection.start_framing()
 
     @classmethod
     async def open(
         cls, host: str, port: int, secret: bytes, timeout_s: float = 5.0, version: int = WIRE_VERSION
     ) -> LaneClient:
+        loop = asyncio.get_running_loop()
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+            transport, connection = await asyncio.wait_for(
+                loop.create_connection(_EdgeConnection, host, port), timeout_s
+            )
         except (OSError, TimeoutError) as e:
             raise LaneBroken(f"lane to {host}:{port}: {type(e).__name__}") from e
-        _keepalive(writer)
         try:
             edge_hello = secrets.token_bytes(NONCE_BYTES) + _VERSION.pack(version)
-            writer.write(edge_hello)
-            answer = await asyncio.wait_for(reader.readexactly(SHARD_HELLO_BYTES), timeout_s)
+            transport.write(edge_hello)
+            answer = await connection.read_exactly(SHARD_HELLO_BYTES, timeout_s)
             shard_hello, proof = answer[:-_PROOF_BYTES], answer[-_PROOF_BYTES:]
             if not hmac.compare_digest(proof, _proof(secret, b"shard", edge_hello, shard_hello)):
                 raise LaneBroken(f"lane to {host}:{port}: the listener does not know the shard's secret")
             (theirs,) = _VERSION.unpack(shard_hello[NONCE_BYTES:])
             if not wire_compatible(version, theirs):
                 raise WireMismatch(tell_mismatch(version, theirs, f"the shard at {host}:{port}"))
-            writer.write(_proof(secret, b"edge", edge_hello, shard_hello))
+            transport.write(_proof(secret, b"edge", edge_hello, shard_hello))
         except LaneBroken:  # before OSError: it is one
-            writer.close()
+            transport.close()
             raise
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
-            writer.close()
+        except (OSError, TimeoutError) as e:
+            transport.close()
             raise LaneBroken(f"lane to {host}:{port}: handshake {type(e).__name__}") from e
-        return cls(reader, writer)
+        return cls(connection)
 
     @property
     def broken(self) -> bool:
-        return self._broken is not None
+        return self._connection.broken is not None
 
     async def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        if self._broken is not None:
-            raise LaneBroken(str(self._broken))
+        connection = self._connection
+        if connection.broken is not None:
+            raise LaneBroken(str(connection.broken))
         request_id = next(self._ids)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = reply
+        connection.waiting[request_id] = reply
         try:
-            request = pickle.dumps((request_id, method, args), protocol=pickle.HIGHEST_PROTOCOL)
-            self._writer.write(encode(request))
+            connection.write(pickle.dumps((request_id, method, args), protocol=pickle.HIGHEST_PROTOCOL))
             ok, result = await (reply if timeout_s is None else asyncio.wait_for(reply, timeout_s))
         finally:
-            self._waiting.pop(request_id, None)
+            connection.waiting.pop(request_id, None)
         if not ok:
             kind, message = result
             raise _KNOWN_REMOTE.get(kind, LaneRemoteError)(f"{kind}: {message}")
         return result
 
     def close(self) -> None:
-        self._fail(LaneBroken("closed"))
-        self._writer.close()
-
-    def _fail(self, error: BaseException) -> None:
-        if self._broken is None:
-            self._broken = error
-        for reply in self._waiting.values():
-            if not reply.done():
-                reply.set_exception(LaneBroken(str(error)))
-        self._waiting.clear()
-
-    async def _read_replies(self) -> None:
-        try:
-            while True:
-                request_id, ok, result = pickle.loads(await read_frame(self._reader))
-                reply = self._waiting.get(request_id)
-                if reply is not None and not reply.done():
-                    reply.set_result((ok, result))
-        except Exception as e:  # gone, or a reply this process cannot read: either way, broken
-            self._fail(LaneBroken(f"{type(e).__name__}: {e}"))
-        finally:  # cancelled, or after the above (`_fail` keeps the first reason)
-            self._fail(LaneBroken("closed"))
-            self._writer.close()
+        self._connection.fail(LaneBroken("closed"))
+        self._connection.close()

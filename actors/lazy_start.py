@@ -21,6 +21,12 @@ class LazyStart:
     async def _run(self) -> None:
         await self._start()
 
+    @property
+    def started(self) -> bool:
+        """The start has succeeded (`wait` would return at once)."""
+        task = self._task
+        return task is not None and task.done() and not task.cancelled() and task.exception() is None
+
     async def wait(self) -> None:
         """Returns once the start has succeeded; raises its error, and forgets it, if it failed."""
         task = self._task

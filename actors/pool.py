@@ -104,7 +104,10 @@ class ShardHost:
         self._impl_started = False
         self._flush = FlushClient()
         # The direct lane (actors/lane.py) serves the edges' two hot calls.
-        self._lane = LaneServer({LANE_APPLY: self.apply_and_collect, LANE_PULL: self.pull})
+        self._lane = LaneServer(
+            {LANE_APPLY: self.apply_and_collect, LANE_PULL: self.pull},
+            immediate={LANE_APPLY: self._apply_and_collect_now},
+        )
         self._lane_address: tuple[str, int] | None = None
         self._node_watch: asyncio.Task[None] | None = None
         self._fence = Fence(FENCE_LEASE_S)
@@ -238,6 +241,15 @@ class ShardHost:
     ) -> ApplyReply:
         self._serving()
         return await (await self._ready()).apply_and_collect(edge_id, ops, incarnation, acked_seq)
+
+    def _apply_and_collect_now(
+        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
+    ) -> ApplyReply | None:
+        """The lane's road for a batch that needs no turn of the loop (None: it takes the task's)."""
+        if not self._started.started:
+            return None
+        self._serving()
+        return self.impl.apply_and_collect_now(edge_id, ops, incarnation, acked_seq)
 
     async def pull(
         self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False

@@ -42,7 +42,7 @@ from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
 from actors.held import HeldStore, Places
-from actors.metrics import Metrics
+from actors.metrics import Key, Metrics
 from actors.retry import retry, supervise
 from actors.store import AudienceEvents, ShardStore
 
@@ -119,6 +119,9 @@ class PresenceShard:
         # One edge's batches apply in the order they arrive, even when an earlier one waits on
         # PostgreSQL and a later one needs nothing loaded (asyncio.Lock wakes waiters in order).
         self._edge_order: dict[str, asyncio.Lock] = {}
+        # Per edge, its batches in `_apply` (waiting for their turn or a load): a batch that
+        # could be applied at once waits behind them all the same (`_apply_now`).
+        self._applying: dict[str, int] = {}
         self.metrics = Metrics()
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
         # Held places (actors/held.py): the latest of each account's, waiting to be written.
@@ -137,6 +140,10 @@ class PresenceShard:
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_users: set[str] = set()
         self._reload_channels: set[str] = set()
+        # Set when an audience change is announced, and while status changes are held back: the
+        # loops that handle them sleep otherwise (a shard at rest wakes for its sweeps only).
+        self._reload_wake = asyncio.Event()
+        self._held_back = asyncio.Event()
         # Slots this shard serves; None until the shell learns them from the slot directory.
         self.owned: set[int] | None = None
         self.node_id: str | None = None  # the Ray node it runs on, told by the Ray wrapper
@@ -153,9 +160,9 @@ class PresenceShard:
     async def start(self) -> None:
         await self.store.start(
             AudienceEvents(
-                on_user=self._reload_users.add,
-                on_settings=self._reload_users.add,
-                on_channel=self._reload_channels.add,
+                on_user=self._reload_user,
+                on_settings=self._reload_user,
+                on_channel=self._reload_channel,
                 on_reset=self._reload_everything,
             )
         )
@@ -196,27 +203,76 @@ class PresenceShard:
 
     async def apply(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]]:
         """One batch of operations from one edge, applied in order. Returns one result per op."""
+        return await self._apply(edge_id, ops, collect=False)
+
+    async def _apply(
+        self, edge_id: str, ops: list[Operation[object]], collect: bool
+    ) -> tuple[str, list[object]]:
+        """`apply`; `collect`: the batch's reply takes the edge's mail (its pull is not woken)."""
         started = time.perf_counter()
-        async with self._edge_order.setdefault(edge_id, asyncio.Lock()):
-            now = self.clock()
-            self.state.refresh_edge(edge_id, now)
-            self.mail.setdefault(edge_id, EdgeMail())
-            try:
-                await self._preload(ops, now)
-            except self.store.errors as e:
-                self.metrics.inc("shard_preload_failures_total")
-                log.warning(
-                    "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
-                    self.config.shard_index,
-                    type(e).__name__,
-                )
-            now = self.clock()
-            # Ownership is checked after the awaits above, so a slot exported meanwhile is refused.
-            results = [self._apply_checked(edge_id, op, now) if self._owns(op) else MOVED for op in ops]
-            self._carry_out()
-        self.metrics.observe("shard_batch_ops", len(ops))
-        self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
+        self._applying[edge_id] = self._applying.get(edge_id, 0) + 1
+        try:
+            async with self._order(edge_id):
+                now = self.clock()
+                self.state.refresh_edge(edge_id, now)
+                self._box(edge_id)
+                try:
+                    missing = self._missing(ops)
+                    if missing is not None:
+                        await self._load(missing, now)
+                except self.store.errors as e:
+                    self.metrics.inc("shard_preload_failures_total")
+                    log.warning(
+                        "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
+                        self.config.shard_index,
+                        type(e).__name__,
+                    )
+                results = self._apply_batch(edge_id, ops, collect)
+        finally:
+            if self._applying[edge_id] == 1:
+                del self._applying[edge_id]
+            else:
+                self._applying[edge_id] -= 1
+        self._observe_batch(len(ops), started)
         return self.incarnation, results
+
+    def _apply_now(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]] | None:
+        """`_apply(collect=True)` without a turn of the event loop, when nothing makes it wait: no
+        earlier batch of this edge still in progress, nothing to load. None: it would wait."""
+        if edge_id in self._applying or self._missing(ops) is not None:
+            return None
+        started = time.perf_counter()
+        self.state.refresh_edge(edge_id, self.clock())
+        self._box(edge_id)
+        results = self._apply_batch(edge_id, ops, collect=True)
+        self._observe_batch(len(ops), started)
+        return self.incarnation, results
+
+    def _apply_batch(self, edge_id: str, ops: list[Operation[object]], collect: bool) -> list[object]:
+        now = self.clock()
+        # Ownership is checked after any load, so a slot exported meanwhile is refused.
+        owned = self.owned
+        results = [
+            self._apply_checked(edge_id, op, now) if owned is None or self._owns(op) else MOVED for op in ops
+        ]
+        self._carry_out(collecting=edge_id if collect else None)
+        return results
+
+    def _observe_batch(self, ops: int, started: float) -> None:
+        self.metrics.observe("shard_batch_ops", ops)
+        self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
+
+    def _box(self, edge_id: str) -> EdgeMail:
+        box = self.mail.get(edge_id)
+        if box is None:
+            box = self.mail[edge_id] = EdgeMail()
+        return box
+
+    def _order(self, edge_id: str) -> asyncio.Lock:
+        lock = self._edge_order.get(edge_id)
+        if lock is None:
+            lock = self._edge_order[edge_id] = asyncio.Lock()
+        return lock
 
     async def apply_and_collect(
         self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
@@ -224,14 +280,34 @@ class PresenceShard:
         """`apply`, with the edge's mail not handed out yet in the same reply (the frames its batch
         caused, mostly: one call per change instead of two). `acked_seq` acknowledges like a pull's
         (for `incarnation`; an older incarnation's acknowledges nothing)."""
-        box = self.mail.setdefault(edge_id, EdgeMail())
+        self._acknowledge(edge_id, incarnation, acked_seq)
+        incarnation_now, results = await self._apply(edge_id, ops, collect=True)
+        return incarnation_now, results, self._collect(edge_id)
+
+    def apply_and_collect_now(
+        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
+    ) -> tuple[str, list[object], MailChunk] | None:
+        """`apply_and_collect` without a turn of the event loop (`apply_now`); None: it would wait."""
+        self._acknowledge(edge_id, incarnation, acked_seq)
+        applied = self._apply_now(edge_id, ops)
+        if applied is None:
+            return None
+        return applied[0], applied[1], self._collect(edge_id)
+
+    def _acknowledge(self, edge_id: str, incarnation: str | None, acked_seq: int) -> None:
         if incarnation == self.incarnation:
-            box.ack(acked_seq)
-        incarnation_now, results = await self.apply(edge_id, ops)
-        now_box = self.mail.get(edge_id)  # a lease that ran out meanwhile took the old box with it
-        chunk = now_box.hand_out() if now_box is not None else (0, 0, [])
+            self._box(edge_id).ack(acked_seq)
+
+    def _collect(self, edge_id: str) -> MailChunk:
+        """The edge's mail not handed out yet, for the reply of its batch."""
+        box = self.mail.get(edge_id)  # a lease that ran out meanwhile took the old box with it
+        if box is None:
+            return 0, 0, []
+        chunk = box.hand_out()
+        if box.unhanded():  # more than one reply carries: the pull takes the rest
+            box.event.set()
         self.metrics.observe("shard_reply_items", len(chunk[2]))
-        return incarnation_now, results, chunk
+        return chunk
 
     async def pull(
         self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
@@ -245,7 +321,7 @@ class PresenceShard:
             acked_seq, resend = 0, True
         self.state.refresh_edge(edge_id, self.clock())
         self._carry_out()  # renewing one lease may have expired another edge's
-        box = self.mail.setdefault(edge_id, EdgeMail())
+        box = self._box(edge_id)
         box.ack(acked_seq)
         if resend:
             box.resend_after(acked_seq)
@@ -254,7 +330,8 @@ class PresenceShard:
         while not box.unhanded() and (left := deadline - time.monotonic()) > 0:
             box.event.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(box.event.wait(), left)
+                async with asyncio.timeout(left):  # no task of its own, unlike wait_for
+                    await box.event.wait()
         if wait_s > 0:
             self.state.refresh_edge(edge_id, self.clock())
         chunk = box.hand_out()
@@ -398,8 +475,9 @@ class PresenceShard:
 
     # ------------------------------------------------------------------ applying
 
-    async def _preload(self, ops: list[Operation[object]], now: float) -> None:
-        """Load from PostgreSQL everything the state needs for this batch, in one query per kind."""
+    def _missing(self, ops: list[Operation[object]]) -> _Missing | None:
+        """What the state lacks for this batch (None: everything is in memory, the common case,
+        decided without taking a connection: each acquire costs a reset round trip to PostgreSQL)."""
         rel_ids: list[str] = []
         acc_ids: list[str] = []
         channel_ids: list[str] = []
@@ -413,8 +491,6 @@ class PresenceShard:
                 channel_ids.extend(channels)
             if isinstance(op, ops_.Query):
                 queries.append((op.reader, op.targets))
-        # Most batches find everything in memory: decide that without taking a connection (each
-        # acquire costs a reset round trip to PostgreSQL).
         missing_rel = self.state.missing_relations(rel_ids)
         if not missing_rel:
             for reader, targets in queries:
@@ -423,25 +499,30 @@ class PresenceShard:
         missing_acc = [u for u in dict.fromkeys(acc_ids) if not self.state.has_account(u)]
         missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
         if not (missing_rel or missing_acc or missing_ch):
-            return
+            return None
+        return _Missing(missing_rel, missing_acc, missing_ch, queries)
+
+    async def _load(self, missing: _Missing, now: float) -> None:
+        """Load from PostgreSQL everything the state lacks for a batch, in one query per kind."""
+        missing_acc = missing.accounts
         async with self.store.loading() as loads:
-            if missing_rel:
-                for user_id, rel in (await loads.relations(missing_rel)).items():
+            if missing.relations:
+                for user_id, rel in (await loads.relations(missing.relations)).items():
                     self.state.set_relations(user_id, rel, now)
             # A query's audience is known once the relations are: its visible accounts load too.
-            for reader, targets in queries:
+            for reader, targets in missing.queries:
                 missing_acc.extend(self.state.accounts_to_load_for_query(reader, targets))
             if missing_acc:
                 rows = await loads.accounts(list(dict.fromkeys(missing_acc)))
                 for user_id, row in rows.items():
                     self.state.load_account(user_id, row, now)
-            if missing_ch:
-                for channel_id, server_id in (await loads.channel_servers(missing_ch)).items():
+            if missing.channels:
+                for channel_id, server_id in (await loads.channel_servers(missing.channels)).items():
                     self.state.channels.load_channel(channel_id, server_id)
 
     def _apply_checked(self, edge_id: str, op: Operation[object], now: float) -> object:
         """Apply one operation to the state; its answer in its wire form (`actors.core.answers`)."""
-        self.metrics.inc("shard_ops_total", op=ops_.KIND[type(op)])
+        self.metrics.counters[_OP_KEYS[type(op)]] += 1
         try:
             return wire(apply(self.state, edge_id, op, now))
         except NotLoaded:
@@ -450,8 +531,9 @@ class PresenceShard:
             self.metrics.inc("shard_ops_unavailable_total")
             return UNAVAILABLE
 
-    def _carry_out(self) -> None:
-        """Turn the state's effects into mail, durable writes and count updates."""
+    def _carry_out(self, collecting: str | None = None) -> None:
+        """Turn the state's effects into mail, durable writes and count updates. `collecting`:
+        the edge whose batch's reply is about to take its mail (its pull is not woken for it)."""
         effects = self.state.outbox.drain()
         if not effects:
             return
@@ -460,6 +542,7 @@ class PresenceShard:
         # A frame published to several edges is one object: serialised once.
         last_frame: frames.Frame | None = None
         last_text = ""
+        counters = self.metrics.counters
         for e in effects:
             if isinstance(e, Publish | Deliver):
                 box = self.mail.get(e.edge_id)
@@ -475,8 +558,8 @@ class PresenceShard:
                 if box.add(address, last_text):
                     self.metrics.inc("mail_dropped_total")
                 touched.add(e.edge_id)
-                self.metrics.inc("events_total", type=str(e.frame.get("type")))
-                self.metrics.inc("deliveries_total", n=n)
+                counters[_event_key(e.frame.get("type"))] += 1
+                counters[_DELIVERIES] += n
             elif isinstance(e, PersistChosen):
                 _keep_newest(self.persist_status, e.user_id, (e.status, e.at))
                 self._persist_wake.set()
@@ -493,10 +576,14 @@ class PresenceShard:
             elif isinstance(e, HeldPlaces) and self.held is not None:
                 self._held_dirty[e.user_id] = e.held
                 self._held_wake.set()
+        if collecting is not None:
+            touched.discard(collecting)
         for edge_id in touched:
             self.mail[edge_id].event.set()
         if self.state.pending_last_seen:
             self._flush_wake.set()
+        if self.state.publications.any_pending and not self._held_back.is_set():
+            self._held_back.set()
         # Mailboxes of edges that lost their lease go with them.
         for edge_id in [e for e in self.mail if e not in self.state.edges]:
             del self.mail[edge_id]
@@ -513,8 +600,12 @@ class PresenceShard:
             self._carry_out()
 
     async def _publish_loop(self) -> None:
-        # Status changes an account's budget held back go out once its window admits them.
+        # Status changes an account's budget held back go out once its window admits them, checked
+        # every tick while any is held (`_carry_out` wakes this loop when one is).
         while True:
+            if self.state.next_publication_due() is None:
+                self._held_back.clear()
+                await self._held_back.wait()
             await asyncio.sleep(self.config.publish_tick_s)
             if self.state.next_publication_due() is not None:
                 self.state.publish_due(self.clock())
@@ -665,14 +756,25 @@ class PresenceShard:
                 )
                 await self.counts.forget_seeded()
 
+    def _reload_user(self, user_id: str) -> None:
+        self._reload_users.add(user_id)
+        self._reload_wake.set()
+
+    def _reload_channel(self, channel_id: str) -> None:
+        self._reload_channels.add(channel_id)
+        self._reload_wake.set()
+
     def _reload_everything(self) -> None:
         self._reload_users.update(self.state.relations)
         self._reload_channels.update(self.state.channels.channels)
+        self._reload_wake.set()
 
     async def _reload_loop(self) -> None:
         """Audience changes announced by PostgreSQL replace cached relations, in batches."""
         while True:
-            await asyncio.sleep(0.1)
+            await self._reload_wake.wait()
+            await asyncio.sleep(0.1)  # a burst of announcements gathers into one load
+            self._reload_wake.clear()
             users = [u for u in self._reload_users if u in self.state.relations]
             channels = [c for c in self._reload_channels if self.state.channels.knows(c)]
             self._reload_users.clear()
@@ -686,6 +788,7 @@ class PresenceShard:
             except Exception:
                 self._reload_users.update(users)
                 self._reload_channels.update(channels)
+                self._reload_wake.set()  # tried again once the loop restarts
                 raise
             now = self.clock()
             for user_id, rel in rels.items():
@@ -697,6 +800,29 @@ class PresenceShard:
             for channel_id, server_id in chans.items():
                 self.state.channels.load_channel(channel_id, server_id)
             self._carry_out()
+
+
+# Counter keys of the paths taken for every operation and frame, made once.
+_OP_KEYS = {kind: Metrics.key("shard_ops_total", op=name) for kind, name in ops_.KIND.items()}
+_DELIVERIES = Metrics.key("deliveries_total")
+_EVENT_KEYS: dict[object, Key] = {}
+
+
+def _event_key(frame_type: object) -> Key:
+    key = _EVENT_KEYS.get(frame_type)
+    if key is None:
+        key = _EVENT_KEYS[frame_type] = Metrics.key("events_total", type=str(frame_type))
+    return key
+
+
+@dataclass
+class _Missing:
+    """What the state lacks for a batch (`PresenceShard._missing`), loaded by `_load`."""
+
+    relations: list[str]
+    accounts: list[str]
+    channels: list[str]
+    queries: list[tuple[str, tuple[str, ...]]]
 
 
 def _keep_newest(

@@ -108,6 +108,11 @@ class Publications:
     def pending(self) -> frozenset[str]:
         return frozenset(self._pending)
 
+    @property
+    def any_pending(self) -> bool:
+        """Whether any change is held back (asked after every batch: no copy)."""
+        return bool(self._pending)
+
     def is_pending(self, user_id: str) -> bool:
         return user_id in self._pending
 

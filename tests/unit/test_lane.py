@@ -81,6 +81,48 @@ async def test_batches_are_applied_in_the_order_sent_and_a_waiting_pull_does_not
         assert await pull == ("inc-1", (0, 1, [(("s1",), "frame")]))
 
 
+async def test_an_immediate_handler_answers_without_a_task_and_later_calls_wait_behind_a_task() -> None:
+    """A shard answers a batch it can apply at once without a task (`immediate`); one that must
+    wait (it answers LATER) goes to the coroutine handler, and every later call of the same
+    connection goes to a task behind it, started in order, so one edge's batches still apply in
+    the order sent."""
+    applied: list[Any] = []
+    release = asyncio.Event()
+
+    def now(edge_id: str, ops: list[Any], incarnation: Any, acked: int) -> Any:
+        if ops == ["slow"]:
+            return lane.LATER
+        applied.append(ops)
+        return "inc-1", ["now"], (0, 0, [])
+
+    turn = asyncio.Lock()  # as the shard's per-edge order: tasks apply in the order they started
+
+    async def later(edge_id: str, ops: list[Any], incarnation: Any, acked: int) -> Any:
+        async with turn:
+            if ops == ["slow"]:
+                await release.wait()
+            applied.append(ops)
+        return "inc-1", ["later"], (0, 0, [])
+
+    server = LaneServer({"apply_and_collect": later}, immediate={"apply_and_collect": now})
+    host, port = await server.start("127.0.0.1")
+    client = await LaneClient.open(host, port, server.secret)
+    try:
+        assert (await client.call("apply_and_collect", "e", ["a"], None, 0))[1] == ["now"]
+        slow = asyncio.ensure_future(client.call("apply_and_collect", "e", ["slow"], None, 0))
+        behind = asyncio.ensure_future(client.call("apply_and_collect", "e", ["b"], None, 0))
+        # A window in which both must keep waiting for the slow one: nothing marks that they wait.
+        done, _ = await asyncio.wait({slow, behind}, timeout=0.05)
+        assert not done
+        release.set()
+        assert (await slow)[1] == ["later"] and (await behind)[1] == ["later"]
+        assert (await client.call("apply_and_collect", "e", ["c"], None, 0))[1] == ["now"]  # caught up
+        assert applied == [["a"], ["slow"], ["b"], ["c"]]
+    finally:
+        client.close()
+        await server.close()
+
+
 async def test_a_timeout_fails_that_call_only_and_the_lane_stays_open() -> None:
     shard = Shard()
     async with _lane(_handlers(shard)) as (_, client):
@@ -236,7 +278,9 @@ async def test_a_real_edge_connects_while_another_source_holds_the_maximum() -> 
 
 async def test_a_frame_longer_than_the_limit_closes_the_connection_before_reading_it() -> None:
     async with _lane(_handlers(Shard())) as (_, client):
-        client._writer.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
+        transport = client._connection.transport
+        assert transport is not None
+        transport.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
         with pytest.raises(LaneBroken):
             await asyncio.wait_for(client.call("pull", "e", None, 0, 5.0, False), 5.0)
 

@@ -91,9 +91,10 @@ def test_every_documented_variable_is_read(monkeypatch: Any) -> None:
 def exported_metrics() -> dict[str, str]:
     """Every metric name the code exports, from the source: name → kind."""
     found: dict[str, str] = {}
-    kinds = {"inc": "counter", "set": "gauge", "observe": "summary"}
+    # `Metrics.key(...)`: a counter's key made once, for `inc_key` or the counters themselves.
+    kinds = {"inc": "counter", "key": "counter", "set": "gauge", "observe": "summary"}
     for path in [*(ROOT / "actors").rglob("*.py"), *(ROOT / "edge").rglob("*.py")]:
-        for method, name in re.findall(r"metrics\.(inc|set|observe)\(\s*\"(\w+)\"", path.read_text()):
+        for method, name in re.findall(r"[mM]etrics\.(inc|key|set|observe)\(\s*\"(\w+)\"", path.read_text()):
             kind = kinds[method]
             found[PREFIX + name] = "histogram" if kind == "summary" and name.endswith("_seconds") else kind
     # The shard gauges that edge/http.py adds from each shard's stats, and the FlushActor's figures.

@@ -97,6 +97,46 @@ async def test_a_disconnect_never_overtakes_its_connect_that_waits_on_a_load(
     assert shard.state.real_status_of("alice") == "offline"
 
 
+async def test_the_lanes_immediate_road_waits_behind_a_batch_of_the_same_edge_that_waits_on_a_load(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    """`apply_and_collect_now` (the lane's road without a task) applies at once only when the
+    edge has no batch still in progress; otherwise it declines and the batch takes its turn."""
+    await shard.apply("edge-b", [ops.Connect("bob", "s2")])  # bob is in memory now
+    store.held = True
+    connect = asyncio.create_task(shard.apply_and_collect("edge-a", [ops.Connect("alice", "s1")], None, 0))
+    load = await store.next_held()
+    assert shard.apply_and_collect_now("edge-a", [ops.Disconnect("alice", "s1")], None, 0) is None
+    # Another edge's batch that needs nothing loaded goes at once.
+    now = shard.apply_and_collect_now("edge-b", [ops.SetStatus("bob", "s2", "dnd")], None, 0)
+    assert now is not None and now[1] == ["dnd"]
+    store.held = False
+    load.open()
+    await connect
+    # The connect's turn is over: the disconnect now goes at once, after it.
+    later = shard.apply_and_collect_now("edge-a", [ops.Disconnect("alice", "s1")], None, 0)
+    assert later is not None and later[1] == [None]
+    assert shard.state.socket_count() == 1  # bob's
+
+
+async def test_mail_a_batchs_reply_carries_does_not_wake_the_edges_pull(shard: PresenceShard) -> None:
+    """The reply of `apply_and_collect` takes the frames its batch caused; the edge's waiting pull
+    is woken only for mail left for it (a wake for nothing costs a turn of the loop per change)."""
+    await shard.apply_and_collect("edge-a", [ops.Connect("alice", "s1"), ops.Connect("bob", "s2")], None, 0)
+    await shard.apply_and_collect("edge-a", [ops.Watch("bob", "s2", ("alice",))], None, 0)
+    box = shard.mail["edge-a"]
+    box.event.clear()
+    _, _, (_, _, items) = await shard.apply_and_collect(
+        "edge-a", [ops.SetStatus("alice", "s1", "dnd")], shard.incarnation, 0
+    )
+    assert items  # bob's publication and alice's own frames, in the reply
+    assert not box.event.is_set()
+    # A change made through another edge is mail for edge-a that no reply of edge-a carries.
+    await shard.apply("edge-b", [ops.Connect("alice", "s3")])
+    await shard.apply("edge-b", [ops.SetStatus("alice", "s3", "online")])
+    assert box.event.is_set() and box.unhanded()
+
+
 async def test_batches_of_different_edges_do_not_wait_for_each_other(
     shard: PresenceShard, store: FakeStore
 ) -> None:
@@ -244,6 +284,40 @@ async def test_an_account_unsaved_is_reloaded_with_its_pending_setting(
     assert running.state.relations["alice"].last_seen_visibility == "nobody"
     store.held = False
     write.open()
+
+
+async def test_a_held_back_change_goes_out_once_its_window_admits_it_and_the_loop_sleeps_after(
+    store: FakeStore, flushes: Flushes, clock: Clock
+) -> None:
+    """The publication loop ticks only while a change is held back (a shard at rest does not
+    wake 20 times a second for nothing); a held change still goes out when its window admits it."""
+    shard = PresenceShard(
+        ShardConfig(0, "postgresql://unused", None, status_publications=2), flushes, store=store, clock=clock
+    )
+    await shard.start()
+    try:
+        await shard.apply("edge-a", [ops.Connect("alice", "s1"), ops.Connect("bob", "s2")])
+        await shard.apply("edge-a", [ops.Watch("bob", "s2", ("alice",))])
+        # The window's second publication (the connect was its first).
+        await shard.apply("edge-a", [ops.SetStatus("alice", "s1", "dnd")])
+        assert not shard._held_back.is_set()
+        shard.mail["edge-a"].hand_out()
+        await shard.apply("edge-a", [ops.SetStatus("alice", "s1", "online")])  # held back
+        assert shard._held_back.is_set() and shard.state.next_publication_due() is not None
+        clock.advance(2.0)
+        async with asyncio.timeout(5):
+            while shard.state.next_publication_due() is not None:
+                # The polling interval (inside a timeout).
+                await asyncio.sleep(0.01)
+        _, _, items = shard.mail["edge-a"].hand_out()
+        assert any('"online"' in payload for _, payload in items)
+        async with asyncio.timeout(5):
+            while shard._held_back.is_set():  # nothing held any more: the loop goes to sleep
+                await asyncio.sleep(0.01)
+    finally:
+        for task in shard._tasks:
+            task.cancel()
+        await asyncio.gather(*shard._tasks, return_exceptions=True)
 
 
 async def test_the_operator_view_reads_the_store_without_creating_anything(
