@@ -45,7 +45,7 @@ from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.http_server import HttpServer
 from edge.opening import Entry, OpeningGate, Turns
-from edge.outbound import fan_out, prepare, send_batch
+from edge.outbound import prepare, send_batch
 from edge.reregistration import Departure, reregistration
 from edge.router import Router, ShardUnavailable
 from edge.session import (
@@ -70,6 +70,9 @@ HELD_CAP = 1_000
 HEARTBEAT_ACK_TEXT = HEARTBEAT_ACK.text or ""
 HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
 # What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
+# Counters of the fan-out's hot loop (`Edge._deliver`), their keys made once.
+FRAMES_OUT = Metrics.key("frames_out_total")
+REPEATS_DROPPED = Metrics.key("repeats_dropped_total")
 HEARTBEAT_COUNTS = (
     Metrics.key("frames_in_total", type="heartbeat"),
     Metrics.key("replies_total", type="heartbeat.ack"),
@@ -738,9 +741,9 @@ class Edge:
     def _deliver(self, address: Address, payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets, named or the
         watchers of an account (a publication, expanded by the index). The hot loop of fan-out
-        (every delivery passes here): one pass over the recipients, then the write in `fan_out`
-        (a client whose unread output passes the limit is noticed by its transport:
-        `EdgeSocket.on_slow`)."""
+        (every delivery passes here): one pass over the recipients, each written to as it comes,
+        the frame's bytes built once (`outbound.prepare`; a client whose unread output passes the
+        limit is noticed by its transport: `EdgeSocket.on_slow`)."""
         if isinstance(address, Watching):
             socket_ids: Collection[str] = self.watch_index.watchers(address.user_id, address.own)
         elif is_internal(payload):
@@ -748,10 +751,11 @@ class Edge:
             return
         else:
             socket_ids = address
-        ready: list[Socket] = []
         about = changed_about(payload)
+        user, status = about if about is not None else ("", "")
         conns = self.conns
-        repeats = 0
+        data: bytes | None = None
+        written = repeats = 0
         for sid in socket_ids:
             conn = conns.get(sid)
             if conn is None:
@@ -760,14 +764,17 @@ class Edge:
                 if len(conn.held) < HELD_CAP:
                     conn.held.append(payload)
                 continue
-            if about is not None and not conn.session.tell(*about):
+            if about is not None and not conn.session.tell(user, status):
                 repeats += 1
                 continue
-            ready.append(conn.ws)
+            if data is None:
+                data = prepare(payload)
+            if conn.ws.write(data):
+                written += 1
         if repeats:
-            self.metrics.inc("repeats_dropped_total", n=repeats)
-        if ready:
-            self.metrics.inc("frames_out_total", n=fan_out(ready, payload))
+            self.metrics.inc_key(REPEATS_DROPPED, repeats)
+        if written:
+            self.metrics.inc_key(FRAMES_OUT, written)
 
     def _internal(self, socket_ids: tuple[str, ...], payload: str) -> None:
         """Frames from the shards meant for the edge itself, never for clients."""

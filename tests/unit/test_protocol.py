@@ -91,6 +91,14 @@ def test_heartbeat_spellings(raw: str | bytes) -> None:
     assert isinstance(p.parse_client_frame(raw), p.HeartbeatFrame)
 
 
+@pytest.mark.parametrize("raw", sorted(p.FAST_FRAMES))
+def test_a_frame_recognised_by_its_text_is_what_the_validator_makes_of_it(raw: str) -> None:
+    """The frames taken on the shortest road (heartbeats, status changes) are exactly what the
+    full validator returns for the same text."""
+    assert p.parse_client_frame(raw) == p.CLIENT_FRAME.validate_json(raw)
+    assert p.parse_client_frame(raw.encode()) == p.CLIENT_FRAME.validate_json(raw)
+
+
 BAD: list[str | bytes] = [
     # not JSON, not UTF-8, not an object
     "",
