@@ -152,8 +152,8 @@ class ShardClient(_Named[ShardActor]):
         self._checked = handle
 
     async def _open_lane(self) -> LaneClient:
-        if self._opening is None:
-            self._opening = asyncio.Lock()
+        if self._opening is None or (self._lane is not None and self._lane.broken):
+            self._opening = asyncio.Lock()  # a lock of a closed loop's lane cannot be waited on here
         async with self._opening:  # the batches and the pull racing to open it open one lane
             if self._lane is None or self._lane.broken:
                 host, port, secret = await self._lane_address()

@@ -461,6 +461,7 @@ class LaneClient:
     def __init__(self, connection: _EdgeConnection) -> None:
         self._connection = connection
         self._ids = itertools.count(1)
+        self._loop = asyncio.get_running_loop()
         connection.start_framing()
 
     @classmethod
@@ -495,7 +496,9 @@ class LaneClient:
 
     @property
     def broken(self) -> bool:
-        return self._connection.broken is not None
+        # A lane lives on the loop that opened it. Once that loop is closed (one asyncio.run of a
+        # benchmark's phase ended) nothing reads its socket: a call on it would wait forever.
+        return self._connection.broken is not None or self._loop.is_closed()
 
     async def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         connection = self._connection

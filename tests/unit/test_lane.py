@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import pickle
 import struct
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -396,3 +397,27 @@ async def test_an_edge_older_than_publications_is_refused(caplog: pytest.LogCapt
     assert shard.applied == [] and server.refused == 1
     assert any("an edge speaks version 1" in r.getMessage() for r in caplog.records)
     await server.close()
+
+
+def test_a_lane_whose_loop_has_ended_is_broken_so_the_next_loop_opens_its_own() -> None:
+    # A benchmark runs each phase in its own asyncio.run: a lane left from the last phase's loop
+    # has nobody reading its socket, and a call on it used to wait forever.
+    shard_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=shard_loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        server, host, port = asyncio.run_coroutine_threadsafe(_serve(Shard()), shard_loop).result(10)
+
+        async def open_and_call() -> LaneClient:
+            client = await LaneClient.open(host, port, server.secret)
+            assert await client.call("apply_and_collect", "edge-1", ["a"], None, 0)
+            assert not client.broken
+            return client
+
+        client = asyncio.run(open_and_call())
+        assert client.broken
+        asyncio.run_coroutine_threadsafe(server.close(), shard_loop).result(10)
+    finally:
+        shard_loop.call_soon_threadsafe(shard_loop.stop)
+        thread.join(10)
+        shard_loop.close()
