@@ -82,6 +82,7 @@ class DirectoryActor(Protocol):
     register_edge: Remote[[str, EdgeInfo], None]
     list_edges: Remote[[], dict[str, EdgeInfo]]
     edges_on: Remote[[list[str]], list[str]]
+    age_s: Remote[[], float]
 
 
 class FlushActorCalls(Protocol):
@@ -279,6 +280,9 @@ class DirectoryClient(_Named[DirectoryActor]):
 
     async def list_edges(self) -> dict[str, EdgeInfo]:
         return await self._wait(lambda h: h.list_edges.remote())
+
+    async def age_s(self) -> float:
+        return await self._wait(lambda h: h.age_s.remote())
 
 
 class FlushClient(_Named[FlushActorCalls]):

@@ -13,6 +13,7 @@ class SlotDirectory:
     def __init__(self, shard_count: int, shard_config: dict[str, Any] | None = None) -> None:
         self.map = SlotMap.even(shard_count)
         self.edges: dict[str, dict[str, Any]] = {}
+        self.started = time.monotonic()
         # What new shards are created with when the pool grows (`presence scale`).
         self.shard_config = shard_config or {}
 
@@ -33,6 +34,11 @@ class SlotDirectory:
         not seen, so the next one is above both. Returns the version now served."""
         self.map = SlotMap(max(version, self.map.version) + 1, tuple(owners), shard_count)
         return self.map.version
+
+    async def age_s(self) -> float:
+        """Seconds since this directory was made: one younger than an edge's registration interval
+        (a replaced or restarted directory) does not know every edge yet."""
+        return time.monotonic() - self.started
 
     async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
         self.edges[edge_id] = {**info, "seen_at": time.time()}

@@ -383,6 +383,9 @@ class DirectoryHost:
     async def register_edge(self, edge_id: str, info: dict[str, Any]) -> None:
         await (await self._ready()).register_edge(edge_id, info)
 
+    async def age_s(self) -> float:
+        return await self.impl.age_s()
+
     async def list_edges(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
         return await (await self._ready()).list_edges(max_age_s)
 

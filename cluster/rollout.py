@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypedDict, cast
 
 from actors import clients
 from actors.core import placement
+from actors.core.contract import EDGE_REGISTER_EVERY_S
 from cluster.config import Settings
 from cluster.runtime import cluster_info_or_exit
 from cluster.scale import MAIL_POLL_S, MAIL_WAIT_S, RETIRE_DRAIN_S, Shard
@@ -40,6 +41,7 @@ class Directory(Protocol):
     async def get_map(self) -> tuple[int, tuple[int, ...], int]: ...
     async def set_map(self, owners: tuple[int, ...], shard_count: int) -> int: ...
     async def list_edges(self) -> dict[str, dict[str, Any]]: ...
+    async def age_s(self) -> float: ...
 
 
 class Fleet(Protocol):
@@ -149,12 +151,16 @@ async def edges_behind(
 ) -> list[str]:
     """Wait (up to MAP_CATCH_UP_S) until every edge registered lately routes by map `version` or
     a newer one; the edges still behind then. An edge of a release that does not report its
-    version is not waited for."""
+    version is not waited for. A directory younger than one registration interval (the last
+    rollout replaced it, or Ray restarted it) may not list every edge yet: its list is not taken
+    for the fleet until it is older (a second rollout right after one went ahead at once, with
+    every edge still on the map before its first moves)."""
     deadline = clock() + MAP_CATCH_UP_S
     while True:
         edges = await d.list_edges()
         behind = sorted(e for e, info in edges.items() if int(info.get("map_version", version)) < version)
-        if not behind or clock() >= deadline:
+        heard_from_all = await d.age_s() > EDGE_REGISTER_EVERY_S + 1.0
+        if (not behind and heard_from_all) or clock() >= deadline:
             return behind
         await sleep(MAP_POLL_S)
 

@@ -26,7 +26,7 @@ from actors import gc_policy
 from actors.clients import DirectoryClient, ShardClients
 from actors.core import frames, ops
 from actors.core.answers import Found, Shown
-from actors.core.contract import Address, Watching
+from actors.core.contract import EDGE_REGISTER_EVERY_S, Address, Watching
 from actors.core.frames import (
     AudienceNote,
     ChosenNote,
@@ -857,7 +857,7 @@ class Edge:
                 )
             except Exception as e:
                 log.info("directory unreachable: %s", e)
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(EDGE_REGISTER_EVERY_S)
 
     async def _reregister(self, shard: int) -> None:
         """A shard restarted empty: tell it again about every live socket of ours it owns, and

@@ -55,6 +55,11 @@ UNAVAILABLE = "__unavailable__"
 # The most mail items one pull (or one `apply`'s reply) hands out.
 PULL_BATCH = 5_000
 
+# Every edge registers with the slot directory this often (with the map version it routes by). A
+# directory younger than this has not heard from every edge yet: `presence rollout` does not take
+# its list of edges for the whole fleet until then.
+EDGE_REGISTER_EVERY_S = 5.0
+
 
 # Mail for an edge leaves a shard in chunks, each item once, whichever way it goes: in the reply of
 # the edge's own `apply` (its batch's frames, no second call) or by its long-poll `pull` (frames

@@ -44,8 +44,12 @@ class FakeFleet:
         self.version, self.owners, self.count = m.version, m.owners, count
         self.shards = {i: FakeShard(self, i, set(m.slots_of(i))) for i in range(count)}
         self.log: list[tuple[Any, ...]] = []
+        self.directory_age_s = 3600.0
 
     # the directory
+    async def age_s(self) -> float:
+        return self.directory_age_s
+
     async def get_map(self) -> tuple[int, tuple[int, ...], int]:
         return self.version, self.owners, self.count
 
@@ -137,6 +141,39 @@ async def test_nothing_is_replaced_while_an_edge_routes_by_an_older_map() -> Non
     await rollout(lambda _: None, chunk=1000, directory=fleet, fleet=fleet, clock=lambda: now[0], sleep=sleep)
     seen = [e for e in fleet.log if e[0] == "edge routes by"]
     assert len(seen) == 4 and all(e[1] == e[3] for e in seen), seen
+
+
+async def test_a_directory_too_young_to_have_heard_from_every_edge_is_not_taken_for_the_fleet() -> None:
+    """A directory just replaced (the last rollout) or restarted lists no edge until each
+    registers again: the rollout went ahead at once while every edge still routed by the map
+    before the moves (test_rollout's integration test, run after another rollout)."""
+    fleet = FakeFleet(2)
+    now = [0.0]
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    async def young() -> float:
+        return now[0]  # made when the rollout began
+
+    async def edges() -> dict[str, dict[str, Any]]:
+        # The edge registers 5 s in, with the map it routes by then: the latest.
+        return {"e1": {"map_version": fleet.version}} if now[0] >= 5.0 else {}
+
+    restarted_at: list[float] = []
+    restart = fleet.restart_shard
+
+    async def restart_noting_when(index: int) -> None:
+        restarted_at.append(now[0])
+        await restart(index)
+
+    fleet.age_s = young  # type: ignore[method-assign]
+    fleet.list_edges = edges  # type: ignore[method-assign]
+    fleet.restart_shard = restart_noting_when  # type: ignore[method-assign]
+    lines: list[str] = []
+    await rollout(lines.append, chunk=1000, directory=fleet, fleet=fleet, clock=lambda: now[0], sleep=sleep)
+    assert len(restarted_at) == 2 and restarted_at[0] > 6.0, restarted_at
+    assert not any("older map" in line for line in lines), lines
 
 
 async def test_an_edge_that_never_catches_up_holds_the_rollout_back_for_a_bounded_time() -> None:
