@@ -10,7 +10,9 @@ Windows are short here (a fraction of a second to 3 s) so that each test takes a
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import struct
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +32,7 @@ from edge.server import Edge
 from tests.timing import patience
 
 from .conftest import INTERNAL_TOKEN, Cluster, Ids, internal_url, load
+from .hostile import RawClient
 from .test_presence_ws import connect
 from .wsclient import Client, changed, eventually, of_type
 
@@ -163,6 +166,47 @@ async def test_drained_account_not_back_departs_at_its_close_time(
         seen = epoch(view["lastSeenAt"])
         assert asked + 0.5 - 0.05 <= seen <= told_closed + 0.01, (asked, seen, told_closed)
         assert [f["status"] for f in changes_about(watcher, alice)] == ["offline"]
+
+
+async def read_frame(raw: RawClient) -> tuple[int, bytes]:
+    """One server frame (unmasked, RFC 6455 §5.2): its opcode and payload."""
+    head = await asyncio.wait_for(raw.reader.readexactly(2), 10)
+    n = head[1] & 0x7F
+    if n == 126:
+        (n,) = struct.unpack("!H", await raw.reader.readexactly(2))
+    elif n == 127:
+        (n,) = struct.unpack("!Q", await raw.reader.readexactly(8))
+    return head[0] & 0x0F, await raw.reader.readexactly(n)
+
+
+async def test_a_drained_socket_has_departed_on_its_shard_before_its_1012_is_sent(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """A client back on another edge a fraction of a second after its 1012 must find its old
+    socket's departure already on the shard; else its new socket, awake, registers beside the old
+    idle one and the account shows online, then idle again when the departure lands (bench
+    rollout: 73 such flickers in a rolling restart). This client never answers the close frame:
+    the old drain sent the departure only once the close was answered (here after the 10 s close
+    timeout), so the account still had its socket when the client was told 1012."""
+    alice, _, _ = await pair(conn, ids)
+    async with draining_edge(cluster) as d:
+        raw = await RawClient.connect(d.ws_port)
+        try:
+            await raw.send(json.dumps({"type": "identify", "token": cluster.token(alice)}))
+            while True:
+                opcode, payload = await read_frame(raw)
+                if opcode == 0x1 and json.loads(payload).get("type") == "ready":
+                    break
+            status, _ = await get(d, "/api/v1/internal/edge/drain")
+            assert status == 200
+            while opcode != 0x8:
+                opcode, payload = await read_frame(raw)
+            assert struct.unpack("!H", payload[:2])[0] == 1012
+            status, view = await get(edge, f"/api/v1/internal/presence/users/{alice}")
+            assert status == 200 and view["sockets"] == 0, view  # departed: its place held
+            assert view["status"] == "online"
+        finally:
+            raw.close()
 
 
 async def test_client_closed_socket_on_a_draining_edge_departs_at_once(
