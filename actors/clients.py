@@ -135,6 +135,7 @@ class ShardClient(_Named[ShardActor]):
         self.direct = direct
         self._lane: LaneClient | None = None
         self._opening: asyncio.Lock | None = None
+        self._opening_loop: asyncio.AbstractEventLoop | None = None
         self._lane_closed = False
         # The Ray handle whose wire version was checked (the Ray road; the lane checks its own).
         self._checked: object | None = None
@@ -153,8 +154,11 @@ class ShardClient(_Named[ShardActor]):
         self._checked = handle
 
     async def _open_lane(self) -> LaneClient:
-        if self._opening is None or (self._lane is not None and self._lane.broken):
-            self._opening = asyncio.Lock()  # a lock of a closed loop's lane cannot be waited on here
+        loop = asyncio.get_running_loop()
+        if self._opening is None or self._opening_loop is not loop:
+            # One lock per loop: a lock first waited on in an ended loop (one asyncio.run of a
+            # benchmark's phase) cannot be waited on in the next.
+            self._opening, self._opening_loop = asyncio.Lock(), loop
         async with self._opening:  # the batches and the pull racing to open it open one lane
             if self._lane is None or self._lane.broken:
                 host, port, secret = await self._lane_address()

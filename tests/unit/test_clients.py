@@ -5,6 +5,7 @@ none of actors/pool.py's world is tests/unit/test_layers.py's."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import typing
 from typing import Any
@@ -114,3 +115,37 @@ async def test_the_ray_road_checks_the_wire_version_once_per_shard_incarnation(
                 await far.apply_and_collect("e", [], None, 0)
     assert calls.count("apply_and_collect") == 2  # nothing sent to the mismatched shard
     assert len([r for r in caplog.records if "version mismatch" in r.getMessage()]) == 1
+
+
+async def test_callers_racing_on_a_broken_lane_open_one_new_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batches and the pull of an edge all find a restarted shard's lane broken at once: they
+    must open one lane between them, not one each (each a handshake the shard takes in turn)."""
+    from actors.lane import LaneClient, LaneServer
+
+    async def apply_and_collect(edge_id: str, ops: list[Any], incarnation: Any, acked: int) -> Any:
+        return "inc-1", [], (0, 0, [])
+
+    server = LaneServer({clients.LANE_APPLY: apply_and_collect})
+    host, port = await server.start("127.0.0.1")
+    opened: list[LaneClient] = []
+    real_open = LaneClient.open
+
+    async def counted_open(*args: Any, **kwargs: Any) -> LaneClient:
+        lane = await real_open(*args, **kwargs)
+        opened.append(lane)
+        return lane
+
+    async def address() -> tuple[str, int, bytes]:
+        return host, port, server.secret
+
+    monkeypatch.setattr(LaneClient, "open", counted_open)
+    client = clients.ShardClient(0, direct=True)
+    monkeypatch.setattr(client, "_lane_address", address)
+    try:
+        await client.apply_and_collect("e", [], None, 0)
+        opened[0].close()  # the shard restarted: the lane is broken
+        await asyncio.gather(*(client.apply_and_collect("e", [], None, 0) for _ in range(20)))
+        assert len(opened) == 2
+    finally:
+        client.close_lane()
+        await server.close()
