@@ -209,10 +209,11 @@ class Router:
 
     async def refresh_map(self) -> None:
         version, owners, count = await self.pool.get_map()
-        if self.map is not None and self.map.version == version:
-            return
-        self.map = SlotMap(version, tuple(owners), count)
-        for i in range(count):
+        if self.map is None or self.map.version != version:
+            self.map = SlotMap(version, tuple(owners), count)
+        # Every look at the map also starts a puller that is missing (a shard index back after a
+        # shrink retired it, or one that ended anyway): each shard's mail must keep coming.
+        for i in range(self.map.shard_count):
             if i not in self.shards:
                 self.shards[i] = self.pool.shard(i)
             puller = self._pullers.get(i)
@@ -536,9 +537,15 @@ class Router:
                 return
             incarnation, chunk = pulled
             self.last_contact[shard] = time.monotonic()
-            self._deliver_mail(shard, incarnation, chunk)
             items = chunk[2]
-            self.metrics.observe("edge_pull_items", len(items))
-            await self._check_incarnation(shard, incarnation)
+            try:
+                self._deliver_mail(shard, incarnation, chunk)
+                self.metrics.observe("edge_pull_items", len(items))
+                await self._check_incarnation(shard, incarnation)
+            except Exception:
+                # Nothing starts a puller again until the map changes: one that ended here would
+                # leave every later change of this shard's accounts untold to this edge's watchers.
+                self.metrics.inc("edge_pull_failures_total", shard=str(shard))
+                log.exception("shard %d: delivering its mail failed; pulling on", shard)
             if 0 < len(items) < PULL_BATCH and self.pull_gather_s > 0:
                 await asyncio.sleep(self.pull_gather_s)  # the next call carries more; a backlog goes at once

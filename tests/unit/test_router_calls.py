@@ -218,3 +218,46 @@ async def test_one_shard_restarting_leaves_the_edge_healthy_and_losing_most_of_t
     assert not r.healthy()
     r.map = None
     assert not r.healthy()
+
+
+async def test_a_chunk_that_fails_to_deliver_does_not_end_the_shards_mail() -> None:
+    """The puller of a shard was never started again until the map changed: one delivery that
+    raised (or a restart's re-registration) ended it, and every later change of that shard's
+    accounts reached none of this edge's watchers."""
+    from tests.unit.fake_shards import FakeShard
+
+    delivered: list[str] = []
+
+    def deliver(_address: object, payload: str) -> None:
+        if payload == "one":
+            raise RuntimeError("a bug in one delivery")
+        delivered.append(payload)
+
+    chunks: asyncio.Queue[tuple[int, int, list[Any]]] = asyncio.Queue()
+
+    class MailingShard(FakeShard):
+        async def pull(
+            self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
+        ) -> Any:
+            return "inc-1", await chunks.get()
+
+    async def no_restart(_: int) -> None:
+        return None
+
+    async def answer(_shard: int, batch: list[ops.Op]) -> list[object]:
+        return [None for _ in batch]
+
+    pool = FakeShards(1, answer)
+    pool.made[0] = MailingShard(0, answer)
+    router = Router("edge-t", deliver, no_restart, Metrics(), pool)
+    await router.refresh_map()
+    try:
+        chunks.put_nowait((0, 1, [(("s1",), "one")]))
+        chunks.put_nowait((1, 2, [(("s1",), "two")]))
+        deadline = time.monotonic() + 5
+        while delivered != ["two"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the polling interval: delivery has no event to wait on here
+        assert delivered == ["two"]
+        assert counter(router, "edge_pull_failures_total") == 1
+    finally:
+        await router.close()
