@@ -27,6 +27,7 @@ HELP: dict[str, str] = {
     "edge_batch_ops": "operations per batch sent to a shard",
     "edge_actor_call_seconds": "time of one batch call to a shard (histogram)",
     "edge_pull_items": "frames (each for one or more sockets) brought by one pull from a shard",
+    "edge_pull_failures_total": "chunks of a shard's mail whose delivery (or the re-registration after its restart) raised; the puller logs the traceback and pulls on. Anything above 0 is a bug to report",
     "gc_pause_seconds": "pauses of CPython's cycle collector (histogram)",
     "edge_call_errors_total": "failed batch calls (the operations are retried for 10 s)",
     "edge_shard_restarts_total": "a shard came back with a new incarnation; this edge registered its sockets there again",
