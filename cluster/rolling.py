@@ -77,6 +77,11 @@ class Roll:
     say: Callable[[str], None] = print
     stop_timeout_s: float = 120.0
     start_timeout_s: float = 180.0
+    # How long an edge may take to answer /healthz 200 before its own restart: the one just
+    # restarted sent it a share of its clients, and under load it can be too busy to answer the
+    # 2 s probe for a while (bench rollout, 19,000 sockets: the second edge missed one probe
+    # right after the first edge's clients came back, and the roll stopped there).
+    ready_timeout_s: float = 60.0
     poll_s: float = 0.5
 
     def run(self, targets: list[Target]) -> int:
@@ -89,9 +94,12 @@ class Roll:
         return 0
 
     def one(self, target: Target, step: str) -> bool:
-        before = self.probe(target.url)
-        if before.status != 200:
-            self.say(f"{step} {target.name}: not healthy ({before.status}) before its restart; left alone")
+        before = self._until(lambda h: h.status == 200, target.url, self.ready_timeout_s)
+        if before is None:
+            self.say(
+                f"{step} {target.name}: not healthy within {self.ready_timeout_s:.0f} s before its "
+                f"restart ({self.probe(target.url).status}); left alone"
+            )
             return False
         began = self.clock()
         try:
@@ -142,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-timeout", type=float, default=120.0, help="seconds for an edge to stop")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="seconds for it to be back")
     parser.add_argument(
+        "--ready-timeout", type=float, default=60.0, help="seconds for an edge to be healthy before its turn"
+    )
+    parser.add_argument(
         "--data-dir", default=None, help="use the internal-token presence up wrote in this data directory"
     )
     args = parser.parse_args(argv)
@@ -156,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         token = token or token_from_env_file(path.parent / "presence.env")
     if not targets:
         parser.error("name a cluster file or at least one --edge")
-    roll = Roll(token, stop_timeout_s=args.stop_timeout, start_timeout_s=args.start_timeout)
+    roll = Roll(
+        token,
+        stop_timeout_s=args.stop_timeout,
+        start_timeout_s=args.start_timeout,
+        ready_timeout_s=args.ready_timeout,
+    )
     return roll.run(targets)
 
 

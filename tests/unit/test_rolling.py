@@ -95,6 +95,26 @@ def test_an_unhealthy_edge_is_left_alone() -> None:
     assert "not healthy" in said[0]
 
 
+def test_an_edge_too_busy_to_answer_for_a_while_is_waited_for_before_its_restart() -> None:
+    """The edge just restarted sent its clients to the others: one of them, busy taking them,
+    missed a probe, and the roll stopped there with the rest untouched (bench rollout)."""
+    urls = ["http://w1:8766", "http://w2:8766"]
+    edges = FakeEdges(urls)
+    busy_until = 20.0
+    probe = edges.probe
+
+    def busy_probe(url: str) -> Health:
+        return Health(None) if url == urls[1] and edges.now < busy_until else probe(url)
+
+    said: list[str] = []
+    r = Roll(
+        "tok", probe=busy_probe, drain=edges.drain, sleep=edges.sleep, clock=edges.clock, say=said.append
+    )
+    assert r.run([Target(u, u) for u in urls]) == 0
+    assert [(kind, url) for _, kind, url in edges.log][2] == ("drain", urls[1])
+    assert edges.log[2][0] >= busy_until
+
+
 def test_a_refused_drain_stops_the_roll() -> None:
     edges = FakeEdges(["http://w1:8766"])
 
