@@ -204,7 +204,7 @@ def target(name: str, figure: float, unit: str, goal: str, met: bool | None) -> 
 
 
 def met_text(met: bool | None) -> str:
-    return "not at this size (--quick)" if met is None else ("met" if met else "missed")
+    return "not at this size" if met is None else ("met" if met else "missed")
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], align_left: int = 1) -> str:
