@@ -74,8 +74,24 @@ class Conn:
         half a minute later, would move its departure. One heard since is on this side, still
         there: it departs now."""
         self.resumable = True
+        self.went(self._since_heard(at, cut_off_since))
+
+    def lost(self, at: float, cut_off_since: float | None) -> None:
+        """The connection ended without a close frame from its client (reset, ended, or a close
+        it never answered), noticed at `at`.
+
+        `cut_off_since`: when this edge was last cut off from most of the shards (its node
+        partitioned away; `actors.core.liveness.CutOff`), healed since or not. A socket not heard
+        since then departs when it was last heard, as one its drain closes does: its client was
+        most likely beyond the cut, closed by the balancer at once, and the loss crosses the cut
+        only after the heal (the balancer's FIN, or the reset answering the edge's next write),
+        up to the whole partition later. Any other departs when the loss was noticed."""
+        self.went(self._since_heard(at, cut_off_since))
+
+    def _since_heard(self, at: float, cut_off_since: float | None) -> float:
+        """`at`, or when the socket was last heard if that was before the edge was cut off."""
         heard = self.session.last_frame_at
-        self.went(heard if cut_off_since is not None and heard < cut_off_since else at)
+        return heard if cut_off_since is not None and heard < cut_off_since else at
 
     def departed_at(self, now: float) -> float:
         """When its departure happened: when it went, or `now` if it has not gone yet."""

@@ -168,6 +168,7 @@ class Router:
         idle_window_ms: float = 0.2,
         connect_window_ms: float = 0.0,
         forget: Callable[[int], None] | None = None,
+        unreachable_after_s: float = 15.0,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
@@ -182,6 +183,7 @@ class Router:
         self.pull_wait_s = pull_wait_s
         self.pull_gather_s = pull_gather_ms / 1000
         self.call_retry_s = call_retry_s
+        self.unreachable_after_s = unreachable_after_s
         self.pool = pool
         self.map: SlotMap | None = None
         self.shards: dict[int, Shard] = {}
@@ -256,8 +258,9 @@ class Router:
             await asyncio.sleep(0.01)
         return False
 
-    def healthy(self, max_silence_s: float = 15.0) -> bool:
-        """This edge can serve: more than half of the shards answered it within `max_silence_s`.
+    def healthy(self, max_silence_s: float | None = None) -> bool:
+        """This edge can serve: more than half of the shards answered it within `max_silence_s`
+        (default `unreachable_after_s`).
 
         Not "every shard": a shard restarting somewhere (its node died, Ray brings it back
         elsewhere) is the same for every edge, and a balancer that checks /healthz would pull
@@ -266,6 +269,8 @@ class Router:
         if self.map is None:
             return False
         now = time.monotonic()
+        if max_silence_s is None:
+            max_silence_s = self.unreachable_after_s
         answered = sum(
             1 for i in range(self.map.shard_count) if now - self.last_contact.get(i, 0.0) < max_silence_s
         )

@@ -35,6 +35,7 @@ from actors.core.frames import (
     internal_note,
     is_internal,
 )
+from actors.core.liveness import CutOff
 from actors.core.shard import Claim
 from actors.counts import CountReader
 from actors.metrics import Metrics
@@ -195,6 +196,10 @@ class EdgeConfig:
     # Demo mode: serve the demo page at / and mint tokens for the demo accounts only.
     demo: bool = False
     call_retry_s: float = 10.0
+    # Most shards silent this long: the edge cannot serve (/healthz 503), and counts itself cut
+    # off from then on (`Edge.cut_off`: a socket lost later and not heard since departs when it
+    # was last heard).
+    unreachable_after_s: float = 15.0
     # How long a pull waits for mail; also the longest gap between lease renewals, so it must
     # stay well under the shards' socket timeout.
     pull_wait_s: float = 5.0
@@ -243,6 +248,7 @@ class Edge:
             pull_gather_ms=config.pull_gather_ms,
             call_retry_s=config.call_retry_s,
             forget=self._forget_shard,
+            unreachable_after_s=config.unreachable_after_s,
         )
         self.conns: dict[str, Conn] = {}
         # Which sockets watch each account and what they see of it: a shard publishes a change
@@ -278,6 +284,8 @@ class Edge:
         self._closing: set[asyncio.Task[None]] = set()
         self._drain: asyncio.Task[None] | None = None
         self._cut_off_since: float | None = None  # a drain because cut off: since when
+        # When this edge was last cut off from most of the shards, healed or not (`_closed`).
+        self.cut_off = CutOff()
         # Set once a drain has handed every departure to the shards: the process may stop.
         self.drained = asyncio.Event()
 
@@ -574,7 +582,10 @@ class Edge:
         conn = ws.conn
         if conn is None:
             return
-        conn.went(time.time())
+        if ws.closed_by_client:
+            conn.went(time.time())
+        else:  # its client may have gone long before: beyond a cut this edge has been through
+            conn.lost(time.time(), self.cut_off.since)
         if not ws.busy:
             self._finish(conn)
 
@@ -870,6 +881,7 @@ class Edge:
                     self.metrics.inc("closes_total", code=str(close.code))
                     conn.ws.close(close.code, close.reason)
             self.metrics.set("open_connections", len(self.conns))
+            self.cut_off.observe(self.router.healthy(), now)
             self.admission.sweep(now)
             self._take_turns(self.opening.expire(time.monotonic()))
             self.metrics.set("opening_active", len(self.opening.active))

@@ -165,6 +165,12 @@ class Socket(asyncio.Protocol):
         return self.transport is None and self.protocol.state is State.CLOSED
 
     @property
+    def closed_by_client(self) -> bool:
+        """The client sent a close frame: it was there to end the connection. False for one that
+        was reset or ended without one, or that never answered the server's close."""
+        return self.protocol.close_rcvd is not None
+
+    @property
     def remote_address(self) -> tuple[str, int] | None:
         t = self.transport
         return None if t is None else cast("tuple[str, int] | None", t.get_extra_info("peername"))

@@ -46,6 +46,30 @@ class LossWatch:
         return 0.0 if self._failing_since is None else now - self._failing_since
 
 
+class CutOff:
+    """When an edge was last cut off from most of the shards (`Router.healthy` false: its
+    /healthz 503), remembered after it is healed, for the departures it notices late.
+
+    A partition leaves an edge's sockets open on its side: the balancer closed its own ends at
+    once, but its FIN or reset crosses the cut only after the heal, or the edge learns of the loss
+    only when it next writes there. Such a socket, not heard since the edge found itself cut off,
+    departs when it was last heard (`Conn.lost`), not when the loss was noticed (testbed, a 30 s
+    partition: both abandoned accounts stored 31.3 s after the cut, 1.3 s after the heal). An edge
+    that has not yet reached most of the shards (starting) is not cut off: it has served nobody."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # the start of the latest period cut off, healed or not
+        self._served = False
+        self._out = False
+
+    def observe(self, reachable: bool, now: float) -> None:
+        """One look (the edge's liveness loop, every second): most shards reachable or not."""
+        if reachable:
+            self._served, self._out = True, False
+        elif self._served and not self._out:
+            self._out, self.since = True, now
+
+
 class Standing(Enum):
     SERVING = "serving"
     SUSPENDED = "suspended"  # cut off: refuses operations until confirmed again

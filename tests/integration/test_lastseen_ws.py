@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Awaitable
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from edge.server import Edge
 
 from .conftest import Cluster, Ids, internal_request, internal_url, load
+from .hostile import RawClient
 from .recorder import no_pending_last_seen
 from .test_presence_ws import connect
 from .wsclient import Client, eventually, of_type
@@ -272,6 +274,112 @@ async def test_a_silent_socket_departs_when_it_was_last_heard(
         got = await eventually(lambda: stored(conn, user), timeout=15)
         assert last_heard - 0.5 <= got <= last_heard + 0.5, (got - last_heard, noticed - last_heard)
     finally:
+        await e.stop()
+
+
+class Beyond:
+    """A shard beyond a partition, as the edge's router calls it: what the edge sends there waits
+    unanswered until the heal (the link drops it, TCP carries it across once healed), then goes."""
+
+    def __init__(self, shard: Any, healed: asyncio.Event) -> None:
+        self.shard, self.healed = shard, healed
+
+    async def apply_and_collect(self, *args: Any) -> Any:
+        await self.healed.wait()
+        return await self.shard.apply_and_collect(*args)
+
+    async def pull(self, *args: Any) -> Any:
+        await self.healed.wait()
+        return await self.shard.pull(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shard, name)
+
+
+async def test_a_socket_lost_after_its_edge_was_cut_off_departs_when_it_was_last_heard(
+    cluster: Cluster, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """Issue 25, the testbed's 30 s partition: the balancer closed its side of the cut-off edge's
+    sockets at once, but the edge learned of it only after the heal (the FIN, or the reset
+    answering its next write, crossed the healed link), and stamped each departure with that
+    moment: both abandoned accounts stored 31.3 s after the cut, 1.3 s after the heal. A socket
+    lost without a close frame and not heard since its edge found itself cut off from most of the
+    shards departs when it was last heard (edge/conn.py `Conn.lost`); one heard during the cut
+    (its client on this side) departs when lost. The cut here: every shard but the accounts' own
+    answers nothing until the heal (`Beyond`), so the edge finds itself cut off (/healthz 503)
+    while the departures still land on a shard it reaches. Fails on the old code: `far` stored
+    when its loss was noticed, seconds after it was last heard."""
+    from .test_drain import get, read_frame
+
+    e = Edge(cluster.edge_config(unreachable_after_s=2.0))
+    await e.start()
+    healed = asyncio.Event()
+    raws: list[RawClient] = []
+    assert e.router.map is not None and e.router.map.shard_count >= 3
+    originals = dict(e.router.shards)
+    try:
+        # Two accounts of one shard, the one this edge still reaches during the cut.
+        by_shard: dict[int, list[str]] = {}
+        for i in itertools.count():
+            user = ids(f"u{i}")
+            by_shard.setdefault(e.router.shard_of_user(user), []).append(user)
+            if len(by_shard[e.router.shard_of_user(user)]) == 2:
+                break
+        shard, (far, near) = next((k, v) for k, v in by_shard.items() if len(v) == 2)
+        await load(conn, {"users": [{"id": far}, {"id": near}]})
+
+        async def until(raw: RawClient, kind: str) -> None:
+            while True:
+                opcode, payload = await read_frame(raw)
+                if opcode == 0x1 and json.loads(payload).get("type") == kind:
+                    return
+
+        async def online(user: str) -> RawClient:
+            raw = await RawClient.connect(e.ws_port)
+            raws.append(raw)
+            await raw.send(json.dumps({"type": "identify", "token": cluster.token(user)}))
+            await until(raw, "ready")
+            return raw
+
+        async def heard(raw: RawClient) -> tuple[float, float]:
+            """Between when the edge last heard it (`Session.last_frame_at`): a heartbeat's round trip."""
+            before = time.time()
+            await raw.send(json.dumps({"type": "heartbeat"}))
+            await until(raw, "heartbeat.ack")
+            return before, time.time()
+
+        far_raw, near_raw = await online(far), await online(near)
+        far_heard = await heard(far_raw)  # its last word: its client is beyond the cut from now on
+        for i, client in originals.items():
+            if i != shard:
+                e.router.shards[i] = Beyond(client, healed)
+        await eventually(lambda: e.cut_off.since is not None, timeout=15, interval=0.1)
+        status, _ = await get(e, "/healthz")
+        assert status == 503  # cut off from most shards, as the balancer sees it
+        near_heard = await heard(near_raw)  # on this side of the cut, heard during it
+        healed.set()
+        e.router.shards.update(originals)
+
+        async def serving() -> bool:
+            return (await get(e, "/healthz"))[0] == 200
+
+        await eventually(serving, timeout=15, interval=0.1)
+        lost_at = time.time()
+        for raw in raws:
+            raw.close()  # no close frame: the connection just ends, as the balancer's did
+        far_seen = await eventually(lambda: stored(conn, far), timeout=15)
+        near_seen = await eventually(lambda: stored(conn, near), timeout=15)
+        assert lost_at - far_heard[1] > 2.0  # the old stamp would be seconds late
+        assert far_heard[0] - 0.01 <= far_seen <= far_heard[1] + 0.01, (
+            far_seen - far_heard[1],
+            lost_at - far_heard[1],
+        )
+        assert near_heard[1] < lost_at - 0.01 <= near_seen <= time.time(), (near_seen - lost_at,)
+    finally:
+        healed.set()
+        e.router.shards.update(originals)
+        for raw in raws:
+            raw.close()
         await e.stop()
 
 

@@ -76,6 +76,28 @@ def test_closed_because_its_edge_was_cut_off_it_departs_when_last_heard_unless_h
     assert (c.phase, c.resumable, c.went_at) == (Phase.LEAVING, True, went_at)
 
 
+@pytest.mark.parametrize(
+    ("heard", "cut_off_since", "went_at"),
+    [(10.0, 20.0, 10.0), (25.0, 20.0, 51.3), (10.0, None, 51.3)],
+)
+def test_lost_after_its_edge_was_cut_off_it_departs_when_last_heard_unless_heard_since(
+    heard: float, cut_off_since: float | None, went_at: float
+) -> None:
+    """A 30 s partition (testbed): cut at 5, the edge found itself cut off at 20, healed at 35; the
+    balancer closed its side of a socket at 8, and the edge learns of it at 51.3, when the close
+    or the reset answering its next write crosses the healed link. Last heard at 10, its client
+    was beyond the cut: it departs at 10, not 46 s late (the old stamp: both abandoned accounts
+    stored 1.3 s after the heal). One heard at 25 was on this side after the cut; and an edge
+    never cut off stamps the loss when it noticed it. Not resumable: nobody closed it for a
+    restart."""
+    c = conn()
+    c.connected()
+    c.session.last_frame_at = heard
+    c.lost(51.3, cut_off_since)
+    assert (c.phase, c.resumable, c.went_at) == (Phase.LEAVING, False, went_at)
+    assert c.departed_at(now=60.0) == went_at
+
+
 def test_not_gone_departs_now() -> None:
     assert conn().departed_at(now=7.0) == 7.0
 

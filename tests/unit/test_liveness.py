@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.core.liveness import Fence, GcsAnswer, LossWatch, Standing, gcs_answer, majority
+from actors.core.liveness import CutOff, Fence, GcsAnswer, LossWatch, Standing, gcs_answer, majority
 from cluster import edge_process
 
 
@@ -34,6 +34,41 @@ def test_lost_exactly_when_the_last_unbroken_run_of_failures_spans_the_grace(
         now += step
         since = None if ok else (now if since is None else since)
         assert watch.observe(ok, now) == (since is not None and now - since >= 5.0)
+
+
+def test_an_edge_remembers_when_it_was_last_cut_off_after_the_heal() -> None:
+    """A partition (testbed, 30 s): the edge finds most shards silent at 115 (15 s after the cut),
+    is healed at 131, and learns of its abandoned sockets' loss after that: the start of the cut
+    off is still known then, and a later cut off replaces it."""
+    cut = CutOff()
+    cut.observe(False, 1.0)  # starting: never reached the shards yet, so never cut off
+    assert cut.since is None
+    cut.observe(True, 2.0)
+    assert cut.since is None
+    for t in (115.0, 116.0, 130.0):
+        cut.observe(False, t)
+    assert cut.since == 115.0
+    cut.observe(True, 131.0)
+    cut.observe(True, 132.0)
+    assert cut.since == 115.0  # healed: remembered
+    cut.observe(False, 400.0)
+    cut.observe(False, 401.0)
+    assert cut.since == 400.0
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 3)), max_size=40))
+def test_cut_off_since_the_first_failed_look_of_the_latest_run_after_having_served(
+    looks: list[tuple[bool, float]],
+) -> None:
+    cut, now, served, since, out = CutOff(), 0.0, False, None, False
+    for ok, step in looks:
+        now += step
+        cut.observe(ok, now)
+        if ok:
+            served, out = True, False
+        elif served and not out:
+            since, out = now, True
+        assert cut.since == since
 
 
 def test_majority_counts_this_node_and_a_pool_on_one_node_always_has_it() -> None:

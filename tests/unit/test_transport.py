@@ -8,6 +8,7 @@ import base64
 import gc
 import os
 import socket
+import struct
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -119,6 +120,23 @@ async def test_a_socket_opens_hands_over_text_and_binary_in_order_and_answers_pi
         await c.close()
         await s.until(lambda: sock.lost)
         assert sock.events[-1] == "close" and sock.events.count("close") == 1
+        assert sock.closed_by_client  # its close frame: it was there to end it
+
+
+@pytest.mark.parametrize("how", ["reset", "end of stream"])
+async def test_a_connection_that_ends_without_a_close_frame_was_not_closed_by_its_client(how: str) -> None:
+    """A balancer's side closed (its FIN, or a reset answering a write): the edge cannot tell when
+    its client went, so `Edge._closed` does not take the moment it noticed for the departure when
+    the edge was cut off meanwhile (edge/conn.py `Conn.lost`)."""
+    async with _server() as s:
+        raw = await asyncio.to_thread(_raw_upgrade, s.port)
+        sock = s.sockets[0]
+        await s.until(lambda: sock.open)
+        if how == "reset":
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+        raw.close()
+        await s.until(lambda: sock.lost)
+        assert not sock.closed_by_client
 
 
 async def test_a_refused_upgrade_gets_the_answer_and_never_opens() -> None:
@@ -193,6 +211,7 @@ async def test_close_sends_the_code_and_reason_and_drops_what_arrives_after() ->
             await _recv(c)
         assert (c.close_code, c.close_reason) == (4001, "no")
         await s.until(lambda: sock.lost)
+        assert sock.closed_by_client  # it answered the close
         assert sock.messages == [] and sock.events.count("close") == 1
         assert not sock.send_text("gone") and not sock.write(prepare("gone"))
 
@@ -247,6 +266,7 @@ async def test_a_client_that_never_answers_the_close_is_dropped_after_the_timeou
             await s.until(lambda: sock.open)
             sock.close(1012, "restart")
             await s.until(lambda: sock.lost, timeout=3)
+            assert not sock.closed_by_client
         finally:
             raw.close()
 
