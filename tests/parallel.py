@@ -73,7 +73,7 @@ PLAN: dict[str, float] = {
     "tests/integration/test_internal_http.py": 20,
     "tests/integration/test_rolling.py": 20,
     "tests/integration/test_edge_ray_loss.py": 20,
-    "tests/integration/test_lastseen_ws.py": 19,
+    "tests/integration/test_lastseen_ws.py": 25,
     "tests/integration/test_failures.py": 15,
     "tests/integration/test_security.py": 15,
     "tests/integration/test_presence_ws.py": 15,
