@@ -362,8 +362,21 @@ async def storm(
             await w.send({"type": "presence.subscribe", "userIds": members[:1000]})
         tokens = {u: cluster.token(u) for u in members}
 
+        async def dial() -> Any:
+            # As the client libraries do: a connection the edge's opening gate dropped (its line
+            # waited past `opening_queue_s` on a loaded machine: no answer, EOF) is tried again.
+            for attempt in range(20):
+                try:
+                    return await websockets.connect(url, open_timeout=60, max_queue=None)
+                except (OSError, EOFError, websockets.exceptions.InvalidHandshake):
+                    if attempt == 19:
+                        raise
+                    # The clients' backoff between tries (a dropped connection has no event).
+                    await asyncio.sleep(0.2 + 0.1 * attempt)
+            raise AssertionError("unreachable")
+
         async def one(user: str, k: int) -> tuple[str, Any]:
-            ws = await websockets.connect(url, open_timeout=60, max_queue=None)
+            ws = await dial()
             await ws.send(f'{{"type":"identify","token":"{tokens[user]}"}}')
             while True:  # ready, then maybe presence.self of the account's other sockets
                 frame = await asyncio.wait_for(ws.recv(), 60)
