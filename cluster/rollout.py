@@ -240,7 +240,13 @@ class RayFleet:
 
     async def restart_directory(self, version: int, owners: tuple[int, ...], shard_count: int) -> None:
         directory = clients.DirectoryClient()
+        killed = time.monotonic()
         directory.kill(restart=True)
+        # The old process may still answer for a moment after the kill: the map is put back into
+        # one made after it (its age shorter than the time since the kill; durations, so the two
+        # hosts' clocks need not agree). Else the rollout said "replaced" while Ray was still
+        # restarting the directory, and the next caller failed (test_rollout under load).
+        await _until_answers(directory.age_s, lambda age: age < time.monotonic() - killed)
         await _until_answers(lambda: directory.restore(version, owners, shard_count), lambda v: v is not None)
 
 

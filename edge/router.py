@@ -53,6 +53,7 @@ OnRestart = Callable[[int], Awaitable[None]]
 # again) within about a second of coming back, which the watchers' resync counts on. Jittered, so
 # that the edges do not all call the new incarnation in the same instant.
 PULL_RETRY = Backoff(first_s=0.2, cap_s=1.0)
+DIRECTORY_WAIT_S = 60.0  # an edge starting while the directory restarts waits this long for it
 # An operation whose shard restarts (Ray brings it back in seconds) is retried within
 # `call_retry_s`, jittered so that the edges do not all call the new incarnation in the same
 # instant.
@@ -204,7 +205,11 @@ class Router:
         self._closed = False
 
     async def start(self) -> None:
-        await self.refresh_map()
+        # The directory may be restarting (a rollout has just replaced it, its node died): an
+        # edge starting then waits for it, bounded, instead of failing its start at once.
+        await retry(
+            self.refresh_map, PULL_RETRY, retry_on=CALL_ERRORS, deadline=time.monotonic() + DIRECTORY_WAIT_S
+        )
         # One round trip to every shard: learns their incarnations, takes their leases and
         # makes /healthz true as soon as the edge can really reach its actors.
         await asyncio.gather(*(self.call(i, ops.PING) for i in self.shards))

@@ -261,3 +261,28 @@ async def test_a_chunk_that_fails_to_deliver_does_not_end_the_shards_mail() -> N
         assert counter(router, "edge_pull_failures_total") == 1
     finally:
         await router.close()
+
+
+async def test_an_edge_starting_while_the_directory_restarts_waits_for_it() -> None:
+    """Its first look at the map failed at once with the directory restarting (a rollout had just
+    replaced it), and the edge's start failed with it (test_demo_browser's edges, loaded suite)."""
+    failures = [TimeoutError("restarting"), TimeoutError("restarting")]
+
+    class RestartingDirectory(FakeShards):
+        async def get_map(self) -> tuple[int, tuple[int, ...], int]:
+            if failures:
+                raise failures.pop()
+            return await super().get_map()
+
+    async def answer(_shard: int, batch: list[ops.Op]) -> list[object]:
+        return [None for _ in batch]
+
+    async def no_restart(_: int) -> None:
+        return None
+
+    router = Router("edge-t", lambda _a, _p: None, no_restart, Metrics(), RestartingDirectory(2, answer))
+    try:
+        await asyncio.wait_for(router.start(), 10)
+        assert router.map is not None and not failures
+    finally:
+        await router.close()
