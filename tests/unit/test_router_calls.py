@@ -21,18 +21,24 @@ from actors.core.slots import SlotMap
 from actors.metrics import Metrics
 from edge import router as router_module
 from edge.router import Router, ShardUnavailable
+from tests.integration.wsclient import eventually
 from tests.unit.fake_shards import FakeShards
 
 Answer = Callable[[int, ops.Op], Any]  # (shard, op) -> answer, or an exception to raise
+
+
+async def no_restart(_: int) -> None:
+    return None
+
+
+async def answer_none(_shard: int, batch: list[ops.Op]) -> list[object]:
+    return [None for _ in batch]
 
 
 class Fake:
     """A router whose shards answer by `answer` and whose directory publishes `published`."""
 
     def __init__(self, answer: Answer, shards: int = 2, call_retry_s: float = 10.0) -> None:
-        async def no_restart(_: int) -> None:
-            return None
-
         self.answer = answer
         self.sent: list[tuple[int, ops.Op]] = []
         self.pool = FakeShards(shards, self.apply)
@@ -241,23 +247,14 @@ async def test_a_chunk_that_fails_to_deliver_does_not_end_the_shards_mail() -> N
         ) -> Any:
             return "inc-1", await chunks.get()
 
-    async def no_restart(_: int) -> None:
-        return None
-
-    async def answer(_shard: int, batch: list[ops.Op]) -> list[object]:
-        return [None for _ in batch]
-
-    pool = FakeShards(1, answer)
-    pool.made[0] = MailingShard(0, answer)
+    pool = FakeShards(1, answer_none)
+    pool.made[0] = MailingShard(0, answer_none)
     router = Router("edge-t", deliver, no_restart, Metrics(), pool)
     await router.refresh_map()
     try:
         chunks.put_nowait((0, 1, [(("s1",), "one")]))
         chunks.put_nowait((1, 2, [(("s1",), "two")]))
-        deadline = time.monotonic() + 5
-        while delivered != ["two"] and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)  # the polling interval: delivery has no event to wait on here
-        assert delivered == ["two"]
+        await eventually(lambda: delivered == ["two"], timeout=5, interval=0.01)
         assert counter(router, "edge_pull_failures_total") == 1
     finally:
         await router.close()
@@ -274,13 +271,7 @@ async def test_an_edge_starting_while_the_directory_restarts_waits_for_it() -> N
                 raise failures.pop()
             return await super().get_map()
 
-    async def answer(_shard: int, batch: list[ops.Op]) -> list[object]:
-        return [None for _ in batch]
-
-    async def no_restart(_: int) -> None:
-        return None
-
-    router = Router("edge-t", lambda _a, _p: None, no_restart, Metrics(), RestartingDirectory(2, answer))
+    router = Router("edge-t", lambda _a, _p: None, no_restart, Metrics(), RestartingDirectory(2, answer_none))
     try:
         await asyncio.wait_for(router.start(), 10)
         assert router.map is not None and not failures
