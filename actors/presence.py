@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 import time
@@ -28,6 +29,7 @@ from actors.core.contract import MOVED, UNAVAILABLE, Address, MailChunk, ShardSt
 from actors.core.effects import (
     Activity,
     Deliver,
+    EdgeForgotten,
     HeldPlaces,
     OnlineCount,
     PersistChosen,
@@ -57,13 +59,19 @@ SAVE_RETRY = Backoff(first_s=0.5, cap_s=30.0)
 
 
 class EdgeMail(Mailbox):
-    """An edge's mailbox (actors/core/mailbox.py) with what wakes the edge's waiting pull."""
+    """An edge's mailbox (actors/core/mailbox.py) with what wakes the edge's waiting pull, and the
+    incarnation the edge is told: the shard's, tagged with this box. A box goes when the shard
+    forgets the edge (its lease ran out, its node was declared dead), and everything the edge
+    registered here goes with it; to the edge, the next box is a new incarnation, so it registers
+    its sockets again and starts its mail over (a box's numbers restart at 1: under the old name
+    the edge would skip them as delivered)."""
 
-    __slots__ = ("event",)
+    __slots__ = ("event", "incarnation")
 
-    def __init__(self) -> None:
+    def __init__(self, incarnation: str) -> None:
         super().__init__()
         self.event = asyncio.Event()
+        self.incarnation = incarnation
 
 
 @dataclass
@@ -104,6 +112,7 @@ class PresenceShard:
         self.flush_write = flush_write
         self.store = store
         self.incarnation = secrets.token_hex(8)
+        self._boxes_made = itertools.count(1)
         self.state = ShardState(
             socket_timeout_s=config.socket_timeout_s,
             last_seen_precision_s=config.last_seen_precision_s,
@@ -202,12 +211,12 @@ class PresenceShard:
     # ------------------------------------------------------------------ the edge-facing API
 
     async def apply(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]]:
-        """One batch of operations from one edge, applied in order. Returns one result per op."""
-        return await self._apply(edge_id, ops, collect=False)
+        """One batch of operations from one edge, applied in order. Returns the incarnation the edge
+        is told (`EdgeMail`) and one result per op."""
+        results = await self._apply(edge_id, ops, collect=False)
+        return self._box(edge_id).incarnation, results
 
-    async def _apply(
-        self, edge_id: str, ops: list[Operation[object]], collect: bool
-    ) -> tuple[str, list[object]]:
+    async def _apply(self, edge_id: str, ops: list[Operation[object]], collect: bool) -> list[object]:
         """`apply`; `collect`: the batch's reply takes the edge's mail (its pull is not woken)."""
         started = time.perf_counter()
         self._applying[edge_id] = self._applying.get(edge_id, 0) + 1
@@ -234,9 +243,9 @@ class PresenceShard:
             else:
                 self._applying[edge_id] -= 1
         self._observe_batch(len(ops), started)
-        return self.incarnation, results
+        return results
 
-    def _apply_now(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]] | None:
+    def _apply_now(self, edge_id: str, ops: list[Operation[object]]) -> list[object] | None:
         """`_apply(collect=True)` without a turn of the event loop, when nothing makes it wait: no
         earlier batch of this edge still in progress, nothing to load. None: it would wait."""
         if edge_id in self._applying or self._missing(ops) is not None:
@@ -246,7 +255,7 @@ class PresenceShard:
         self._box(edge_id)
         results = self._apply_batch(edge_id, ops, collect=True)
         self._observe_batch(len(ops), started)
-        return self.incarnation, results
+        return results
 
     def _apply_batch(self, edge_id: str, ops: list[Operation[object]], collect: bool) -> list[object]:
         now = self.clock()
@@ -265,7 +274,7 @@ class PresenceShard:
     def _box(self, edge_id: str) -> EdgeMail:
         box = self.mail.get(edge_id)
         if box is None:
-            box = self.mail[edge_id] = EdgeMail()
+            box = self.mail[edge_id] = EdgeMail(f"{self.incarnation}.{next(self._boxes_made)}")
         return box
 
     def _order(self, edge_id: str) -> asyncio.Lock:
@@ -281,33 +290,32 @@ class PresenceShard:
         caused, mostly: one call per change instead of two). `acked_seq` acknowledges like a pull's
         (for `incarnation`; an older incarnation's acknowledges nothing)."""
         self._acknowledge(edge_id, incarnation, acked_seq)
-        incarnation_now, results = await self._apply(edge_id, ops, collect=True)
-        return incarnation_now, results, self._collect(edge_id)
+        results = await self._apply(edge_id, ops, collect=True)
+        return self._collect(edge_id, results)
 
     def apply_and_collect_now(
         self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
     ) -> tuple[str, list[object], MailChunk] | None:
         """`apply_and_collect` without a turn of the event loop (`apply_now`); None: it would wait."""
         self._acknowledge(edge_id, incarnation, acked_seq)
-        applied = self._apply_now(edge_id, ops)
-        if applied is None:
+        results = self._apply_now(edge_id, ops)
+        if results is None:
             return None
-        return applied[0], applied[1], self._collect(edge_id)
+        return self._collect(edge_id, results)
 
     def _acknowledge(self, edge_id: str, incarnation: str | None, acked_seq: int) -> None:
-        if incarnation == self.incarnation:
-            self._box(edge_id).ack(acked_seq)
+        box = self.mail.get(edge_id)
+        if box is not None and incarnation == box.incarnation:
+            box.ack(acked_seq)
 
-    def _collect(self, edge_id: str) -> MailChunk:
-        """The edge's mail not handed out yet, for the reply of its batch."""
-        box = self.mail.get(edge_id)  # a lease that ran out meanwhile took the old box with it
-        if box is None:
-            return 0, 0, []
+    def _collect(self, edge_id: str, results: list[object]) -> tuple[str, list[object], MailChunk]:
+        """The reply of an edge's batch: with its mail not handed out yet."""
+        box = self._box(edge_id)
         chunk = box.hand_out()
         if box.unhanded():  # more than one reply carries: the pull takes the rest
             box.event.set()
         self.metrics.observe("shard_reply_items", len(chunk[2]))
-        return chunk
+        return box.incarnation, results, chunk
 
     async def pull(
         self, edge_id: str, incarnation: str | None, acked_seq: int, wait_s: float, resend: bool = False
@@ -315,28 +323,36 @@ class PresenceShard:
         """Mail for one edge not handed out yet, waiting up to `wait_s` for some. At-least-once:
         items stay until a later pull (or apply) acknowledges them; `resend` hands out again
         everything after `acked_seq` (a reply the edge lost). Each pull also renews the edge's
-        lease. An acknowledgement meant for an earlier incarnation of this shard acknowledges
-        nothing, and everything is handed out again."""
-        if incarnation != self.incarnation:
-            acked_seq, resend = 0, True
+        lease. An acknowledgement meant for another incarnation (an earlier one of this shard, or
+        a box this shard has since forgotten: `EdgeMail`) acknowledges nothing, and everything is
+        handed out again."""
         self.state.refresh_edge(edge_id, self.clock())
         self._carry_out()  # renewing one lease may have expired another edge's
         box = self._box(edge_id)
+        if incarnation != box.incarnation:
+            acked_seq, resend = 0, True
         box.ack(acked_seq)
         if resend:
             box.resend_after(acked_seq)
         deadline = time.monotonic() + wait_s
-        # An apply's reply may take what woke us: wait on until something is left to hand out.
-        while not box.unhanded() and (left := deadline - time.monotonic()) > 0:
+        # An apply's reply may take what woke us: wait on until something is left to hand out
+        # (or until the box is forgotten: see below).
+        while (
+            not box.unhanded() and self.mail.get(edge_id) is box and (left := deadline - time.monotonic()) > 0
+        ):
             box.event.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):  # no task of its own, unlike wait_for
                     await box.event.wait()
         if wait_s > 0:
             self.state.refresh_edge(edge_id, self.clock())
+            self._carry_out()
+        # The edge forgotten while we waited (a shard stalled past its lease; a verdict of Ray's):
+        # the new box, a new incarnation to the edge, is the one to answer from.
+        box = self._box(edge_id)
         chunk = box.hand_out()
         self.metrics.observe("shard_pull_items", len(chunk[2]))
-        return self.incarnation, chunk
+        return box.incarnation, chunk
 
     async def is_focused(self, user_id: str, channel_id: str) -> bool:
         return self.state.is_focused(user_id, channel_id, self.clock())
@@ -422,7 +438,7 @@ class PresenceShard:
                 for user_id, rel in (await loads.relations(users)).items():
                     self.state.set_relations(user_id, rel, now)
         for edge_id in export.edges:
-            self.mail.setdefault(edge_id, EdgeMail())  # mail for them may be due at once
+            self._box(edge_id)  # mail for them may be due at once
         self.state.import_slots(export, self.clock())
         if self.owned is not None:
             self.owned |= set(export.slots)
@@ -576,6 +592,9 @@ class PresenceShard:
             elif isinstance(e, HeldPlaces) and self.held is not None:
                 self._held_dirty[e.user_id] = e.held
                 self._held_wake.set()
+            elif isinstance(e, EdgeForgotten):
+                self._forget_box(e.edge_id)
+                touched.discard(e.edge_id)
         if collecting is not None:
             touched.discard(collecting)
         for edge_id in touched:
@@ -584,12 +603,32 @@ class PresenceShard:
             self._flush_wake.set()
         if self.state.publications.any_pending and not self._held_back.is_set():
             self._held_back.set()
-        # Mailboxes of edges that lost their lease go with them.
+        # Mailboxes of edges without a lease go (`_forget_box` took those the state dropped).
         for edge_id in [e for e in self.mail if e not in self.state.edges]:
             del self.mail[edge_id]
         for edge_id, lock in list(self._edge_order.items()):
             if edge_id not in self.state.edges and not lock.locked():
                 del self._edge_order[edge_id]
+
+    def _forget_box(self, edge_id: str) -> None:
+        """The state forgot the edge (`EdgeForgotten`): its mail goes, and should the edge be back
+        already (the call that renewed its lease found it run out), what follows goes into a new
+        box, whose name tells the edge to register again (`EdgeMail`). A pull waiting on the old
+        box answers under the new name."""
+        box = self.mail.pop(edge_id, None)
+        if box is None:
+            return
+        box.event.set()
+        self.metrics.inc("shard_edges_forgotten_total")
+        log.info(
+            "shard %d: forgot edge %s (its lease ran out or its node died; %d items of its mail "
+            "dropped); it registers again if it is alive",
+            self.config.shard_index,
+            edge_id,
+            box.kept,
+        )
+        if edge_id in self.state.edges:
+            self._box(edge_id)
 
     # ------------------------------------------------------------------ background duties
 

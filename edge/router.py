@@ -494,7 +494,7 @@ class Router:
         self.incarnations[shard] = incarnation
         if known is not None and known != incarnation:
             log.warning(
-                "shard %d restarted (incarnation %s → %s); registering sockets again",
+                "shard %d restarted or forgot this edge (incarnation %s → %s); registering sockets again",
                 shard,
                 known,
                 incarnation,

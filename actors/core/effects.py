@@ -85,8 +85,25 @@ class HeldPlaces:
     held: tuple[tuple[float, float, bool], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class EdgeForgotten:
+    """Everything the edge registered here is gone (its lease ran out, its node died), though the
+    edge may be alive and call again at once. Its mail starts over, under a name the edge takes
+    for a restart of this shard: it then registers its sockets here again."""
+
+    edge_id: str
+
+
 Effect = (
-    Deliver | Publish | PersistChosen | PersistVisibility | OnlineCount | SocketCount | Activity | HeldPlaces
+    Deliver
+    | Publish
+    | PersistChosen
+    | PersistVisibility
+    | OnlineCount
+    | SocketCount
+    | Activity
+    | HeldPlaces
+    | EdgeForgotten
 )
 
 

@@ -40,7 +40,16 @@ from .budgets import (
 )
 from .channels import Channel, ChannelState
 from .contract import AccountRow
-from .effects import Activity, HeldPlaces, OnlineCount, Outbox, PersistChosen, PersistVisibility, SocketCount
+from .effects import (
+    Activity,
+    EdgeForgotten,
+    HeldPlaces,
+    OnlineCount,
+    Outbox,
+    PersistChosen,
+    PersistVisibility,
+    SocketCount,
+)
 from .loaded import Loaded
 from .slots import channel_key, slot_of
 from .status import (
@@ -414,6 +423,7 @@ class ShardState:
     def drop_edge(self, edge_id: str, now: float) -> None:
         """Everything an edge registered goes, as if each of its sockets had closed."""
         self.edges.pop(edge_id, None)
+        self.outbox.add(EdgeForgotten(edge_id))
         for target, socket_id in self.edge_watches.pop(edge_id, set()):
             self._unwatch_one(target, socket_id, edge_id)
         for user_id, socket_id in sorted(self.edge_sockets.pop(edge_id, set())):

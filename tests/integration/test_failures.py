@@ -118,6 +118,42 @@ async def test_edge_killed_with_sigkill_ages_out(
             proc.kill()
 
 
+async def test_an_edge_stalled_past_its_lease_registers_again_and_its_watchers_hear_on(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """A live edge whose process stalled past its lease at the shards (SIGSTOP: a paused VM, a long
+    pause, a test process busy for longer than the suite's 8 s timeout) is forgotten there: its
+    accounts depart. Back, it is told a new incarnation, registers its sockets again and starts
+    its mail over, so its accounts are online again for everybody and its own watchers hear the
+    changes made after. Before, its accounts stayed offline and the shards' next frames to it
+    were skipped as already delivered."""
+    alice, bob, carol, *_ = await social(conn, ids)
+    # Its own socket timeout stays the default (90 s): only the shards' leases (8 s) run out.
+    proc, url = start_edge_process(cluster)
+    try:
+        watcher = await connect(cluster, edge, alice)
+        await watcher.request({"type": "presence.subscribe", "userIds": [bob]}, of_type("presence.sync"))
+        bob_there = await Client.connect(url, cluster.token(bob))
+        carol_there = await Client.connect(url, cluster.token(carol))
+        await carol_there.request(
+            {"type": "presence.subscribe", "userIds": [alice]}, of_type("presence.sync")
+        )
+        await watcher.expect(changed(bob, "online"))
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            await watcher.expect(changed(bob, "offline"), timeout=SOCKET_TIMEOUT_S + 10)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        await watcher.expect(changed(bob, "online"), timeout=15)
+        await watcher.send({"type": "presence.update", "status": "dnd"})
+        await carol_there.expect(changed(alice, "dnd"), timeout=15)
+        for c in (watcher, bob_there, carol_there):
+            await c.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 async def test_a_separate_edge_uses_the_data_dirs_internal_token(cluster: Cluster) -> None:
     """Issue 29: `presence edge` joining through the data directory answers the internal API
     with the token `presence up` wrote there (conftest writes INTERNAL_TOKEN), not without."""

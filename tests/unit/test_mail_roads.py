@@ -108,6 +108,68 @@ async def test_an_older_incarnations_acknowledgement_acknowledges_nothing(shard:
     assert again[0] == 0 and again[2][-len(chunk[2]) :] == chunk[2]  # everything, again
 
 
+async def test_an_edge_the_shard_forgot_is_told_a_new_incarnation_and_its_mail_starts_over(
+    shard: PresenceShard,
+) -> None:
+    """The shard forgot a live edge (its lease ran out: the edge stalled; or its node was declared
+    dead), and the edge's sockets with it. The edge's next call is answered under a new
+    incarnation, so it registers again (as after a restart) and its inbox starts over: the new
+    mailbox's numbers restart at 1, and under the old name the edge skipped them as delivered."""
+    inc = await watched(shard)
+    inbox = Inbox(inc, shard.mail["edge-a"].handed)  # the edge's, in step with the shard
+    for status in ("dnd", "online"):
+        _, _, chunk = await shard.apply_and_collect(
+            "edge-a", [ops.SetStatus("alice", "s1", status)], inc, inbox.delivered
+        )
+        inbox.receive(inc, chunk)
+    assert inbox.delivered >= 4
+    assert shard.edges_died(["edge-a"]) == ["edge-a"]
+    assert "edge-a" not in shard.mail
+    # The edge, not told, sends its next batch (its registration again, as after a restart).
+    again, _, chunk = await shard.apply_and_collect(
+        "edge-a",
+        [ops.Connect("alice", "s1"), ops.Connect("bob", "s2"), ops.Watch("bob", "s2", ("alice",)),
+         ops.SetStatus("alice", "s1", "dnd")],
+        inbox.incarnation, inbox.delivered,
+    )  # fmt: skip
+    assert again != inc and again.startswith(shard.incarnation)
+    assert chunk[0] == 0 and chunk[2], "the new mailbox, from its start"
+    assert inbox.receive(again, chunk) == chunk[2]  # every item delivered, none skipped
+    assert inbox.pull_args() == (again, chunk[1], False)
+
+
+@pytest.mark.parametrize("road", ["apply", "pull"])
+async def test_an_edge_back_after_its_lease_ran_out_is_told_a_new_incarnation_by_its_next_call(
+    shard: PresenceShard, clock: Clock, road: str
+) -> None:
+    """The stalled edge's own call finds its lease run out: the call that renews it is the one
+    that drops what the edge registered, and must already answer under the new name."""
+    inc = await watched(shard)
+    handed = shard.mail["edge-a"].handed
+    clock.advance(shard.config.socket_timeout_s + 1)
+    if road == "apply":
+        again, _, chunk = await shard.apply_and_collect("edge-a", [ops.PING], inc, handed)
+    else:
+        again, chunk = await shard.pull("edge-a", inc, handed, 0.0)
+    assert again != inc and chunk[0] == 0
+    assert shard.state.edges == {"edge-a": clock()}
+    assert not shard.state.watchers  # bob's watch went with the lease: the edge registers it again
+
+
+async def test_a_pull_waiting_while_the_shard_forgets_its_edge_answers_under_the_new_incarnation(
+    shard: PresenceShard,
+) -> None:
+    inc = await watched(shard)
+    pull = asyncio.create_task(shard.pull("edge-a", inc, shard.mail["edge-a"].handed, 0.05))
+    await asyncio.sleep(0)  # the pull runs until it waits for mail
+    shard.edges_died(["edge-a"])
+    again, chunk = await pull
+    assert again != inc and chunk == (0, 0, [])
+    # The new name holds from then on, by either road.
+    assert (await shard.apply_and_collect("edge-a", [ops.PING], again, 0))[0] == again
+    assert (await shard.pull("edge-a", again, 0, 0.0))[0] == again
+
+
 # ---------------------------------------------------------------------------- the edge's inbox
 
 

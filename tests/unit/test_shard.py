@@ -26,6 +26,7 @@ from actors.core.contract import AccountRow
 from actors.core.effects import (
     Activity,
     Deliver,
+    EdgeForgotten,
     Effect,
     OnlineCount,
     PersistChosen,
@@ -457,6 +458,22 @@ class TestEdgeLeases:
         effects = w.drain()
         assert changed_to(effects, "b1") == ["offline"]
         assert SocketCount("alice", "a1", False) in effects
+
+    def test_an_edge_back_after_its_lease_ran_out_is_forgotten_first(self) -> None:
+        """The call that renews a lease already run out drops what the edge registered, and says
+        so before anything else (`EdgeForgotten`: the shell starts the edge's mail over under a
+        new name, and the edge registers again), though the edge holds a lease again after it."""
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        w.s.refresh_edge("e1", w.at(91))
+        assert w.s.edges == {"e1": w.now}
+        assert w.s.live_sockets() == []
+        effects = w.drain()
+        assert effects[0] == EdgeForgotten("e1")
+        assert effects.count(EdgeForgotten("e1")) == 1
+        w.s.refresh_edge("e1", w.at(1))
+        assert EdgeForgotten("e1") not in w.drain()  # renewed in time: nothing forgotten
 
     def test_refresh_keeps_sockets_alive(self) -> None:
         w = pair_world()
@@ -1959,6 +1976,8 @@ class Cluster:
                 if isinstance(e, Deliver):
                     for s in e.socket_ids:
                         out[("deliver", e.edge_id, s, repr(sorted(e.frame.items())))] += 1
+                elif isinstance(e, EdgeForgotten):
+                    out[("EdgeForgotten", e.edge_id)] = 1  # each shard that held the edge forgets it
                 else:
                     out[(type(e).__name__, repr(e))] += 1
         return out
