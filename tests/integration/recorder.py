@@ -83,10 +83,12 @@ class Recorder:
         return client
 
     def killed(self, clients: list[RecordedClient], at: float, by: float) -> None:
-        """These sockets' edge died at `at`; their departures are stamped by `by` at the latest."""
+        """These sockets' edge died at `at`; their departures are stamped by `by` at the latest (a
+        socket whose close began earlier keeps that beginning: the edge may have told it)."""
         for c in clients:
             life = self.history.sockets[c.name]
-            life.gone_after, life.gone_before = at, by
+            life.gone_after = at if life.gone_after is None else min(life.gone_after, at)
+            life.gone_before = by
 
     def fault(self, name: str) -> None:
         self.history.faults.append((time.time(), name))
