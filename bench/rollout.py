@@ -100,6 +100,8 @@ ONLINE, IDLE, OFFLINE = 0, 1, 2
 CODES = {"online": ONLINE, "idle": IDLE}  # anything else (offline, dnd) reads as OFFLINE
 # Why a frame was not a real change (the index is what the generators record).
 SPURIOUS = ("offline frame", "back after offline", "repeat", "offline in a resync")
+# ... and one the analysis finds (`stale`), among the sampled watchers only.
+OLDER = "older than one already had (sampled)"
 
 
 # ------------------------------------------------------------------------------- pure parts
@@ -223,6 +225,25 @@ def match(raw: Raw) -> array[int]:
     return found
 
 
+def stale(raw: Raw, found: array[int]) -> array[float]:
+    """The times of receipts (sampled watchers) of a change older than one the same watcher had
+    already received about the same account: a flicker back to a past status, which `classify`
+    takes for a real change (each step is idle ↔ online)."""
+    newest: dict[tuple[int, int], int] = {}
+    out = array("d")
+    order = sorted(range(len(found)), key=lambda k: raw.rec_t[k])
+    for k in order:
+        n = found[k]
+        if n < 0:
+            continue
+        key = (raw.rec_w[k], raw.rec_u[k])
+        if n < newest.get(key, -1):
+            out.append(raw.rec_t[k])
+        else:
+            newest[key] = n
+    return out
+
+
 def uncertain(raw: Raw) -> set[int]:
     """Sends made less than UNCERTAIN_S before their own socket was lost (maybe never arrived)."""
     lost: dict[int, list[float]] = {}
@@ -290,11 +311,14 @@ def analyse(raw: Raw, phases: Sequence[Phase], shape: Shape) -> list[dict[str, A
     back = by_phase(phases, raw.rc_lost, (r - x for r, x in zip(raw.rc_ready, raw.rc_lost, strict=True)))
     synced = by_phase(phases, raw.rc_lost, (s - x for s, x in zip(raw.rc_synced, raw.rc_lost, strict=True)))
     kinds = by_phase(phases, raw.spur_t, (float(k) for k in raw.spur_k))
+    stale_t = stale(raw, found)
+    older = by_phase(phases, stale_t, stale_t)
     changes = by_phase(phases, raw.sends_t, raw.sends_t)
     refused = by_phase(phases, raw.refused_t, raw.refused_t)
     out = []
     for i, ph in enumerate(phases):
         spurious = {name: sum(1 for k in kinds[i] if k == n) for n, name in enumerate(SPURIOUS)}
+        spurious[OLDER] = len(older[i])
         out.append(
             {
                 "phase": ph.name,

@@ -78,6 +78,19 @@ def test_a_receipt_belongs_to_the_latest_change_to_its_status_before_it() -> Non
     assert list(ro.match(raw)) == [0, 1, 2, -1]  # account 8 never went online: unmatched
 
 
+def test_a_receipt_of_a_change_older_than_one_already_had_is_a_flicker() -> None:
+    """idle, then online, then idle again at the watcher, while the account only went online
+    then idle (an old departure overtaken by a reconnect): the third receipt is of the first
+    change, older than the second one already had."""
+    raw = _raw(
+        sends_u=[7, 7], sends_s=[0, 1], sends_t=[1.0, 2.0],
+        rec_w=[0, 0, 0, 3], rec_u=[7, 7, 7, 7], rec_s=[0, 1, 0, 1], rec_t=[1.1, 2.1, 2.2, 2.05],
+    )  # fmt: skip
+    found = ro.match(raw)
+    assert list(found) == [0, 1, 0, 1]
+    assert list(ro.stale(raw, found)) == [2.2]  # watcher 3's single receipt is not compared with 0's
+
+
 def test_subscribed_spans_end_at_each_loss_and_start_again_at_each_resync() -> None:
     raw = _raw(rc_u=[3, 3], rc_lost=[10.0, 20.0], rc_ready=[10.5, math.nan], rc_synced=[10.6, math.nan])
     assert ro.intervals(raw, 0.0, 30.0) == {3: [(0.0, 10.0), (10.6, 20.0)]}  # gave up at 20
@@ -134,6 +147,7 @@ def test_each_figure_goes_to_the_phase_it_happened_in() -> None:
         "back after offline": 0,
         "repeat": 1,
         "offline in a resync": 0,
+        ro.OLDER: 0,
     }
     assert roll["reconnect_ms"]["p50"] == pytest.approx(500.0)
     assert roll["resubscribed_ms"]["p50"] == pytest.approx(600.0)
