@@ -32,12 +32,16 @@ Measured per phase (its wall time besides):
   not a real change of the account (idle ↔ online, the only changes the load makes): `offline`,
   the `online` back after one, or a repeat of the status the watcher already showed; plus
   `offline` entries in the `presence.sync` of a watcher that subscribed again (every account of
-  the run is connected all along). Counted on every socket. Target 0 (rolling restart, rollout);
+  the run is connected all along); and, on the sampled sockets, a receipt of a change older than
+  one the watcher already had (a flicker back). Counted on every socket. Target 0 (rolling
+  restart, rollout);
 - **reconnect time**: from a socket's loss to its `ready` on another edge (p50, p99), and to its
   `presence.sync`;
-- **fan-out latency** (send of the change → receipt at a watcher, one clock) on the sockets of
-  every `--sample`th account (all at `--quick`), by the phase the change was sent in. Target p99
-  < 100 ms in each phase;
+- **fan-out latency** (send of the change → first receipt at a watcher subscribed from the send
+  to the receipt, one clock: a change re-told by a watcher's resync after its own reconnect is
+  not a fan-out) on the sockets of every `--sample`th account (all at `--quick`), by the phase the
+  change was sent in. Target p99 < 100 ms in the steady window, the rolling restart and the
+  rollout (the old restart is the baseline they are compared with);
 - **status changes lost**: changes whose receipt never came to a sampled watcher subscribed from
   before the change until `ALLOWANCE_S` after it (a change sent less than a second before its own
   socket was closed may never have reached the edge: left out). Target 0. At the end the load
@@ -290,6 +294,25 @@ def lost_changes(raw: Raw, found: array[int], shape: Shape) -> tuple[array[float
     return missing, expected
 
 
+def fanout_latencies(raw: Raw, found: array[int], shape: Shape) -> tuple[array[float], array[float]]:
+    """(send time, seconds to the watcher) of each change's first receipt by a watcher subscribed
+    from the send to the receipt. A receipt after the watcher's own reconnect re-tells a change it
+    was away for (its resync), however old: not a fan-out."""
+    spans = intervals(raw, shape.start, shape.end)
+    seen: set[tuple[int, int]] = set()
+    sent_at, latency = array("d"), array("d")
+    for k, n in enumerate(found):
+        w = raw.rec_w[k]
+        if n < 0 or (w, n) in seen:
+            continue
+        seen.add((w, n))
+        t, r = raw.sends_t[n], raw.rec_t[k]
+        if _covered(spans.get(w), t, r, shape.start, shape.end):
+            sent_at.append(t)
+            latency.append(r - t)
+    return sent_at, latency
+
+
 def by_phase(phases: Sequence[Phase], times: Iterable[float], values: Iterable[float]) -> list[array[float]]:
     """`values` grouped by the phase their `times` fall in (those outside every phase dropped)."""
     out = [array("d") for _ in phases]
@@ -303,8 +326,7 @@ def by_phase(phases: Sequence[Phase], times: Iterable[float], values: Iterable[f
 def analyse(raw: Raw, phases: Sequence[Phase], shape: Shape) -> list[dict[str, Any]]:
     """Every figure of every phase (the report's table)."""
     found = match(raw)
-    latency = array("d", (raw.rec_t[k] - raw.sends_t[n] for k, n in enumerate(found) if n >= 0))
-    sent_at = array("d", (raw.sends_t[n] for n in found if n >= 0))
+    sent_at, latency = fanout_latencies(raw, found, shape)
     fan = by_phase(phases, sent_at, latency)
     missing, _ = lost_changes(raw, found, shape)
     lost = by_phase(phases, missing, missing)
@@ -358,9 +380,10 @@ def comparison(old: dict[str, Any], new: dict[str, Any]) -> dict[str, float]:
 
 def judge(rows: list[dict[str, Any]], converged_misses: int, quick: bool) -> dict[str, bool | None]:
     """The targets: no frame for an unchanged account and no change lost in the new way's phases
-    (every view converged at the end), fan-out p99 under 100 ms in every phase (not at --quick)."""
+    (every view converged at the end), fan-out p99 under 100 ms in the steady window and the new
+    way's phases (not at --quick). The old restart is what they are compared with, not judged."""
     new = [r for r in rows if r["phase"] in (ROLL, ROLLOUT)]
-    p99s = [r["fanout_ms"]["p99"] for r in rows]
+    p99s = [r["fanout_ms"]["p99"] for r in rows if r["phase"] != OLD]
     return {
         "spurious": sum(r["spurious_total"] for r in new) == 0,
         "lost": sum(r["lost"] for r in new) == 0 and converged_misses == 0,
@@ -1006,7 +1029,7 @@ def _targets(
     rows: list[dict[str, Any]], views: dict[str, int], met: dict[str, bool | None]
 ) -> list[dict[str, Any]]:
     new = [r for r in rows if r["phase"] in (ROLL, ROLLOUT)]
-    worst = max((r["fanout_ms"]["p99"] for r in rows), default=math.nan)
+    worst = max((r["fanout_ms"]["p99"] for r in rows if r["phase"] != OLD), default=math.nan)
     lost = sum(r["lost"] for r in new) + views["mismatches"]
     return [
         results.target(
@@ -1023,7 +1046,13 @@ def _targets(
             "= 0",
             met["lost"],
         ),
-        results.target("fan-out p99, worst phase", worst, "ms", f"< {TARGET_FANOUT_P99_MS:g}", met["fanout"]),
+        results.target(
+            "fan-out p99, worst phase but the old restart",
+            worst,
+            "ms",
+            f"< {TARGET_FANOUT_P99_MS:g}",
+            met["fanout"],
+        ),
     ]
 
 

@@ -91,6 +91,20 @@ def test_a_receipt_of_a_change_older_than_one_already_had_is_a_flicker() -> None
     assert list(ro.stale(raw, found)) == [2.2]  # watcher 3's single receipt is not compared with 0's
 
 
+def test_fan_out_is_timed_to_watchers_subscribed_from_the_send_to_the_receipt() -> None:
+    """Watcher 0 is subscribed all along; watcher 3 lost its socket at 3.0, before the change of
+    2.0 reached it, and was back at 40.0, when it was told (its resync): no fan-out of 38 s. A
+    repeat of a receipt counts once."""
+    raw = _raw(
+        sends_u=[7], sends_s=[1], sends_t=[2.0],
+        rec_w=[0, 0, 3], rec_u=[7, 7, 7], rec_s=[1, 1, 1], rec_t=[2.01, 2.5, 40.1],
+        rc_u=[3], rc_lost=[3.0], rc_ready=[39.9], rc_synced=[40.0],
+    )  # fmt: skip
+    sent_at, latency = ro.fanout_latencies(raw, ro.match(raw), _shape(end=60.0))
+    assert list(sent_at) == [2.0]
+    assert [round(x, 3) for x in latency] == [0.01]
+
+
 def test_subscribed_spans_end_at_each_loss_and_start_again_at_each_resync() -> None:
     raw = _raw(rc_u=[3, 3], rc_lost=[10.0, 20.0], rc_ready=[10.5, math.nan], rc_synced=[10.6, math.nan])
     assert ro.intervals(raw, 0.0, 30.0) == {3: [(0.0, 10.0), (10.6, 20.0)]}  # gave up at 20
@@ -177,8 +191,13 @@ def _row(phase: str, spurious: int = 0, lost: int = 0, p99: float = 10.0) -> dic
     return {"phase": phase, "spurious_total": spurious, "lost": lost, "fanout_ms": {"p99": p99}}
 
 
-def test_targets_judge_the_new_way_and_every_phases_fan_out() -> None:
-    rows = [_row(ro.STEADY), _row(ro.OLD, spurious=900, lost=3), _row(ro.ROLL), _row(ro.ROLLOUT, p99=99.0)]
+def test_targets_judge_the_new_way_and_every_phases_fan_out_but_the_old_restarts() -> None:
+    rows = [
+        _row(ro.STEADY),
+        _row(ro.OLD, spurious=900, lost=3, p99=5_000.0),  # the baseline: compared with, not judged
+        _row(ro.ROLL),
+        _row(ro.ROLLOUT, p99=99.0),
+    ]
     assert ro.judge(rows, 0, quick=False) == {"spurious": True, "lost": True, "fanout": True}
     assert ro.judge(rows, 1, quick=False)["lost"] is False  # a view that never converged
     assert ro.judge([*rows[:3], _row(ro.ROLLOUT, spurious=1, p99=120.0)], 0, quick=False) == {
