@@ -594,11 +594,11 @@ class PresenceShard:
                 self._held_wake.set()
             elif isinstance(e, EdgeForgotten):
                 self._forget_box(e.edge_id)
-                touched.discard(e.edge_id)
         if collecting is not None:
             touched.discard(collecting)
         for edge_id in touched:
-            self.mail[edge_id].event.set()
+            if (box := self.mail.get(edge_id)) is not None:  # not if forgotten since, for good
+                box.event.set()
         if self.state.pending_last_seen:
             self._flush_wake.set()
         if self.state.publications.any_pending and not self._held_back.is_set():
