@@ -475,7 +475,7 @@ def _window(
     for spy, path in spies:
         lg.finish_profile(spy, path)
     wall = max(r["wall_s"] for r in res)
-    window = args.seconds + args.drain_s
+    window = time.monotonic() - start_at  # the load's seconds and the wait for its last deliveries
     used = {k: v - cpu0[k] for k, v in _window_cpu(servers, pids).items()}
     out: dict[str, Any] = {"server": "ours" if ours else "bare", "rate": rate}
     out["cpu_cores"] = {

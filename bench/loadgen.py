@@ -42,7 +42,7 @@ import tempfile
 import time
 import traceback
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -878,6 +878,29 @@ async def _worker(index: int, count: int, spec: dict[str, Any], cmd: Connection,
 # ------------------------------------------------------------------------------- inside a generator
 
 
+# The longest a window waits for late deliveries: a server that still delivers after this is
+# too far behind for its window to say anything, and its delivered fraction says so.
+DRAIN_CAP_S = 30.0
+
+
+async def until_quiet(
+    received: Callable[[], int],
+    quiet_s: float,
+    cap_s: float,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> int:
+    """Wait until `received()` stays the same for `quiet_s` (late deliveries have stopped
+    coming), at most about `cap_s`; the periods waited. A loaded machine's tail (receipts still
+    arriving a second after the window, the bare server's included) is counted instead of cut."""
+    periods = 0
+    while True:
+        before = received()
+        await sleep(quiet_s)
+        periods += 1
+        if received() == before or periods * quiet_s >= cap_s:
+            return periods
+
+
 def fanout_targets(i: int, accounts: int, subscriptions: int) -> list[int]:
     """Whom account i subscribes to: the next `subscriptions` accounts on a ring. Every account
     is then watched by exactly as many as it watches."""
@@ -1213,8 +1236,9 @@ class Generator:
         of this generator's accounts (their sockets of `group`: "fanout_bare" drives the bare
         server) at `rate` per second, round robin, alternating idle and online per account, and
         record every `presence.changed` received; with `query_rate`, send `presence.query` for
-        `query_ids` ids from the queriers, one at a time per querier. Then wait `drain_s` for late
-        deliveries. Each run records its own receipts (windows one after another)."""
+        `query_ids` ids from the queriers, one at a time per querier. Then wait for late
+        deliveries until none came for `drain_s` (`until_quiet`). Each run records its own
+        receipts (windows one after another)."""
         window = _FanoutWindow(self, group, rate, _Queries(query_rate, query_ids, accounts, query_timeout_s))
         self.receipts_user, self.receipts_status, self.receipts_t = array("i"), bytearray(), array("d")
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
@@ -1222,7 +1246,7 @@ class Generator:
         cpu0 = time.process_time()
         await window.run(seconds)
         cpu_load, wall = time.process_time() - cpu0, time.monotonic() - window.t0
-        await asyncio.sleep(drain_s)
+        await until_quiet(lambda: len(self.receipts_t), drain_s, cap_s=DRAIN_CAP_S)
         self.recording = False
         return {
             "cpu_s": cpu_load,

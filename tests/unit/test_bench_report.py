@@ -78,3 +78,29 @@ def test_a_table_aligns_its_label_columns_left_and_figures_right() -> None:
     assert results.format_table(["name", "n"], [["a", "10"], ["long", "2"]]) == (
         "name |  n\n-----+---\na    | 10\nlong |  2"
     )
+
+
+async def test_a_window_waits_for_late_deliveries_until_they_stop_coming() -> None:
+    """bench/loadgen.py `until_quiet`: deliveries still arriving after the window (a loaded
+    machine's tail) are waited for, period after period, until one period brings none."""
+    from bench.loadgen import until_quiet
+
+    arrivals = iter([5, 3, 0, 7])  # what each period brings
+    received = [100]
+
+    async def sleep(_: float) -> None:
+        received[0] += next(arrivals)
+
+    assert await until_quiet(lambda: received[0], 1.0, cap_s=30.0, sleep=sleep) == 3
+    assert received[0] == 108
+
+
+async def test_a_window_stops_waiting_at_its_cap() -> None:
+    from bench.loadgen import until_quiet
+
+    received = [0]
+
+    async def sleep(_: float) -> None:
+        received[0] += 1  # never quiet
+
+    assert await until_quiet(lambda: received[0], 2.0, cap_s=10.0, sleep=sleep) == 5
