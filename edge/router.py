@@ -201,7 +201,6 @@ class Router:
         )
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._pullers: dict[int, asyncio.Task[None]] = {}
-        self._map_refresh: asyncio.Future[None] | None = None  # `_refresh_map_shared`'s call
         self.inboxes: dict[int, Inbox] = {}
         self._closed = False
 
@@ -258,22 +257,11 @@ class Router:
         shard, instead of failing the operation (its socket closed 1011 during a rollout)."""
         while time.monotonic() < deadline:
             with contextlib.suppress(*CALL_ERRORS):
-                await self._refresh_map_shared()
+                await self.refresh_map()
             if self.map is not None and self.map.version != version:
                 return True
             await asyncio.sleep(0.01)
         return False
-
-    async def _refresh_map_shared(self) -> None:
-        """`refresh_map`, one call at a time for everybody waiting on a flip: a chunk of slots
-        in migration makes every operation on them wait at once (hundreds a second under load),
-        and each asking the directory every 10 ms on its own kept the directory and this edge busy
-        answering itself during the very window the flip is waited for."""
-        task = self._map_refresh
-        if task is None or task.done():
-            task = self._map_refresh = asyncio.ensure_future(self.refresh_map())
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen by a waiter, or none
-        await asyncio.shield(task)  # a waiter cancelled leaves the others their refresh
 
     def healthy(self, max_silence_s: float | None = None) -> bool:
         """This edge can serve: more than half of the shards answered it within `max_silence_s`

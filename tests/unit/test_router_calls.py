@@ -118,29 +118,6 @@ async def test_moved_is_sent_again_to_the_new_owner_once_the_map_flips(fake: Mak
     assert counter(f.router, "edge_moved_total") == 1
 
 
-async def test_operations_waiting_for_one_flip_ask_the_directory_together(fake: MakeFake) -> None:
-    """200 operations answered MOVED wait for the same flip: one question to the directory at a
-    time for all of them, not one each every 10 ms."""
-    f = await fake(lambda shard, op: MOVED if shard == 0 else "dnd")
-    published, asked, in_flight = f.pool.get_map, [0], [0, 0]
-
-    async def directory() -> tuple[int, tuple[int, ...], int]:
-        asked[0] += 1
-        in_flight[0] += 1
-        in_flight[1] = max(in_flight[1], in_flight[0])
-        await asyncio.sleep(0.005)
-        in_flight[0] -= 1
-        if asked[0] == 5:
-            f.flip(tuple(1 for _ in f.published.owners), 2)
-        return await published()
-
-    f.pool.get_map = directory  # type: ignore[method-assign]
-    users = user_on(f.published, 0, 200)
-    answers = await asyncio.gather(*(f.router.to_user(u, ops.SetStatus(u, "s1", "dnd")) for u in users))
-    assert answers == ["dnd"] * 200
-    assert in_flight[1] == 1 and asked[0] < 20, (asked, in_flight)
-
-
 async def test_moved_while_the_directory_restarts_waits_for_the_directory(fake: MakeFake) -> None:
     """`presence rollout` replaces the directory right after the shards' flips: a MOVED answer
     then finds the directory restarting (Ray's ActorUnavailableError, a CALL_ERRORS). The router
