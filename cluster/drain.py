@@ -28,11 +28,14 @@ TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class Health:
-    """What an edge's /healthz said: None when it did not answer at all."""
+    """What an edge's /healthz said: None when it did not answer at all; `busy` when that was a
+    time-out (something accepted the connection but said nothing in time: an edge too busy, not
+    gone)."""
 
     status: int | None
     edge: str | None = None
     draining: bool = False
+    busy: bool = False
 
 
 def get_json(url: str, token: str | None, timeout_s: float = TIMEOUT_S) -> tuple[int, dict[str, Any]]:
@@ -53,8 +56,9 @@ def get_json(url: str, token: str | None, timeout_s: float = TIMEOUT_S) -> tuple
 def health(base_url: str, timeout_s: float = 2.0) -> Health:
     try:
         status, body = get_json(base_url + HEALTH_PATH, None, timeout_s)
-    except (OSError, ValueError):
-        return Health(None)
+    except (OSError, ValueError) as e:
+        # urllib wraps a connect time-out in a URLError (its `reason`); a read time-out is bare.
+        return Health(None, busy=isinstance(getattr(e, "reason", e), TimeoutError))
     return Health(status, body.get("edge"), bool(body.get("draining")))
 
 
@@ -90,7 +94,10 @@ def wait_gone(
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         h = probe(base_url)
-        if h.status is None or (edge_id is not None and h.edge != edge_id):
+        # A time-out is an edge too busy draining to answer, not a stopped one.
+        if (h.status is None and not h.busy) or (
+            h.status is not None and edge_id is not None and h.edge != edge_id
+        ):
             return True
         sleep(0.5)
     return False

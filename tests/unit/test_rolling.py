@@ -115,6 +115,30 @@ def test_an_edge_too_busy_to_answer_for_a_while_is_waited_for_before_its_restart
     assert edges.log[2][0] >= busy_until
 
 
+def test_a_draining_edge_too_busy_to_answer_is_not_taken_for_stopped() -> None:
+    """Its /healthz timed out while it closed thousands of sockets (bench rollout): the roll said
+    "stopped after 10.1 s" of a drain that lasted 34 s. Only a refused connection or another
+    process answering is a stop."""
+    url = "http://w1:8766"
+    edges = FakeEdges([url], stop_s=30.0)
+    probe = edges.probe
+
+    def busy_while_draining(u: str) -> Health:
+        at = edges.drained_at.get(u)
+        if at is not None and at + 5.0 <= edges.now < at + 25.0:
+            return Health(None, busy=True)
+        return probe(u)
+
+    said: list[str] = []
+    r = Roll(
+        "tok", probe=busy_while_draining, drain=edges.drain, sleep=edges.sleep, clock=edges.clock,
+        say=said.append,
+    )  # fmt: skip
+    assert r.run([Target("w1", url)]) == 0
+    stopped = next(line for line in said if "stopped after" in line)
+    assert float(stopped.split("stopped after ")[1].split(" s")[0]) >= 30.0, stopped
+
+
 def test_a_refused_drain_stops_the_roll() -> None:
     edges = FakeEdges(["http://w1:8766"])
 
@@ -142,3 +166,18 @@ def test_the_token_from_presence_env(tmp_path: Path) -> None:
     env.write_text("PRESENCE_DATABASE_URL=postgresql://x\nPRESENCE_INTERNAL_TOKEN='abc'\n")
     assert token_from_env_file(env) == "abc"
     assert token_from_env_file(tmp_path / "missing.env") is None
+
+
+def test_presence_drain_waits_through_a_time_out_until_the_edge_is_gone() -> None:
+    """`presence drain` waits with `wait_gone`: a probe timing out is a busy edge, not a gone one."""
+    from cluster.drain import wait_gone
+
+    answers = [
+        Health(503, "e1", draining=True),
+        Health(None, busy=True),
+        Health(None, busy=True),
+        Health(None),
+    ]
+    slept: list[float] = []
+    assert wait_gone("http://w1:8766", "e1", 60.0, probe=lambda _u: answers.pop(0), sleep=slept.append)
+    assert not answers and len(slept) == 3
