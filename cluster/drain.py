@@ -37,6 +37,13 @@ class Health:
     draining: bool = False
     busy: bool = False
 
+    def gone(self, edge_id: str | None) -> bool:
+        """The edge `edge_id` has stopped: nobody answers (refused), or another process does. A
+        time-out is an edge too busy to answer (draining thousands of sockets), not a stopped one."""
+        if self.status is None:
+            return not self.busy
+        return edge_id is not None and self.edge != edge_id
+
 
 def get_json(url: str, token: str | None, timeout_s: float = TIMEOUT_S) -> tuple[int, dict[str, Any]]:
     """(HTTP status, JSON body) of a GET; raises OSError when nobody answers."""
@@ -93,11 +100,7 @@ def wait_gone(
     replaced by a new process). False: still there after `timeout_s`."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        h = probe(base_url)
-        # A time-out is an edge too busy draining to answer, not a stopped one.
-        if (h.status is None and not h.busy) or (
-            h.status is not None and edge_id is not None and h.edge != edge_id
-        ):
+        if probe(base_url).gone(edge_id):
             return True
         sleep(0.5)
     return False

@@ -112,13 +112,7 @@ class Roll:
             f"{step} {target.name}: edge {old} draining ({answer.get('sockets')} sockets over "
             f"{answer.get('windowS')} s after {answer.get('graceS')} s)"
         )
-        # Stopped: nobody answers (refused), or another process does. A time-out is a draining
-        # edge too busy to answer in time, not a stopped one.
-        if not self._until(
-            lambda h: (h.status is None and not h.busy) or (h.status is not None and h.edge != old),
-            target.url,
-            self.stop_timeout_s,
-        ):
+        if not self._until(lambda h: h.gone(old), target.url, self.stop_timeout_s):
             self.say(f"{step} {target.name}: edge {old} still answers after {self.stop_timeout_s:.0f} s")
             return False
         stopped = self.clock()
