@@ -13,8 +13,11 @@ against the actor classes of `actors.pool` by tests/unit/test_clients.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Awaitable, Callable
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 import ray
@@ -342,14 +345,34 @@ def connect(address: str | None, namespace: str, node_ip: str | None = None, **i
         # service's shards, which must not yield the CPU to every other process of the machine
         # (an edge in a reconnect storm, its clients): at nice 15 a busy core gives them ~3 %.
         init_kwargs.setdefault("_system_config", {}).setdefault("worker_niceness", 0)
-    ray.init(
-        address=address or "local",
-        namespace=namespace,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        **init_kwargs,
-    )
+    with sigterm_kept():
+        ray.init(
+            address=address or "local",
+            namespace=namespace,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            **init_kwargs,
+        )
+
+
+@contextlib.contextmanager
+def sigterm_kept() -> Iterator[None]:
+    """A SIGTERM handler of this process's own handles SIGTERM again after `ray.init`, which
+    replaces it twice.
+
+    In Python, with `sys.exit(15)`: `presence up` exited 15 instead of stopping like Ctrl-C (130).
+    In C, with abseil's failure-signal handler (Ray's core worker): it prints a stack, passes the
+    signal on, and arms a 3-second alarm that aborts the process. A graceful stop longer than 3 s
+    died of SIGABRT halfway, the embedded PostgreSQL left running. A process without a handler of
+    its own (the short commands, a bench) keeps Ray's: exit, running the clean-ups. Restoring needs
+    the main thread: `presence edge` joins in another one and so wraps its wait in this instead."""
+    ours = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(ours) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, ours)
 
 
 def gcs_address() -> str:

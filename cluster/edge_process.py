@@ -160,17 +160,18 @@ def join_ray(
         target=lambda: _catch(failed, lambda: clients.connect(address, namespace, node_ip, **init_kwargs)),
         daemon=True,
     )
-    joining.start()
-    while joining.is_alive():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            _give_up(
-                f"could not join Ray at {address} within {timeout_s:.0f} s (is Ray running on this "
-                "node? `ray start` comes first)"
-            )
-        joining.join(min(progress_s, left))
-        if joining.is_alive():
-            print(f"  still joining Ray at {address} ({time.monotonic() - started:.0f} s) …", flush=True)
+    with clients.sigterm_kept():  # restored here, in the main thread
+        joining.start()
+        while joining.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _give_up(
+                    f"could not join Ray at {address} within {timeout_s:.0f} s (is Ray running on this "
+                    "node? `ray start` comes first)"
+                )
+            joining.join(min(progress_s, left))
+            if joining.is_alive():
+                print(f"  still joining Ray at {address} ({time.monotonic() - started:.0f} s) …", flush=True)
     if failed:
         # Ray refused at once (this node not among its nodes: its raylet gone after a long
         # partition, or not started yet): one line, and the supervisor tries again.

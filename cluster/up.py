@@ -45,6 +45,7 @@ from cluster.runtime import (
     token_secret,
     write_info,
 )
+from cluster.supervisor import run_in_child
 from edge.http import is_loopback
 from edge.server import Edge
 
@@ -202,6 +203,44 @@ def _up(settings: Settings) -> int:
 
             step("loading the demo accounts", lambda: asyncio.run(_load_fixture(database_url, DEMO_GRAPH)))
         secret = token_secret(settings, create=True)
+
+        def forget() -> None:
+            remove_info(data_dir)
+            remove_internal_token(settings)
+
+        # Removed by this process, which outlives the child whatever happens to it.
+        stack.enter_context(_cleanup("cluster.json", forget))
+        supervisor = os.getpid()
+        ended = run_in_child(
+            lambda: _serve(settings, database_url, redis_url, secret, demo, no_demo, supervisor)
+        )
+        if ended.code not in (0, 130):
+            print(
+                f"presence: the service process ended abnormally ({ended.describe()})",
+                file=sys.stderr,
+                flush=True,
+            )
+            if not ended.interrupted:
+                return ended.code or 1
+        if ended.code != 0:
+            raise KeyboardInterrupt  # interrupted: the clean-ups above run, then `up` says so
+    print("presence: stopped", flush=True)
+    return 0
+
+
+def _serve(
+    settings: Settings,
+    database_url: str,
+    redis_url: str | None,
+    secret: str,
+    demo: bool,
+    no_demo: str | None,
+    supervisor: int,
+) -> int:
+    """The Ray side, in the child process (cluster/supervisor.py): join or start Ray, start the
+    pool, serve the edge; on the way out drain the pool and leave Ray."""
+    data_dir = settings.data_dir
+    with contextlib.ExitStack() as stack:
         stack.enter_context(_cleanup("Ray", clients.shutdown))
         logging_config = ray_logging_config(settings.log_level, settings.log_json)
         if settings.ray_address:
@@ -262,12 +301,6 @@ def _up(settings: Settings) -> int:
         stack.enter_context(_cleanup("the actor pool (draining last-seen first)", drain))
         api_token = new_internal_token(settings)
 
-        def forget() -> None:
-            remove_info(data_dir)
-            remove_internal_token(settings)
-
-        stack.enter_context(_cleanup("cluster.json", forget))
-
         def announce(edge: Edge) -> None:
             host = "127.0.0.1" if settings.ws_host in ("0.0.0.0", "::") else settings.ws_host
             ws_url = f"ws://{host}:{edge.ws_port}/ws/presence"
@@ -281,7 +314,7 @@ def _up(settings: Settings) -> int:
                     settings.ray_namespace,
                     ws_url,
                     internal_url,
-                    os.getpid(),
+                    supervisor,
                     clients.auth_mode(),
                     os.environ.get("RAY_AUTH_TOKEN_PATH"),
                 ),
@@ -310,5 +343,4 @@ def _up(settings: Settings) -> int:
         # it again); it never drains on its own when cut off: stopping would stop the pool.
         probe = raylet_probe() if settings.ray_address else None
         asyncio.run(serve_edge(config, announce, probe, settings.ray_lost_s))
-    print("presence: stopped", flush=True)
     return 0
