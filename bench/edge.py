@@ -322,7 +322,7 @@ def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, s
         )
     payload = {
         **results.run_record(NAME, started_at, runtime, info),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "args": results.args_json(args),
         "edge_env": RATE_ENV,
         **beats,
         "idle": idle,

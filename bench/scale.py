@@ -337,7 +337,7 @@ def _report(args: argparse.Namespace, sizes: list[int], report: dict[str, Any]) 
     payload = {
         "benchmark": "scale",
         "machine": info,
-        "args": vars(args),
+        "args": results.args_json(args),
         **report,
         "sizes": {str(k): v for k, v in by_size.items()},
         "ratio_largest_to_first": ratio,

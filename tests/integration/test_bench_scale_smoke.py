@@ -27,6 +27,9 @@ def test_bench_scale_quick(tmp_path: Path, migrated_pg_url: str, redis_url: str)
             "--no-record",
             "--plot",
             str(plot),
+            # As `bench all --results-dir` passes it: a path in the arguments the JSON records.
+            "--output",
+            str(tmp_path / "scale.json"),
             "--database-url",
             migrated_pg_url,
             "--redis-url",
@@ -41,6 +44,7 @@ def test_bench_scale_quick(tmp_path: Path, migrated_pg_url: str, redis_url: str)
     path = Path(
         next(line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if line.startswith("results:"))
     )
+    assert path == tmp_path / "scale.json"
     result = json.loads(path.read_text())
     # There and back: 1 shard is measured at both ends, its figure the mean of the two.
     assert [p["shards"] for p in result["phases"]] == [1, 2, 1]
