@@ -91,8 +91,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     lg.add_common_args(p)
     args = p.parse_args(argv)
     if args.quick:
-        args.members, args.connected, args.rate, args.churn = 20_000, 1_000, 200.0, 20.0
-        args.seconds, args.probes, args.turns_per_s = 8.0, 30, 1.0
+        args.members, args.connected, args.rate, args.churn = 5_000, 300, 200.0, 20.0
+        args.seconds, args.probes, args.turns_per_s = 4.0, 30, 1.0
     if args.edges is None:
         args.edges = -(-(args.connected + 2 * args.probes) // 15_000)
     if args.connected + WINDOWS * args.watch + args.probes > args.members:

@@ -61,7 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.three_edges = not args.quick
     if args.quick:
-        args.per_edge, args.settle_s = 2_000, 1.0
+        args.per_edge, args.settle_s = 500, 1.0
     if args.per_process >= 19_000:
         p.error("--per-process must stay under 19,000 (20,000 open files per process)")
     return args

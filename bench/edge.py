@@ -114,8 +114,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     lg.add_common_args(p)
     args = p.parse_args(argv)
     if args.quick:
-        args.connections, args.seconds, args.rounds, args.generators = 50, 2.0, 1, 1
-        args.warmup_s, args.sockets, args.settle_s = 0.5, 2_000, 1.0
+        args.connections, args.seconds, args.rounds, args.generators = 50, 1.0, 1, 1
+        args.warmup_s, args.sockets, args.settle_s = 0.5, 500, 1.0
     if args.sockets is not None and args.sockets < args.connections:
         p.error("--sockets counts the heartbeating connections too: it must be at least --connections")
     lg.require_profiler(p, args)

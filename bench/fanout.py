@@ -145,7 +145,7 @@ def add_load_args(p: argparse.ArgumentParser, rates: tuple[float, ...] = (200.0,
 
 
 def quick_load(args: argparse.Namespace, rates: tuple[float, ...] = (50.0,)) -> None:
-    args.accounts, args.subscriptions, args.rate, args.seconds = 1_000, 20, list(rates), 5.0
+    args.accounts, args.subscriptions, args.rate, args.seconds = 500, 20, list(rates), 3.0
     args.drain_s, args.edges, args.generators = 1.0, 1, 1
 
 

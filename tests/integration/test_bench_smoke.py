@@ -59,7 +59,7 @@ def test_bench_unknown_name_lists_the_available_ones(capsys: pytest.CaptureFixtu
 
 
 def test_bench_bigserver_quick(tmp_path: Path) -> None:
-    """`presence bench bigserver --quick` (20,000 members, 1,000 connected) end to end, in a
+    """`presence bench bigserver --quick` (5,000 members, 300 connected) end to end, in a
     process of its own (its own Ray, and its own PostgreSQL and Redis: it loads servers named
     `big` and `small` and writes their memberships): every operation measured on both servers."""
     import subprocess
@@ -87,8 +87,8 @@ def test_bench_bigserver_quick(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["benchmark"] == "bigserver" and report["args"]["quick"] is True
     assert report["load"]["load_s"] > 0
-    assert report["setup"]["connect"]["failed"] == 0 and report["setup"]["subscribed"] == 1_000
-    assert report["load"]["pg_rows"]["server_members"] == 20_000 + 1_000
+    assert report["setup"]["connect"]["failed"] == 0 and report["setup"]["subscribed"] == 300
+    assert report["load"]["pg_rows"]["server_members"] == 5_000 + 1_000
     for server in ("big", "small"):
         for op, summary in report["window"]["probes"][server]["latency_ms"].items():
             assert summary["n"] > 0 and math.isfinite(summary["p50"]), (server, op, summary)

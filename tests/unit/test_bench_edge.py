@@ -15,7 +15,7 @@ def test_quick_is_small_and_the_full_size_is_the_target() -> None:
     assert edge.sockets_allowed(1_048_576) == edge.TARGET_SOCKETS == 100_000
     assert edge.sockets_allowed(20_000) == 18_000  # bench all in this container: measured, not at the size
     quick = edge.parse(["--quick"])
-    assert (quick.sockets, quick.connections) == (2_000, 50)
+    assert (quick.sockets, quick.connections) == (500, 50)
 
 
 def test_the_heartbeating_connections_are_part_of_the_sockets() -> None:
