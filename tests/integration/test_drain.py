@@ -232,6 +232,9 @@ async def get_online(e: Edge, server: str, expected: int) -> bool:
 # Long enough that a shard killed a second into it is back (and the watcher's edge has resynced)
 # well before it ends, on a loaded machine too.
 RESTART_RESUME_S = 12.0
+# Where the account must come back inside the window, after the restart and the watcher's resync:
+# at load 18 those took 13 s (suite at 123e4fe), and the test failed its own premise.
+BACK_RESUME_S = 20.0
 
 
 async def drained_then_shard_killed(
@@ -292,13 +295,13 @@ async def test_drained_account_back_after_its_shard_restarted_tells_nobody(
     `online`. She comes back once the watcher's edge has resynced (on an edge of its own, so
     that its first resync is this one)."""
     alice, bob, _ = await pair(conn, ids)
-    async with draining_edge(cluster, resume_s=RESTART_RESUME_S) as d, draining_edge(cluster) as w:
+    async with draining_edge(cluster, resume_s=BACK_RESUME_S) as d, draining_edge(cluster) as w:
         watcher, _, told_closed = await drained_then_shard_killed(cluster, d, w, alice, bob)
         await eventually(lambda: any(k[0] == "resync_frames_total" for k in w.metrics.counters), timeout=30)
         back = await connect(cluster, edge, alice)
         assert back.ready is not None and back.ready["status"] == "online"
-        assert time.time() - told_closed < RESTART_RESUME_S  # within the window
-        await asyncio.sleep(max(0.0, told_closed + RESTART_RESUME_S + 1.5 - time.time()))  # past it
+        assert time.time() - told_closed < BACK_RESUME_S  # within the window
+        await asyncio.sleep(max(0.0, told_closed + BACK_RESUME_S + 1.5 - time.time()))  # past it
         await watcher.roundtrip()
         assert changes_about(watcher, alice) == []
         status, view = await get(edge, f"/api/v1/internal/presence/users/{alice}")
