@@ -5,6 +5,9 @@ Order matters both ways. Up: PostgreSQL, Redis, schema, Ray, the actor pool, the
 only then the URLs. Down (Ctrl-C or SIGTERM): the edge closes its sockets (so their departures
 reach the shards), the shards hand their last-seen values to the FlushActor, the FlushActor
 writes them, and only then do the actors, Ray, Redis and PostgreSQL stop.
+
+Two processes (cluster/supervisor.py): this one starts PostgreSQL and Redis and stops them; a
+child it forks does everything Ray, so that however Ray ends it, the servers are still stopped.
 """
 
 from __future__ import annotations
