@@ -168,13 +168,14 @@ class Router:
         max_in_flight: int = 2,
         idle_window_ms: float = 0.2,
         connect_window_ms: float = 0.0,
-        forget: Callable[[int], None] | None = None,
+        forget: Callable[[Callable[[str], bool]], None] | None = None,
         unreachable_after_s: float = 15.0,
     ) -> None:
         self.edge_id = edge_id
         self.deliver = deliver
-        # Told, before the first mail of a shard's new incarnation is delivered, that the shard
-        # restarted empty (the edge's index of watchers forgets what the old one decided).
+        # Told, before the first mail of a shard's new incarnation is delivered, which accounts'
+        # decisions went with the old one (the edge's index of watchers forgets them): see
+        # `_lost_with`.
         self.forget = forget
         self.on_restart = on_restart
         self.metrics = metrics
@@ -190,6 +191,9 @@ class Router:
         self.shards: dict[int, Shard] = {}
         self.incarnations: dict[int, str] = {}
         self.last_contact: dict[int, float] = {}
+        # Per shard, the map this edge routed by when mail of the shard's current incarnation last
+        # came: what that incarnation owned, as far as this edge can tell, when last heard from.
+        self._map_heard: dict[int, SlotMap] = {}
         # The batching rule (edge/batching.py); the timers it asks for are kept here.
         self.lines: Lines[Queued] = Lines(
             window_s=self.window_s,
@@ -481,13 +485,28 @@ class Router:
         """A chunk of a shard's mail, from either road, to the sockets in order."""
         inbox = self.inboxes.setdefault(shard, Inbox())
         if inbox.incarnation not in (None, incarnation) and self.forget is not None:
-            self.forget(shard)
+            self.forget(self._lost_with(shard))
         items = inbox.receive(incarnation, chunk)
+        if self.map is not None:
+            self._map_heard[shard] = self.map
         if items:
             started = time.perf_counter()
             for address, payload in items:
                 self.deliver(address, payload)
             self.metrics.observe("edge_delivery_seconds", time.perf_counter() - started)
+
+    def _lost_with(self, shard: int) -> Callable[[str], bool]:
+        """The accounts whose decisions went with a shard's old incarnation: those it owned when
+        last heard from and owns now. Not the ones it owns by the current map alone: a shard that
+        `presence rollout` replaced had handed every slot away first, and the slots it was given
+        back came with their watchers and decisions, which still hold; forgetting them left their
+        watchers told nothing until the resync, seconds later (the fan-out p99 of 1-4 s during each
+        actor's turn in `bench rollout`). Nor the ones it owned when last heard from alone: an
+        edge that heard last on an older map would forget accounts another shard now decides."""
+        now, then = self.map, self._map_heard.get(shard, self.map)
+        if now is None or then is None:
+            return lambda _user_id: False
+        return lambda user_id: now.shard_of(user_id) == shard and then.shard_of(user_id) == shard
 
     async def _check_incarnation(self, shard: int, incarnation: str) -> None:
         known = self.incarnations.get(shard)

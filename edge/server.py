@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -847,11 +847,11 @@ class Edge:
                 case ChosenNote(status, at):
                     conn.session.note_chosen(status, at)
 
-    def _forget_shard(self, shard: int) -> None:
-        """A shard restarted empty: what it decided about who sees its accounts is gone with it
-        (the watches registered again bring new notes), so no publication of the new incarnation
-        reaches a socket on an old decision."""
-        self.watch_index.forget(lambda user_id: self.router.shard_of_user(user_id) == shard)
+    def _forget_shard(self, lost: Callable[[str], bool]) -> None:
+        """A shard restarted empty (or forgot this edge): what it decided about who sees the
+        accounts `lost` is gone with it (the watches registered again bring new notes), so no
+        publication of the new incarnation reaches a socket on an old decision."""
+        self.watch_index.forget(lost)
 
     def _too_slow(self, ws: Socket) -> None:
         """A client whose unread output passed the limit (`send_buffer_bytes`, the transport's

@@ -8,14 +8,16 @@ was lost or a gap stays open. No Ray: the shard shell with the fake store, the c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from actors.core import ops
 from actors.core.audience import Relations
-from actors.core.contract import MailItem
+from actors.core.contract import MailChunk, MailItem
+from actors.core.slots import SlotMap
 from actors.presence import PresenceShard, ShardConfig
-from edge.router import Inbox
+from edge.router import Inbox, Router
 from tests.unit.conftest import Clock
 from tests.unit.fake_store import FakeStore
 
@@ -293,9 +295,79 @@ def test_a_restarted_shards_decisions_are_forgotten_before_its_new_mail() -> Non
         no_restart,
         Metrics(),
         FakeShards(1, nothing),
-        forget=lambda shard: events.append(("forget", shard)),
+        forget=lambda lost: events.append("forget"),
     )
     router._deliver_mail(0, "inc-1", (0, 1, [(("s1",), "a")]))
     router._deliver_mail(0, "inc-1", (1, 2, [(("s1",), "b")]))
     router._deliver_mail(0, "inc-2", (0, 1, [(("s1",), "c")]))
-    assert events == ["a", "b", ("forget", 0), "c"]
+    assert events == ["a", "b", "forget", "c"]
+
+
+def router_forgetting(shards: int) -> tuple[Router, list[Callable[[str], bool]]]:
+    """A router whose edge records what each new incarnation makes it forget."""
+    from actors.metrics import Metrics
+    from tests.unit.fake_shards import FakeShards
+
+    told: list[Callable[[str], bool]] = []
+
+    async def no_restart(_: int) -> None:
+        return None
+
+    async def nothing(_shard: int, _batch: list[ops.Op]) -> list[object]:
+        return []
+
+    router = Router(
+        "edge-t", lambda a, p: None, no_restart, Metrics(), FakeShards(shards, nothing), forget=told.append
+    )
+    return router, told
+
+
+def users_of(slot_map: SlotMap, shard: int, n: int = 20) -> list[str]:
+    return [u for u in (f"user-{i}" for i in range(2_000)) if slot_map.shard_of(u) == shard][:n]
+
+
+EMPTY: MailChunk = (0, 0, [])
+
+
+def test_a_shard_that_died_owning_its_slots_has_their_decisions_forgotten() -> None:
+    """A crash (or the shard forgot this edge): the map never changed, every account it owns goes."""
+    router, told = router_forgetting(2)
+    router.map = SlotMap.even(2)
+    router._deliver_mail(0, "inc-1", EMPTY)
+    router._deliver_mail(0, "inc-2", EMPTY)
+    [lost] = told
+    assert all(lost(u) for u in users_of(router.map, 0))
+    assert not any(lost(u) for u in users_of(router.map, 1))
+
+
+def test_a_shard_replaced_after_handing_its_slots_away_forgets_nothing() -> None:
+    """`presence rollout`: shard 0 hands every slot to shard 1 (the edge hears from it under that
+    map), is replaced, and is given its slots back with their watchers and decisions. Forgetting
+    those by the current map, as before, left their watchers told nothing until the resync."""
+    router, told = router_forgetting(2)
+    before = SlotMap.even(2)
+    router.map = before
+    router._deliver_mail(0, "inc-1", EMPTY)
+    router.map = SlotMap(2, tuple(1 for _ in before.owners), 2)  # shard 0 emptied
+    router._deliver_mail(0, "inc-1", EMPTY)  # a pull of the old incarnation returns
+    router.map = SlotMap(3, before.owners, 2)  # replaced, its slots given back
+    router._deliver_mail(0, "inc-2", EMPTY)
+    [lost] = told
+    assert not any(lost(u) for u in users_of(before, 0) + users_of(before, 1))
+
+
+def test_an_edge_that_heard_last_on_an_older_map_forgets_only_what_the_shard_still_owns() -> None:
+    """Heard from last while it still owned slots it has handed away since: those are decided
+    elsewhere now, and stay."""
+    router, told = router_forgetting(2)
+    before = SlotMap.even(2)
+    router.map = before
+    router._deliver_mail(0, "inc-1", EMPTY)
+    half = tuple(owner if slot % 4 == 0 else 1 for slot, owner in enumerate(before.owners))
+    router.map = SlotMap(2, half, 2)  # shard 0 keeps a quarter of the slots
+    router._deliver_mail(0, "inc-2", EMPTY)
+    [lost] = told
+    kept = users_of(router.map, 0)
+    moved = [u for u in users_of(before, 0, 200) if router.map.shard_of(u) == 1]
+    assert kept and moved
+    assert all(lost(u) for u in kept) and not any(lost(u) for u in moved)
