@@ -498,7 +498,11 @@ def _gone(daemons: list[psutil.Process], address: str) -> bool:
         return True
 
 
-def drain_pool(address: str, deadline_s: float = 75.0, settle_s: float = 2.0) -> int | None:
+# How long `presence up` gives the pool's drain on the way out.
+POOL_DRAIN_DEADLINE_S = 75.0
+
+
+def drain_pool(address: str, deadline_s: float = POOL_DRAIN_DEADLINE_S, settle_s: float = 2.0) -> int | None:
     """`stop_pool`, unless Ray itself goes away meanwhile or it takes past `deadline_s`; None
     then (nothing drained).
 

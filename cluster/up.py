@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from actors import clients
-from actors.pool import drain_pool, start_pool, surviving_pool, wait_for_shard_nodes
+from actors.pool import POOL_DRAIN_DEADLINE_S, drain_pool, start_pool, surviving_pool, wait_for_shard_nodes
 from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings, redact_url
@@ -215,7 +215,8 @@ def _up(settings: Settings) -> int:
         stack.enter_context(_cleanup("cluster.json", forget))
         supervisor = os.getpid()
         ended = run_in_child(
-            lambda: _serve(settings, database_url, redis_url, secret, demo, no_demo, supervisor)
+            lambda: _serve(settings, database_url, redis_url, secret, demo, no_demo, supervisor),
+            stop_within_s=stop_bound_s(settings),
         )
         if ended.code not in (0, 130):
             print(
@@ -229,6 +230,13 @@ def _up(settings: Settings) -> int:
             raise KeyboardInterrupt  # interrupted: the clean-ups above run, then `up` says so
     print("presence: stopped", flush=True)
     return 0
+
+
+def stop_bound_s(settings: Settings) -> float:
+    """How long after a signal the Ray side may take to stop before it is killed: its edge's drain
+    (grace and window, which operators size to their sockets), the pool's drain and a minute for
+    Ray to go."""
+    return settings.drain_grace_s + settings.drain_window_s + POOL_DRAIN_DEADLINE_S + 60.0
 
 
 def _serve(

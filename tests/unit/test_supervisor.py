@@ -127,3 +127,14 @@ def test_what_the_child_started_in_its_group_goes_with_it(ready: tuple[int, int]
     while not gone() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert gone()
+
+
+def test_presence_up_lets_the_service_drain_as_long_as_it_is_configured_to() -> None:
+    """The bound after which `presence up` kills its Ray side covers the edge's drain, which
+    operators size to their sockets (docs/operations.md: about sockets / 100 s), and the pool's."""
+    from actors.pool import POOL_DRAIN_DEADLINE_S
+    from cluster.config import Settings
+    from cluster.up import stop_bound_s
+
+    settings = Settings(drain_grace_s=4.0, drain_window_s=190.0)
+    assert stop_bound_s(settings) >= 4.0 + 190.0 + POOL_DRAIN_DEADLINE_S + 30.0
