@@ -274,14 +274,14 @@ async def test_a_change_reaches_the_edge_once_and_its_index_expands_it(shard: Pr
     assert edge_reads(chunk) == [("s2", "s3")]
 
 
-def test_a_restarted_shards_decisions_are_forgotten_before_its_new_mail() -> None:
-    """The router tells the edge that a shard came back empty before it delivers the first mail of
-    the new incarnation, so no publication is expanded on the dead incarnation's decisions."""
+def router_of(
+    shards: int,
+    deliver: Callable[[object, object], object],
+    forget: Callable[[Callable[[str], bool]], object],
+) -> Router:
+    """A router over fake shards that answer nothing, its deliveries and forgets handed to the test."""
     from actors.metrics import Metrics
-    from edge.router import Router
     from tests.unit.fake_shards import FakeShards
-
-    events: list[object] = []
 
     async def no_restart(_: int) -> None:
         return None
@@ -289,13 +289,15 @@ def test_a_restarted_shards_decisions_are_forgotten_before_its_new_mail() -> Non
     async def nothing(_shard: int, _batch: list[ops.Op]) -> list[object]:
         return []
 
-    router = Router(
-        "edge-t",
-        lambda address, payload: events.append(payload),
-        no_restart,
-        Metrics(),
-        FakeShards(1, nothing),
-        forget=lambda lost: events.append("forget"),
+    return Router("edge-t", deliver, no_restart, Metrics(), FakeShards(shards, nothing), forget=forget)
+
+
+def test_a_restarted_shards_decisions_are_forgotten_before_its_new_mail() -> None:
+    """The router tells the edge that a shard came back empty before it delivers the first mail of
+    the new incarnation, so no publication is expanded on the dead incarnation's decisions."""
+    events: list[object] = []
+    router = router_of(
+        1, lambda address, payload: events.append(payload), lambda lost: events.append("forget")
     )
     router._deliver_mail(0, "inc-1", (0, 1, [(("s1",), "a")]))
     router._deliver_mail(0, "inc-1", (1, 2, [(("s1",), "b")]))
@@ -305,21 +307,8 @@ def test_a_restarted_shards_decisions_are_forgotten_before_its_new_mail() -> Non
 
 def router_forgetting(shards: int) -> tuple[Router, list[Callable[[str], bool]]]:
     """A router whose edge records what each new incarnation makes it forget."""
-    from actors.metrics import Metrics
-    from tests.unit.fake_shards import FakeShards
-
     told: list[Callable[[str], bool]] = []
-
-    async def no_restart(_: int) -> None:
-        return None
-
-    async def nothing(_shard: int, _batch: list[ops.Op]) -> list[object]:
-        return []
-
-    router = Router(
-        "edge-t", lambda a, p: None, no_restart, Metrics(), FakeShards(shards, nothing), forget=told.append
-    )
-    return router, told
+    return router_of(shards, lambda address, payload: None, told.append), told
 
 
 def users_of(slot_map: SlotMap, shard: int, n: int = 20) -> list[str]:

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from cluster.supervisor import Ended, run_in_child
+from tests.timing import wait_until
 
 
 @pytest.fixture
@@ -123,10 +124,7 @@ def test_what_the_child_started_in_its_group_goes_with_it(ready: tuple[int, int]
             return True
 
     # SIGKILL was sent before run_in_child returned; its delivery is the kernel's, a moment later.
-    deadline = time.monotonic() + 5
-    while not gone() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert gone()
+    wait_until(gone, 5, interval=0.01, what="the child's leftover process killed")
 
 
 def test_presence_up_lets_the_service_drain_as_long_as_it_is_configured_to() -> None:
