@@ -435,9 +435,20 @@ class EchoProcess(ServerProcess):
         self.port = int(self.wait_for(r"listening on (\d+)").group(1))
 
 
+# A benchmark's edge stops without the deploy drain (docs/operations.md, "Upgrading"): no balancer
+# watches its /healthz, and the drain's grace and window (4 s + 10 s by default) were paid at every
+# stop, an eighth of a `bench all --quick`. bench rollout, which measures the drain, sets its own.
+NO_DRAIN = {"PRESENCE_DRAIN_GRACE_S": "0", "PRESENCE_DRAIN_WINDOW_S": "0"}
+
+
+def edge_process_env(env: dict[str, str] | None) -> dict[str, str]:
+    """A benchmark's edge's environment: this one's, loopback, `NO_DRAIN`, then `env`."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PRESENCE_WS_HOST": "127.0.0.1", **NO_DRAIN, **(env or {})}
+
+
 class EdgeProcess(ServerProcess):
     """`presence edge --data-dir D` joined to the benchmark's pool; `env` overrides settings
-    (e.g. PRESENCE_SOCKET_RATE_PER_S)."""
+    (e.g. PRESENCE_SOCKET_RATE_PER_S), `NO_DRAIN` among them."""
 
     def __init__(
         self,
@@ -452,12 +463,6 @@ class EdgeProcess(ServerProcess):
 
         # The internal port answers nothing but /healthz without the token `bench_env` wrote.
         self.internal_token = (data_dir / INTERNAL_TOKEN_FILE).read_text().strip()
-        full_env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "PRESENCE_WS_HOST": "127.0.0.1",
-            **(env or {}),
-        }
         super().__init__(
             "presence edge",
             [
@@ -472,7 +477,7 @@ class EdgeProcess(ServerProcess):
                 "--internal-port",
                 str(ports[1]),
             ],
-            full_env,
+            edge_process_env(env),
             log,
         )
         self.port = int(self.wait_for(r"websocket\s+ws://127\.0\.0\.1:(\d+)/ws/presence").group(1))

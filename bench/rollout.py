@@ -66,6 +66,7 @@ import argparse
 import asyncio
 import bisect
 import math
+import os
 import pickle
 import random
 import secrets
@@ -923,11 +924,17 @@ def _converge(workers: lg.Workers, accounts: int) -> dict[str, int]:
 
 
 def _edge_env(args: argparse.Namespace) -> dict[str, str]:
+    """The new way's edges drain as configured: the arguments, else the environment's or the
+    settings' defaults (a benchmark's edges otherwise stop without draining, `lg.NO_DRAIN`)."""
+    from cluster import config
+
     env = edge_env()
-    if args.drain_grace_s is not None:
-        env["PRESENCE_DRAIN_GRACE_S"] = str(args.drain_grace_s)
-    if args.drain_window_s is not None:
-        env["PRESENCE_DRAIN_WINDOW_S"] = str(args.drain_window_s)
+    for key, given, setting in (
+        ("PRESENCE_DRAIN_GRACE_S", args.drain_grace_s, "drain_grace_s"),
+        ("PRESENCE_DRAIN_WINDOW_S", args.drain_window_s, "drain_window_s"),
+    ):
+        default = os.environ.get(key, str(config.Settings.model_fields[setting].default))
+        env[key] = str(given) if given is not None else default
     return env
 
 

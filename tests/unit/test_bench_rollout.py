@@ -4,6 +4,7 @@ fan-out latency, lost changes, reconnect times, the old/new ratios and the targe
 
 from __future__ import annotations
 
+import argparse
 import math
 from array import array
 from collections import Counter
@@ -250,3 +251,19 @@ async def test_a_change_right_behind_the_sync_reaches_the_watchers_view() -> Non
     await ro._subscribe(st, client)
     assert client.view[ro.view_index(0, 2, 10, 3)] == ro.IDLE  # type: ignore[index]
     assert list(st.raw.rec_u) == [2] and not st.raw.spur_k
+
+
+def test_a_benchmarks_edges_stop_without_draining_but_the_rollouts_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PRESENCE_DRAIN_GRACE_S", raising=False)
+    monkeypatch.setenv("PRESENCE_DRAIN_WINDOW_S", "7")
+    plain = lg.edge_process_env(None)
+    assert plain["PRESENCE_DRAIN_GRACE_S"] == plain["PRESENCE_DRAIN_WINDOW_S"] == "0"
+    # The new way's edges: the arguments, else the environment's value, else the default.
+    new_way = lg.edge_process_env(ro._edge_env(argparse.Namespace(drain_grace_s=None, drain_window_s=None)))
+    assert (new_way["PRESENCE_DRAIN_GRACE_S"], new_way["PRESENCE_DRAIN_WINDOW_S"]) == ("4.0", "7")
+    given = lg.edge_process_env(ro._edge_env(argparse.Namespace(drain_grace_s=0.5, drain_window_s=30.0)))
+    assert (given["PRESENCE_DRAIN_GRACE_S"], given["PRESENCE_DRAIN_WINDOW_S"]) == ("0.5", "30.0")
+    old_way = lg.edge_process_env(ro.OLD_WAY_ENV)
+    assert old_way["PRESENCE_RESUME_S"] == "0"
