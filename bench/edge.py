@@ -12,8 +12,11 @@ asyncio server on uvloop, configured as the edge was before issue 28) and the fl
    and the edge's per-address limits apply unchanged), `--concurrency` connects in flight. The
    clients of ours identify with a signed token and wait for `ready` (real presence sockets
    registered in the pool), the others send a hello and wait for its echo. Reported: handshakes
-   (to `ready`, or to the echo) per second, and the server's RSS per socket above its own RSS
-   before the first connection (VmRSS, after `--settle-s`). Idle clients heartbeat every 30 s.
+   (to `ready`, or to the echo) per second, the CPU per handshake of the server, its shards and
+   the clients, and the server's RSS per socket above its own RSS before the first connection
+   (VmRSS, after `--settle-s`). Idle clients heartbeat every 30 s. The handshakes are bound by the
+   machine's CPU, clients included: the most ours / bare can reach here is reported beside it
+   (`handshake_ceiling`).
    The idle sockets are closed once measured.
 2. Heartbeats: `--connections` sockets per server (200) kept open from part 1; in turns (bare,
    floor, ours, then backwards, so that drift on a shared machine hits all alike) every
@@ -44,8 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import fanout, results, targets
 from bench import loadgen as lg
-from bench import results, targets
 from bench.results import machine_info, machine_summary
 
 if TYPE_CHECKING:
@@ -206,7 +209,10 @@ def _idle(
     # without losing its output; fewer sockets than that many seconds' worth leave it idle).
     spy_path = args.profile / f"edge-{name}-handshakes-pyspy.txt" if args.profile is not None else None
     spy = lg.start_profile(spy_path, server.pid, args.profile_handshakes_s) if spy_path else None
+    shards = fanout.pool_pids()["shards"] if name == "ours" else []
+    cpu0 = _handshake_cpu(server, workers, shards)
     hs = lg.connect_side(workers, stage, idle_side, target, shares, group=f"{name}-idle", concurrency=per)
+    cpu1 = _handshake_cpu(server, workers, shards)
     if spy is not None and spy_path is not None:
         lg.finish_profile(spy, spy_path)
     beat = lg.connect_side(
@@ -234,10 +240,32 @@ def _idle(
         "heartbeating": beat["connected"],
         "handshakes_per_s": hs["per_s"],
         "handshake_seconds": hs["seconds"],
+        "handshake_cpu_us": {k: (cpu1[k] - cpu0[k]) / max(hs["connected"], 1) * 1e6 for k in cpu0},
         "rss_before_kib": rss0,
         "rss_after_kib": rss1,
         "kib_per_socket": (rss1 - rss0) / max(held, 1),
     }
+
+
+def _handshake_cpu(server: lg.ServerProcess, workers: lg.Workers, shards: list[int]) -> dict[str, float]:
+    """CPU seconds so far: the server's, its shards' (ours), the load generators' (which mint a
+    token per account before they connect: a few µs of theirs per handshake), the machine's."""
+    return {
+        "server": server.cpu_seconds(),
+        "shards": fanout.cpu_of(shards),
+        "generators": workers.cpu_seconds(),
+        "machine": lg.machine_cpu_seconds(),
+    }
+
+
+def handshake_ceiling(idle: dict[str, dict[str, Any]]) -> float:
+    """The handshakes/s ratio ours / bare where handshakes are bound by the machine's CPU, if
+    ours cost the floor's CPU per handshake (websockets' sans-I/O protocol and nothing else) and
+    its shards none: the bare server's CPU and its clients' per handshake against the floor's and
+    ours' clients'. It is the most any edge that registers its sockets can reach on this machine
+    (less, since registering costs something): a target above it cannot be met here."""
+    bare, floor, ours = (idle[n]["handshake_cpu_us"] for n in ("bare", "floor", "ours"))
+    return _ratio(bare["server"] + bare["generators"], floor["server"] + ours["generators"])
 
 
 def _window(
@@ -331,6 +359,7 @@ def report(args: argparse.Namespace, measured: dict[str, Any], runtime: float, s
         "ratio_floor": _ratio(ours["per_s"], beats["floor"]["per_s"]),
         "handshake_ratio": hs_ratio,
         "handshake_ratio_floor": _ratio(idle["ours"]["handshakes_per_s"], idle["floor"]["handshakes_per_s"]),
+        "handshake_ceiling_ratio": handshake_ceiling(idle),
         "windows": measured["windows"],
         "targets": targets,
     }
@@ -405,4 +434,16 @@ def _print(
     ]
     results.print_table(
         ["server", "sockets", "KiB/socket", "handshakes/s", "heartbeats/s", "CPU (cores)", "per CPU-s"], rows
+    )
+    print("\nhandshakes: CPU µs per handshake, by process (the machine's: every process of it)")
+    cpu_rows = [
+        [LABELS[name]]
+        + [f"{idle[name]['handshake_cpu_us'][k]:,.0f}" for k in ("server", "shards", "generators", "machine")]
+        + [f"{idle[name]['handshake_cpu_us']['machine'] * idle[name]['handshakes_per_s'] / 1e6:.2f}"]
+        for name in SERVERS
+    ]
+    results.print_table(["server", "server", "its shards", "clients", "machine", "cores busy"], cpu_rows)
+    print(
+        "ours / bare at the most, if ours cost what the floor costs and its shards nothing: "
+        f"{handshake_ceiling(idle):.2f}x\n"
     )

@@ -369,6 +369,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def machine_cpu_seconds() -> float:
+    """CPU seconds every core of the machine has been busy (not idle, not waiting on I/O) so far."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def fmt_ms(x: float) -> str:
     return "-" if math.isnan(x) else (f"{x:.1f}" if x < 100 else f"{x:,.0f}")
 

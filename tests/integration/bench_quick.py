@@ -86,6 +86,11 @@ def check_report(name: str, out_dir: Path) -> None:
         for side in ("bare", "ours"):
             assert _number(report[side]["per_s"]) and _number(report[side]["generator_cpu_cores"])
         assert _number(report["ratio"])
+        for side in ("bare", "floor", "ours"):  # CPU per handshake, by process
+            cpu = report["idle"][side]["handshake_cpu_us"]
+            assert all(_number(cpu[k]) for k in ("server", "shards", "generators", "machine")), cpu
+        assert report["idle"]["ours"]["handshake_cpu_us"]["shards"] > 0  # its sockets were registered
+        assert _number(report["handshake_ceiling_ratio"])
     elif name == "connections":
         for side in ("bare", "ours"):
             assert isinstance(report[side]["connected"], int)

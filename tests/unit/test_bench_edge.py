@@ -39,3 +39,12 @@ def test_the_open_file_limit_is_raised_where_allowed_and_reported_where_not() ->
             assert got == hard and now == (hard, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # lowering is always allowed
+
+
+def test_the_handshake_ceiling_puts_the_floor_in_ours_place_and_its_shards_at_nothing() -> None:
+    def side(server: float, shards: float, generators: float) -> dict[str, object]:
+        return {"handshake_cpu_us": {"server": server, "shards": shards, "generators": generators}}
+
+    idle = {"bare": side(577, 0, 418), "floor": side(284, 0, 314), "ours": side(532, 365, 410)}
+    assert edge.handshake_ceiling(idle) == pytest.approx((577 + 418) / (284 + 410))
+    assert edge.handshake_ceiling(idle) < 1.5  # what the run of 2026-12-04 measured: the target is out of reach
