@@ -203,18 +203,7 @@ def _idle(
     time.sleep(args.settle_s)
     rss0 = server.rss_kib()
     stage.log(f"{name}: {idle:,} idle connections, {args.concurrency} connects in flight")
-    shares = lg.split(idle, len(workers))
-    per = max(1, args.concurrency // len(workers))
-    # py-spy for the first `--profile-handshakes-s` of the handshakes (it cannot be stopped early
-    # without losing its output; fewer sockets than that many seconds' worth leave it idle).
-    spy_path = args.profile / f"edge-{name}-handshakes-pyspy.txt" if args.profile is not None else None
-    spy = lg.start_profile(spy_path, server.pid, args.profile_handshakes_s) if spy_path else None
-    shards = fanout.pool_pids()["shards"] if name == "ours" else []
-    cpu0 = _handshake_cpu(server, workers, shards)
-    hs = lg.connect_side(workers, stage, idle_side, target, shares, group=f"{name}-idle", concurrency=per)
-    cpu1 = _handshake_cpu(server, workers, shards)
-    if spy is not None and spy_path is not None:
-        lg.finish_profile(spy, spy_path)
+    hs = _handshakes(args, workers, stage, name, server, idle_side, idle)
     beat = lg.connect_side(
         workers,
         stage,
@@ -240,11 +229,43 @@ def _idle(
         "heartbeating": beat["connected"],
         "handshakes_per_s": hs["per_s"],
         "handshake_seconds": hs["seconds"],
-        "handshake_cpu_us": {k: (cpu1[k] - cpu0[k]) / max(hs["connected"], 1) * 1e6 for k in cpu0},
+        "handshake_cpu_us": hs["cpu_us"],
         "rss_before_kib": rss0,
         "rss_after_kib": rss1,
         "kib_per_socket": (rss1 - rss0) / max(held, 1),
     }
+
+
+def _handshakes(
+    args: argparse.Namespace,
+    workers: lg.Workers,
+    stage: lg.Stage,
+    name: str,
+    server: lg.ServerProcess,
+    idle_side: lg.Side,
+    idle: int,
+) -> dict[str, Any]:
+    """The idle connections' handshakes, timed (`lg.connect_side`'s totals), with the CPU each
+    process spent per handshake (`cpu_us`); profiled with `--profile`."""
+    # py-spy for the first `--profile-handshakes-s` of the handshakes (it cannot be stopped early
+    # without losing its output; fewer sockets than that many seconds' worth leave it idle).
+    spy_path = args.profile / f"edge-{name}-handshakes-pyspy.txt" if args.profile is not None else None
+    spy = lg.start_profile(spy_path, server.pid, args.profile_handshakes_s) if spy_path else None
+    shards = fanout.pool_pids()["shards"] if name == "ours" else []
+    cpu0 = _handshake_cpu(server, workers, shards)
+    hs = lg.connect_side(
+        workers,
+        stage,
+        idle_side,
+        [("127.0.0.1", server.port)],
+        lg.split(idle, len(workers)),
+        group=f"{name}-idle",
+        concurrency=max(1, args.concurrency // len(workers)),
+    )
+    cpu1 = _handshake_cpu(server, workers, shards)
+    if spy is not None and spy_path is not None:
+        lg.finish_profile(spy, spy_path)
+    return hs | {"cpu_us": {k: (cpu1[k] - cpu0[k]) / max(hs["connected"], 1) * 1e6 for k in cpu0}}
 
 
 def _handshake_cpu(server: lg.ServerProcess, workers: lg.Workers, shards: list[int]) -> dict[str, float]:
