@@ -14,7 +14,8 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from actors import gc_policy
@@ -131,6 +132,13 @@ class PresenceShard:
         # Per edge, its batches in `_apply` (waiting for their turn or a load): a batch that
         # could be applied at once waits behind them all the same (`_apply_now`).
         self._applying: dict[str, int] = {}
+        # Accounts and channels that batches (and slot imports) waiting on PostgreSQL will apply
+        # with, counted per waiter (`_in_use`): the sweep keeps them. What `_missing` found in
+        # memory, or a load has just installed, is not referenced by the state yet (a subscriber's
+        # relations, when its sockets live on another shard), and a sweep during the wait would
+        # drop it: the batch would then apply without it (a member's subscribe refused).
+        self._users_in_use: Counter[str] = Counter()
+        self._channels_in_use: Counter[str] = Counter()
         self.metrics = Metrics()
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
         # Held places (actors/held.py): the latest of each account's, waiting to be written.
@@ -225,18 +233,21 @@ class PresenceShard:
                 now = self.clock()
                 self.state.refresh_edge(edge_id, now)
                 self._box(edge_id)
-                try:
-                    missing = self._missing(ops)
-                    if missing is not None:
-                        await self._load(missing, now)
-                except self.store.errors as e:
-                    self.metrics.inc("shard_preload_failures_total")
-                    log.warning(
-                        "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
-                        self.config.shard_index,
-                        type(e).__name__,
-                    )
-                results = self._apply_batch(edge_id, ops, collect)
+                missing = self._missing(ops)
+                if missing is None:  # nothing to wait for: applied in this same turn
+                    results = self._apply_batch(edge_id, ops, collect)
+                else:
+                    with self._in_use(missing.users, missing.channels_used):
+                        try:
+                            await self._load(missing, now)
+                        except self.store.errors as e:
+                            self.metrics.inc("shard_preload_failures_total")
+                            log.warning(
+                                "shard %s: loading from PostgreSQL failed (%s); applying what is in memory",
+                                self.config.shard_index,
+                                type(e).__name__,
+                            )
+                        results = self._apply_batch(edge_id, ops, collect)
         finally:
             if self._applying[edge_id] == 1:
                 del self._applying[edge_id]
@@ -276,6 +287,18 @@ class PresenceShard:
         if box is None:
             box = self.mail[edge_id] = EdgeMail(f"{self.incarnation}.{next(self._boxes_made)}")
         return box
+
+    @contextlib.contextmanager
+    def _in_use(self, users: Iterable[str], channels: Iterable[str] = ()) -> Iterator[None]:
+        """Keep these accounts (row and relations) and channels from the sweep meanwhile."""
+        held_users, held_channels = set(users), set(channels)
+        self._users_in_use.update(held_users)
+        self._channels_in_use.update(held_channels)
+        try:
+            yield
+        finally:
+            _release(self._users_in_use, held_users)
+            _release(self._channels_in_use, held_channels)
 
     def _order(self, edge_id: str) -> asyncio.Lock:
         lock = self._edge_order.get(edge_id)
@@ -432,14 +455,18 @@ class PresenceShard:
     async def import_slots(self, export: SlotExport) -> None:
         """Take over slots exported by another shard, silently: nothing changes for anybody."""
         now = self.clock()
-        users = self.state.missing_relations(self.state.users_of_export(export))
-        if users:
-            async with self.store.loading() as loads:
-                for user_id, rel in (await loads.relations(users)).items():
-                    self.state.set_relations(user_id, rel, now)
-        for edge_id in export.edges:
-            self._box(edge_id)  # mail for them may be due at once
-        self.state.import_slots(export, self.clock())
+        users = self.state.users_of_export(export)
+        # The relations this shard has already are kept while it loads the others, up to the
+        # import that decides with them what each arriving watcher sees (`_in_use`).
+        with self._in_use(users):
+            missing = self.state.missing_relations(users)
+            if missing:
+                async with self.store.loading() as loads:
+                    for user_id, rel in (await loads.relations(missing)).items():
+                        self.state.set_relations(user_id, rel, now)
+            for edge_id in export.edges:
+                self._box(edge_id)  # mail for them may be due at once
+            self.state.import_slots(export, self.clock())
         if self.owned is not None:
             self.owned |= set(export.slots)
         self.metrics.inc("slots_imported_total", n=len(export.slots))
@@ -516,7 +543,7 @@ class PresenceShard:
         missing_ch = [c for c in dict.fromkeys(channel_ids) if not self.state.channels.knows(c)]
         if not (missing_rel or missing_acc or missing_ch):
             return None
-        return _Missing(missing_rel, missing_acc, missing_ch, queries)
+        return _Missing(missing_rel, missing_acc, missing_ch, queries, {*rel_ids, *acc_ids}, set(channel_ids))
 
     async def _load(self, missing: _Missing, now: float) -> None:
         """Load from PostgreSQL everything the state lacks for a batch, in one query per kind."""
@@ -635,8 +662,15 @@ class PresenceShard:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.sweep_interval_s)
-            self.state.sweep(self.clock(), keep=self.unsaved())
-            self._carry_out()
+            self._sweep_once()
+
+    def _sweep_once(self) -> None:
+        self.state.sweep(
+            self.clock(),
+            keep={*self.unsaved(), *self._users_in_use},
+            keep_channels=set(self._channels_in_use),
+        )
+        self._carry_out()
 
     async def _publish_loop(self) -> None:
         # Status changes an account's budget held back go out once its window admits them, checked
@@ -856,12 +890,25 @@ def _event_key(frame_type: object) -> Key:
 
 @dataclass
 class _Missing:
-    """What the state lacks for a batch (`PresenceShard._missing`), loaded by `_load`."""
+    """What the state lacks for a batch (`PresenceShard._missing`), loaded by `_load`; and
+    everything the batch applies with, in memory already or not (`users`: rows and relations,
+    `channels_used`), kept from the sweep until it is applied (`PresenceShard._in_use`)."""
 
     relations: list[str]
     accounts: list[str]
     channels: list[str]
     queries: list[tuple[str, tuple[str, ...]]]
+    users: set[str]
+    channels_used: set[str]
+
+
+def _release(counts: Counter[str], keys: Iterable[str]) -> None:
+    """One holder fewer for each key; a key nobody holds any more goes."""
+    for key in keys:
+        if counts[key] <= 1:
+            del counts[key]
+        else:
+            counts[key] -= 1
 
 
 def _keep_newest(

@@ -162,9 +162,12 @@ class ChannelState:
             if gone:
                 self._to_subscribers(ch, self._roster_frame(ch))
 
-    def sweep(self, now: float) -> None:
+    def sweep(self, now: float, keep: Iterable[str] = ()) -> None:
         # A channel is forgotten only when it was already empty at the previous sweep: one the
         # shell has just loaded for an operation about to be applied is never swept under it.
+        # `keep`: channels a batch waiting on a load will apply with (found in memory, perhaps
+        # empty for a while already); they count as in use.
+        kept = set(keep)
         empty: set[str] = set()
         for channel_id, ch in list(self.channels.items()):
             for user_id, t in ch.typing.items():
@@ -178,7 +181,7 @@ class ChannelState:
                 if now >= t.expires_at and now - t.broadcast_at >= self.typing_refresh_s
             ]:
                 del ch.typing[user_id]
-            if not ch.subscribers and not ch.voice and not ch.typing:
+            if not ch.subscribers and not ch.voice and not ch.typing and channel_id not in kept:
                 if channel_id in self._empty_at_last_sweep:
                     del self.channels[channel_id]
                 else:

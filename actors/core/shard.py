@@ -430,21 +430,26 @@ class ShardState:
             self._remove_socket(user_id, socket_id, now)
         self.channels.drop_edge(edge_id)
 
-    def sweep(self, now: float, keep: Iterable[str] = ()) -> None:
+    def sweep(self, now: float, keep: Iterable[str] = (), keep_channels: Iterable[str] = ()) -> None:
         """Periodic housekeeping: expired edges, lapsed typing, idle offline accounts, and
-        cached relations nothing refers to any more."""
+        cached relations nothing refers to any more.
+
+        `keep`: accounts whose row and relations stay whatever this state refers to: those whose
+        chosen status or setting the shell has not saved yet (evicted, they would be read back
+        from the database with the older value), and those a batch waiting on a load will apply
+        with, found in memory or just loaded (dropped meanwhile, the batch would apply without
+        them: a member's relations read as no servers, its subscribe refused). `keep_channels`:
+        the channels such a batch will apply with."""
+        kept = set(keep)
         self._expire(now)
-        self.channels.sweep(now)
+        self.channels.sweep(now, keep=keep_channels)
         self.publish_due(now)
         self.publications.sweep(now)
         self.spending.sweep(now)
         if now - self._relations_swept_at >= self.relations_sweep_s:
             self._relations_swept_at = now
-            for user_id in set(self.relations) - self._referenced_users():
+            for user_id in set(self.relations) - self._referenced_users() - kept:
                 del self.relations[user_id]
-        # `keep`: accounts whose chosen status or setting the shell has not saved yet; evicted,
-        # they would be read back from the database with the older value.
-        kept = set(keep)
         for user_id, acc in list(self.accounts.items()):
             if (
                 not acc.sockets

@@ -383,6 +383,19 @@ class TestSweep:
         ch.c.sweep(clock.advance(1))
         assert ch.c.subscribe("c9", "ann", "a1", "e1"), "swept between loading and applying"
 
+    def test_a_channel_in_use_survives_however_long_it_was_empty(self, ch: Chan, clock: Clock) -> None:
+        """An operation waiting on a load (the account's relations) found the channel in memory,
+        empty since before the last sweep: kept while the shell says it is in use (`keep`), and
+        forgotten as usual after."""
+        ch.c.sweep(clock.advance(1))  # c1 and c2 empty: forgotten at the next sweep
+        ch.c.sweep(clock.advance(1), keep={"c1"})
+        assert ch.c.knows("c1") and not ch.c.knows("c2")
+        assert ch.c.subscribe("c1", "ann", "a1", "e1"), "swept between finding it and applying"
+        ch.c.unsubscribe("c1", "a1")
+        ch.c.sweep(clock.advance(1))
+        ch.c.sweep(clock.advance(1))
+        assert not ch.c.knows("c1")
+
 
 # ---------------------------------------------------------------------------- rosters, as a model
 

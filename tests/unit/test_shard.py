@@ -611,6 +611,19 @@ class TestSweepEviction:
         w.s.sweep(w.at(599))
         assert w.s.has_account("bob")
 
+    def test_relations_and_channels_in_use_survive_the_relations_round(self) -> None:
+        """What a batch waiting on a load will apply with (the shell says so: `keep`,
+        `keep_channels`) is not swept, referenced here or not; the rest unreferenced goes."""
+        w = World({})
+        w.s.sweep(w.now)  # the relations' first round, over nothing
+        for user in ("carol", "erin"):
+            w.s.set_relations(user, rel(servers={"g1"}), w.now)  # referenced by nothing here
+        w.s.channels.load_channel("c1", "g1")
+        w.s.sweep(w.at(1))  # c1 empty: forgotten at the next sweep, unless in use
+        w.s.sweep(w.at(w.s.relations_sweep_s), keep={"carol"}, keep_channels={"c1"})
+        assert w.s.missing_relations(["carol", "erin"]) == ["erin"]
+        assert w.s.channels.subscribe("c1", "carol", "s1", "e1"), "swept while in use"
+
 
 # ---------------------------------------------------------------------------- watching and audience
 

@@ -20,8 +20,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from actors.core import ops
+from actors.core.answers import Verdict
 from actors.core.audience import Relations
 from actors.core.contract import UNAVAILABLE, AccountRow
+from actors.core.shard import AUDIENCE
+from actors.core.slots import slot_of
 from actors.presence import PresenceShard, ShardConfig
 from tests.unit.conftest import Clock
 from tests.unit.fake_store import FakeStore
@@ -345,3 +348,78 @@ async def test_last_seen_waits_for_the_accounts_unsaved_choice(
     await shard._persist_once()
     await shard._flush_once()
     assert [u for u, _ in flushes.written] == ["bob", "alice"]
+
+
+# ---------------------------------------------------------------------------- the sweep and loads
+
+
+async def test_a_sweep_while_a_subscribe_waits_on_its_channel_keeps_the_relations_it_loaded(
+    shard: PresenceShard, store: FakeStore, clock: Clock
+) -> None:
+    """A member's subscribe was answered not_allowed (test_resize, once in ~20 runs): its batch
+    had loaded the account's relations and was waiting on the channel's server when the periodic
+    sweep came, found those relations referenced by nothing here (the account's sockets live on
+    another shard) and dropped them; the membership test then read them as no servers at all."""
+    store.rels["carol"] = Relations(servers=frozenset({"g"}))
+    store.channel_map["voice"] = "g"
+    store.held = True
+    subscribe = ops.ChannelSubscribe("voice", "carol", "s1")
+    subscribing = asyncio.create_task(shard.apply("edge-a", [subscribe]))
+    (await store.next_held("relations")).open()
+    channel = await store.next_held("channel_servers")
+    clock.advance(shard.state.relations_sweep_s)  # the relations' round is due
+    shard._sweep_once()
+    store.held = False
+    channel.open()
+    _, [verdict] = await subscribing
+    assert subscribe.read(verdict) is Verdict.ALLOWED
+
+
+async def test_a_sweep_while_a_subscribe_waits_on_relations_keeps_the_channel_it_found(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    """The channel was in memory, empty since the previous sweep, when the batch found it there
+    and went to load the account's relations: the next sweep must not forget it meanwhile."""
+    store.rels["carol"] = Relations(servers=frozenset({"g"}))
+    store.channel_map["voice"] = "g"
+    refused = ops.ChannelSubscribe("voice", "bob", "s9")  # not a member: the channel stays empty
+    _, [verdict] = await shard.apply("edge-a", [refused])
+    assert refused.read(verdict) is Verdict.NOT_ALLOWED and shard.state.channels.knows("voice")
+    shard._sweep_once()  # empty now: the next sweep forgets it, unless it is in use
+    store.held = True
+    subscribe = ops.ChannelSubscribe("voice", "carol", "s1")
+    subscribing = asyncio.create_task(shard.apply("edge-a", [subscribe]))
+    relations = await store.next_held("relations")
+    shard._sweep_once()
+    store.held = False
+    relations.open()
+    _, [verdict] = await subscribing
+    assert subscribe.read(verdict) is Verdict.ALLOWED
+
+
+async def test_a_sweep_while_an_import_loads_relations_keeps_those_it_found(
+    shard: PresenceShard, store: FakeStore, flushes: Flushes, clock: Clock
+) -> None:
+    """Slots moving in (a resize): the importing shard loads the relations it lacks for the
+    accounts and watchers that arrive, and decides again what each watcher sees. A sweep during
+    that load must not drop the relations it already had (referenced by nothing here yet), or a
+    watcher in the audience is reclassified as an outsider and stops hearing the account."""
+    store.rels["alice"] = Relations(servers=frozenset({"g"}))
+    store.rels["bob"] = Relations(servers=frozenset({"g"}))
+    assert slot_of("alice") != slot_of("bob")
+    await shard.apply("edge-a", [ops.Connect("alice", "s1"), ops.Connect("bob", "s2")])
+    await shard.apply("edge-a", [ops.Watch("bob", "s2", ("alice",))])
+    export = await shard.export_slots([slot_of("alice")])
+    other = PresenceShard(ShardConfig(1, "postgresql://unused", None), flushes, store=store, clock=clock)
+    # bob's relations are in memory there, from an earlier batch, and referenced by nothing.
+    await other.apply("edge-a", [ops.ChannelSubscribe("elsewhere", "bob", "s2")])
+    assert other.state.missing_relations(["alice", "bob"]) == ["alice"]
+    store.held = True
+    importing = asyncio.create_task(other.import_slots(export))
+    load = await store.next_held("relations")
+    clock.advance(other.state.relations_sweep_s)  # the relations' round is due
+    other._sweep_once()
+    store.held = False
+    load.open()
+    await importing
+    assert other.state.watchers["alice"]["s2"].sees == AUDIENCE
