@@ -14,7 +14,7 @@ from . import frames
 from .audience import NO_RELATIONS, Relations
 from .budgets import Spending
 from .effects import Outbox
-from .loaded import Loaded
+from .loaded import Loaded, NotLoaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +75,17 @@ class ChannelState:
             ch.server_id = server_id
 
     def allowed(self, channel_id: str, user_id: str) -> bool:
-        ch = self.channels.get(channel_id)
-        if ch is None or ch.server_id is None:
+        """Whether `user_id` is a member of the channel's server (False for a channel the store
+        does not know). Raises `NotLoaded` for a channel or an account's relations never loaded:
+        the store was away, and membership cannot be told; a refusal would tell a member it is
+        not one (and its client would not try again), where `UNAVAILABLE` is tried again."""
+        ch = self.channels[channel_id]
+        if ch.server_id is None:
             return False
-        return ch.server_id in self.relations.get(user_id, NO_RELATIONS).servers
+        relations = self.relations.get(user_id)
+        if relations is None:
+            raise NotLoaded("relations", user_id)
+        return ch.server_id in relations.servers
 
     # ------------------------------------------------------------------ operations
 

@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from actors.core.audience import Relations
 from actors.core.channels import ChannelState
 from actors.core.effects import Deliver, Outbox
+from actors.core.loaded import NotLoaded
 
 from .conftest import T0, Clock
 
@@ -84,6 +85,7 @@ class TestMembership:
         assert ch.c.subscribe("c2", "ben", "b1", "e1") is False
 
     def test_unknown_channel_and_serverless_channel_are_refused(self, ch: Chan) -> None:
+        ch.c.load_channel("nope", None)  # what the shell loads for a channel the store does not know
         assert ch.c.subscribe("nope", "ann", "a1", "e1") is False
         ch.c.load_channel("dm", None)
         assert ch.c.subscribe("dm", "ann", "a1", "e1") is False
@@ -92,7 +94,23 @@ class TestMembership:
         assert not ch.c.allowed("dm", "ann")
 
     def test_unknown_user_is_refused(self, ch: Chan) -> None:
+        ch.relations["ghost"] = Relations()  # what the shell loads for an account the store does not know
         assert ch.c.subscribe("c1", "ghost", "g", "e1") is False
+
+    def test_what_was_never_loaded_is_not_a_refusal(self, ch: Chan) -> None:
+        """The store was away: membership cannot be told. Refused, a member would be told it is
+        not one and its client would not try again; `NotLoaded` is answered UNAVAILABLE, tried
+        again. Nothing happens meanwhile."""
+        for attempt in (
+            lambda: ch.c.subscribe("never", "ann", "a1", "e1"),
+            lambda: ch.c.subscribe("c1", "never-loaded", "n1", "e1"),
+            lambda: ch.c.typing_start("c1", "never-loaded", T0),
+            lambda: ch.c.voice_join("c1", "never-loaded", "n1", "e1"),
+        ):
+            with pytest.raises(NotLoaded):
+                attempt()
+        assert not ch.c.channels["c1"].subscribers and not ch.c.channels["c1"].voice
+        assert not ch.outbox.drain()
 
     def test_reloading_a_channel_moves_it(self, ch: Chan) -> None:
         assert ch.c.knows("c1")
