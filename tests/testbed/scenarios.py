@@ -237,6 +237,7 @@ async def node_death(bed: Testbed, report: Report, observer: Observer) -> None:
     report.expect(name, "status change reached every watcher", seen is not None)
 
     victim = bed.nodes[-1]
+    await _rebalance_if_none_on(bed, report, observer, name, victim)
     on_victim = [u for u, c in clients.items() if edge_of(c) == victim.name]
     coming_back, abandoned = on_victim[: len(on_victim) // 2], on_victim[len(on_victim) // 2 :]
     survivors = {u: c for u, c in clients.items() if u not in on_victim}
@@ -599,6 +600,24 @@ asyncio.run(main())
 """
 
 
+async def _rebalance_if_none_on(
+    bed: Testbed, report: Report, observer: Observer, name: str, victim: Node
+) -> None:
+    """A scenario that takes `victim` away measures what happens to its shards: if an earlier
+    scenario (a partition past Ray's verdict) had Ray replace them elsewhere, and placement never
+    moves shards back to a healed node, the operator's rebalance (`presence scale N` at the same N)
+    gives it its share again first."""
+    sample = observer.latest() or {"actors": {}}
+    if victim.ip in shards_by_node(sample):
+        return
+    size = sum(len(v) for v in shards_by_node(sample).values())
+    t = time.time()
+    bed.ssh(bed.nodes[0], ON_HEAD.format(f"scale {size}"), timeout=300)
+    got = await wait_until(lambda: victim.ip in shards_by_node(observer.latest() or {"actors": {}}), 30)
+    report.measure(name, f"rebalance first (presence scale {size}: none on the node)", time.time() - t)
+    report.expect(name, "the rebalance put shards on the node", got is not None)
+
+
 async def partition(bed: Testbed, report: Report, observer: Observer, seconds: float) -> None:
     """A worker cut off (its link down: every packet dropped both ways) for `seconds`, then healed.
     Its edge's clients are closed by HAProxy; half reconnect through it, half never come back (their
@@ -612,15 +631,7 @@ async def partition(bed: Testbed, report: Report, observer: Observer, seconds: f
 
     name = f"partition {seconds:.0f} s"
     victim = bed.nodes[-1]
-    sample = observer.latest() or {"actors": {}}
-    if victim.ip not in shards_by_node(sample):
-        # A partition before this one had Ray replace the node's shards: the operator's rebalance
-        # (`presence scale N` at the same N) gives it its share again.
-        size = sum(len(v) for v in shards_by_node(sample).values())
-        t = time.time()
-        bed.ssh(bed.nodes[0], ON_HEAD.format(f"scale {size}"), timeout=300)
-        await asyncio.sleep(2.5)  # the observer's next samples
-        report.measure(name, f"rebalance first (presence scale {size}: none on the node)", time.time() - t)
+    await _rebalance_if_none_on(bed, report, observer, name, victim)
     inside = tuple(f"tp{int(seconds)}-in{i}" for i in range(2))
     rec, users, clients, url = await _watchers(bed, f"tp{int(seconds)}", unwatched=inside)
     members = [*users, *inside]
