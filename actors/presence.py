@@ -367,9 +367,10 @@ class PresenceShard:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):  # no task of its own, unlike wait_for
                     await box.event.wait()
-        if wait_s > 0:
-            self.state.refresh_edge(edge_id, self.clock())
-            self._carry_out()
+        # Not word from the edge: its lease was renewed when the pull came in. A pull still waiting
+        # when its edge's node died returns when mail for it arrives (or its wait ends); renewed
+        # then, the lease would date the dead edge's departures that late (Ray's verdict departs
+        # its sockets as of when this shard last heard from it: `edge_died`).
         # The edge forgotten while we waited (a shard stalled past its lease; a verdict of Ray's):
         # the new box, a new incarnation to the edge, is the one to answer from.
         box = self._box(edge_id)

@@ -423,3 +423,28 @@ async def test_a_sweep_while_an_import_loads_relations_keeps_those_it_found(
     load.open()
     await importing
     assert other.state.watchers["alice"]["s2"].sees == AUDIENCE
+
+
+async def test_a_pull_woken_after_its_edge_died_is_no_word_from_that_edge(
+    shard: PresenceShard, clock: Clock
+) -> None:
+    """Ray's verdict on a dead node departs its edge's sockets as of when the shard last heard
+    from that edge. A pull of that edge's, waiting when the node died and woken later by mail for
+    it, is no word from it: it renewed the lease when it returned, and the departures were dated
+    then (the testbed's node death: an abandoned account's last-seen 2.8 s late, when the changes
+    of the clients reconnecting elsewhere woke the dead edge's pull)."""
+    await shard.apply("edge-a", [ops.Connect("alice", "s1")])
+    await shard.apply("edge-b", [ops.Connect("bob", "s2")])
+    await shard.apply("edge-a", [ops.Watch("alice", "s1", ("bob",))])
+    incarnation, (_, handed, _) = await shard.pull("edge-a", None, 0, 0)  # what there was so far
+    last_heard = clock()
+    pulling = asyncio.create_task(shard.pull("edge-a", incarnation, handed, 30.0))
+    await asyncio.sleep(0)  # it waits for mail
+    assert not pulling.done()
+    clock.advance(3.0)  # the node dies meanwhile, silently
+    await shard.apply("edge-b", [ops.SetStatus("bob", "s2", "dnd")])  # mail for alice's socket
+    _, (_, _, items) = await asyncio.wait_for(pulling, 5)
+    assert items  # woken by it
+    clock.advance(10.0)  # Ray's verdict
+    assert shard.edges_died(["edge-a"]) == ["edge-a"]
+    assert shard.state.pending_last_seen["alice"] == last_heard
