@@ -27,11 +27,11 @@ order, as with Ray's calls to an async actor.
 Failure semantics match a Ray call to an actor that died: when the connection goes (the shard's
 process died, or its node), every call on it fails with `LaneBroken`, and the next call asks Ray
 for the address again (a restarted shard listens on a new port with a new secret). A node that
-vanished without closing anything is noticed within ~30 s (TCP keepalive while idle, a user
-timeout on unacknowledged data while busy), like Ray's own health checks. As with a Ray call that
-fails with ActorUnavailableError, a batch on a connection that broke while its shard lived may or
-may not have been applied; the shard cancels that connection's waiting pulls, so their mail stays
-for the next one.
+vanished without closing anything is noticed within ~8 s (TCP keepalive while idle, a user
+timeout on unacknowledged data while busy), before Ray's own health checks declare it dead. As
+with a Ray call that fails with ActorUnavailableError, a batch on a connection that broke while
+its shard lived may or may not have been applied; the shard cancels that connection's waiting
+pulls, so their mail stays for the next one.
 """
 
 from __future__ import annotations
@@ -75,10 +75,14 @@ HANDSHAKES_PER_SOURCE = 8
 HANDSHAKE_QUEUE_S = 4.0
 WAITING_PER_SOURCE = 64
 WAITING_HANDSHAKES = 1024
-# Keepalive: first probe after 10 s idle, then every 5 s, 4 unanswered → the connection is dead;
-# data left unacknowledged for 30 s (a busy connection to a vanished node) → dead too.
-_KEEPALIVE = (10, 5, 4)
-_USER_TIMEOUT_MS = 30_000
+# Keepalive: first probe after 5 s idle, then every second, 3 unanswered → the connection is dead;
+# data left unacknowledged for 8 s (a busy connection to a vanished node) → dead too. Before Ray's
+# verdict on a dead node (10-65 s): an edge whose pull waited on a shard of that node found it
+# restarted elsewhere only when the lane broke, and its watchers heard of accounts that died with
+# the node 20 s after the shard was back (30 s then; the testbed's node death, 2026-12-04). A
+# peer's kernel answers the probes however busy its process is: only a silent network breaks it.
+_KEEPALIVE = (5, 1, 3)
+_USER_TIMEOUT_MS = 8_000
 # Exceptions whose type the edge's retry rules know (a Ray call re-raised them as their own type).
 _KNOWN_REMOTE: dict[str, type[Exception]] = {"ValueError": ValueError, "TimeoutError": TimeoutError}
 

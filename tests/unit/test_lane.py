@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pickle
+import socket
 import struct
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -421,3 +422,20 @@ def test_a_lane_whose_loop_has_ended_is_broken_so_the_next_loop_opens_its_own() 
         shard_loop.call_soon_threadsafe(shard_loop.stop)
         thread.join(10)
         shard_loop.close()
+
+
+async def test_a_vanished_node_is_noticed_before_ray_declares_it_dead() -> None:
+    """Both ends of a lane tell a silent peer dead within ~8 s, idle (keepalive) or busy
+    (unacknowledged data): before Ray's earliest verdict on a dead node (10 s of failed health
+    checks), so an edge whose pull waited on a shard of that node asks Ray for its restarted
+    address as soon as it exists (with 30 s, its watchers heard 20 s after the shard was back)."""
+    async with _lane({"pull": lambda: asyncio.sleep(0)}) as (_, client):
+        transport = client._connection.transport
+        assert transport is not None
+        sock = transport.get_extra_info("socket")
+        idle = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        interval = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        count = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        assert idle + interval * count <= 8
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) <= 8_000
