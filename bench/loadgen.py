@@ -443,7 +443,7 @@ class EchoProcess(ServerProcess):
 
 # A benchmark's edge stops without the deploy drain (docs/operations.md, "Upgrading"): no balancer
 # watches its /healthz, and the drain's grace and window (4 s + 10 s by default) were paid at every
-# stop, an eighth of a `bench all --quick`. bench rollout, which measures the drain, sets its own.
+# stop, a fifth of a `bench all --quick` run alone. bench rollout, which measures the drain, sets its own.
 NO_DRAIN = {"PRESENCE_DRAIN_GRACE_S": "0", "PRESENCE_DRAIN_WINDOW_S": "0"}
 
 
