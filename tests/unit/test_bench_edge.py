@@ -47,4 +47,4 @@ def test_the_handshake_ceiling_puts_the_floor_in_ours_place_and_its_shards_at_no
 
     idle = {"bare": side(577, 0, 418), "floor": side(284, 0, 314), "ours": side(532, 365, 410)}
     assert edge.handshake_ceiling(idle) == pytest.approx((577 + 418) / (284 + 410))
-    assert edge.handshake_ceiling(idle) < 1.5  # what the run of 2026-12-04 measured: the target is out of reach
+    assert edge.handshake_ceiling(idle) < 1.5  # one run of 2026-12-04 17:28 (others: 1.51-1.67x)
