@@ -45,6 +45,9 @@ def test_bench_rtt_quick(tmp_path: Path, migrated_pg_url: str, redis_url: str) -
     assert len(result["latency_ms"]) == 8
     assert set(result["cpu_per_call_us"]) == {"Ray call", "direct lane"}
     for cpu in result["cpu_per_call_us"].values():
+        # At least the calls asked for, over at least half a second: 20 lane calls alone were
+        # once 0 ticks of the process's CPU clock (a figure of 0 µs per call).
+        assert cpu["calls"] >= 20 and cpu["wall_us"] * cpu["calls"] >= 0.5e6
         assert cpu["caller_us"] > 0 and cpu["wall_us"] > 0
     for summary in result["latency_ms"].values():
         assert summary["n"] == 20
