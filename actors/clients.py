@@ -72,6 +72,7 @@ class ShardActor(Protocol):
     export_slots: Remote[[list[int]], SlotExport]
     import_slots: Remote[[SlotExport], None]
     mail_pending: Remote[[], int]
+    edges_registered: Remote[[], list[str]]
     drain: Remote[[float], int]
 
 
@@ -254,6 +255,9 @@ class ShardClient(_Named[ShardActor]):
 
     async def mail_pending(self) -> int:
         return await self._wait(lambda h: h.mail_pending.remote())
+
+    async def edges_registered(self) -> list[str]:
+        return await self._wait(lambda h: h.edges_registered.remote())
 
     async def drain(self, timeout_s: float) -> int:
         return await self._wait(lambda h: h.drain.remote(timeout_s))

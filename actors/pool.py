@@ -232,6 +232,9 @@ class ShardHost:
     async def mail_pending(self) -> int:
         return await (await self._ready()).mail_pending()
 
+    async def edges_registered(self) -> list[str]:
+        return await (await self._ready()).edges_registered()
+
     async def apply(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]]:
         """Without the mail (bench/rtt.py times Ray's own round trip with it)."""
         return await (await self._ready()).apply(edge_id, ops)

@@ -65,14 +65,17 @@ class EdgeMail(Mailbox):
     forgets the edge (its lease ran out, its node was declared dead), and everything the edge
     registered here goes with it; to the edge, the next box is a new incarnation, so it registers
     its sockets again and starts its mail over (a box's numbers restart at 1: under the old name
-    the edge would skip them as delivered)."""
+    the edge would skip them as delivered). `known`: a call of the edge has carried this name
+    since, so the edge has registered its sockets here again (it calls with a new name only after
+    re-registering)."""
 
-    __slots__ = ("event", "incarnation")
+    __slots__ = ("event", "incarnation", "known")
 
     def __init__(self, incarnation: str) -> None:
         super().__init__()
         self.event = asyncio.Event()
         self.incarnation = incarnation
+        self.known = False
 
 
 @dataclass
@@ -329,6 +332,7 @@ class PresenceShard:
     def _acknowledge(self, edge_id: str, incarnation: str | None, acked_seq: int) -> None:
         box = self.mail.get(edge_id)
         if box is not None and incarnation == box.incarnation:
+            box.known = True
             box.ack(acked_seq)
 
     def _collect(self, edge_id: str, results: list[object]) -> tuple[str, list[object], MailChunk]:
@@ -352,7 +356,15 @@ class PresenceShard:
         self.state.refresh_edge(edge_id, self.clock())
         self._carry_out()  # renewing one lease may have expired another edge's
         box = self._box(edge_id)
-        if incarnation != box.incarnation:
+        # An edge that does not know this box's name yet (this incarnation is new to it, or forgot
+        # it) is answered at once, mail or not: the name is the news. It registers its sockets
+        # again on learning it, which a shard `presence rollout` replaced wants done while it owns
+        # nothing (cluster/rollout.py); a pull that waited for mail first made the edge learn it
+        # only once its slots were back, and register all their sockets again under load.
+        told = incarnation == box.incarnation
+        if told:
+            box.known = True
+        else:
             acked_seq, resend = 0, True
         box.ack(acked_seq)
         if resend:
@@ -361,7 +373,10 @@ class PresenceShard:
         # An apply's reply may take what woke us: wait on until something is left to hand out
         # (or until the box is forgotten: see below).
         while (
-            not box.unhanded() and self.mail.get(edge_id) is box and (left := deadline - time.monotonic()) > 0
+            told
+            and not box.unhanded()
+            and self.mail.get(edge_id) is box
+            and (left := deadline - time.monotonic()) > 0
         ):
             box.event.clear()
             with contextlib.suppress(TimeoutError):
@@ -478,6 +493,11 @@ class PresenceShard:
     async def mail_pending(self) -> int:
         """Frames waiting for an edge to collect them (a shard is retired only at 0)."""
         return sum(box.kept for box in self.mail.values())
+
+    async def edges_registered(self) -> list[str]:
+        """The edges that have called with their box's name since it was made: they know this
+        incarnation and have registered their sockets here again."""
+        return sorted(edge_id for edge_id, box in self.mail.items() if box.known)
 
     def unsaved(self) -> set[str]:
         """Accounts whose chosen status or setting is not in PostgreSQL yet."""

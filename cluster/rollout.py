@@ -5,10 +5,13 @@ Each PresenceActor in turn: its slots move to the other shards with the resize m
 import, flip the map: to everybody outside only their address changes), the edges collect the mail
 still addressed to it, it hands its last-seen values to the FlushActor and saves its choices, and
 Ray restarts it in a fresh process (which imports the installed code); once its new incarnation
-answers, its slots move back. Then the FlushActor (drained first; the shards keep every
-last-seen until a write is acknowledged, so its restart loses nothing), then the slot directory
-(its map put back at once with a newer version). Between two releases the internal wire's
-version (actors/core/contract.py) keeps edges and shards of both working together.
+answers and every edge that pulled from the old one has registered again with it (nothing to
+register while it owns no slot), its slots move back. An edge that learnt of the new incarnation
+only after that would register again every socket of those slots, under load, and its watchers
+would resync. Then the FlushActor (drained first; the shards keep every last-seen until a write
+is acknowledged, so its restart loses nothing), then the slot directory (its map put back at once
+with a newer version). Between two releases the internal wire's version
+(actors/core/contract.py) keeps edges and shards of both working together.
 
 `rollout` is written against small protocols, so tests/unit/test_rollout.py runs it on fakes.
 """
@@ -44,10 +47,14 @@ class Directory(Protocol):
     async def age_s(self) -> float: ...
 
 
+class ReplacedShard(Shard, Protocol):
+    async def edges_registered(self) -> list[str]: ...
+
+
 class Fleet(Protocol):
     """Reaching and replacing the pool's actors."""
 
-    def shard(self, index: int) -> Shard: ...
+    def shard(self, index: int) -> ReplacedShard: ...
     async def restart_shard(self, index: int) -> None: ...
     async def move_shard(self, index: int, node: str) -> None: ...
     async def restart_flush(self) -> int: ...
@@ -116,6 +123,7 @@ async def rollout(
             await move(index, dst, slots)
         await edges_caught_up(f"shard {index}")
         old = f.shard(index)
+        pulling = await old.edges_registered()
         deadline = clock() + MAIL_WAIT_S
         while await old.mail_pending() and clock() < deadline:
             await sleep(MAIL_POLL_S)  # the edges collect what was addressed to them there
@@ -126,6 +134,10 @@ async def rollout(
             await f.restart_shard(index)
         else:
             await f.move_shard(index, relocate[index])
+        missing = await edges_not_registered(f.shard(index), pulling, clock, sleep)
+        if missing:
+            late = ", ".join(missing)
+            progress(f"shard {index}: edges not registered again within {MAP_CATCH_UP_S:g} s: {late}")
         for src, slots in sorted(plan.items()):
             await move(src, index, slots)
         where = "" if relocate is None else f" on node {relocate[index][:12]}"
@@ -163,6 +175,23 @@ async def edges_behind(
         if (not behind and heard_from_all) or clock() >= deadline:
             return behind
         await sleep(MAP_POLL_S)
+
+
+async def edges_not_registered(
+    shard: ReplacedShard,
+    edges: Sequence[str],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> list[str]:
+    """Wait (up to MAP_CATCH_UP_S) until each of `edges` has registered again with the shard's
+    new incarnation (its pull is answered at once with the news: actors/presence.py `pull`); those
+    still missing then (an edge that died meanwhile)."""
+    deadline = clock() + MAP_CATCH_UP_S
+    while True:
+        missing = sorted(set(edges) - set(await shard.edges_registered()))
+        if not missing or clock() >= deadline:
+            return missing
+        await sleep(MAIL_POLL_S)
 
 
 class Spread(Protocol):

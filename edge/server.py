@@ -37,6 +37,7 @@ from actors.core.frames import (
 )
 from actors.core.liveness import CutOff
 from actors.core.shard import Claim
+from actors.core.slots import SlotMap
 from actors.counts import CountReader
 from actors.metrics import Metrics
 from edge import protocol as p
@@ -910,10 +911,11 @@ class Edge:
     async def _reregister(self, shard: int) -> None:
         """A shard restarted empty: tell it again about every live socket of ours it owns, and
         report again the departures it may not have written (edge/reregistration.py)."""
-        assert self.router.map is not None
+        registered_by = self.router.map
+        assert registered_by is not None
         registered = [c for c in self.conns.values() if c.registered and c.session.user_id is not None]
         live = [c for c in registered if c.phase is Phase.LIVE]
-        plan = reregistration(shard, self.router.map, [c.registration() for c in registered], self.departures)
+        plan = reregistration(shard, registered_by, [c.registration() for c in registered], self.departures)
         for op in plan.replays:
             self._replay(op)
         results = await asyncio.gather(
@@ -929,7 +931,7 @@ class Edge:
             if conn.session.socket_id not in self.conns:
                 self.metrics.inc("edge_reregister_undone_total")
                 await self._cleanup(conn)
-        self._spawn(self._resync(shard))
+        self._spawn(self._resync(shard, registered_by))
 
     def _replay(self, op: ops.Departed) -> None:
         """Report a departure again to a restarted shard, in the background and until it lands
@@ -946,19 +948,27 @@ class Edge:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _resync(self, shard: int) -> None:
+    async def _resync(self, shard: int, registered_by: SlotMap) -> None:
         """Bring every watcher's view of the accounts on a restarted shard back to the truth.
 
         The dead incarnation's mail is gone, and changes made while it was away (a socket that
         closed, a status chosen) reach nobody who watched them: the new incarnation only knows the
         watches registered again. Once every edge has had time to register its sockets again
         (`resync_delay_s`), each watcher asks afresh and is sent only what differs from what it
-        shows; its other events wait meanwhile, so none overtakes the answer."""
+        shows; its other events wait meanwhile, so none overtakes the answer.
+
+        Only the accounts the shard owned when this edge registered again (`registered_by`, the
+        map then) and owns still: slots that a resize or `presence rollout` moved to the new
+        incarnation since came with their watchers and lost nothing."""
         await asyncio.sleep(self.config.resync_delay_s)
 
         async def one(conn: Conn) -> None:
             s = conn.session
-            targets = sorted(t for t in s.subscriptions if self.router.shard_of_user(t) == shard)
+            targets = sorted(
+                t
+                for t in s.subscriptions
+                if self.router.shard_of_user(t) == shard and registered_by.shard_of(t) == shard
+            )
             if not targets or s.socket_id not in self.conns:
                 return
             conn.hold += 1
