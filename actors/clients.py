@@ -84,7 +84,7 @@ class DirectoryActor(Protocol):
     restore: Remote[[int, tuple[int, ...], int], int]
     get_shard_config: Remote[[], dict[str, Any]]
     register_edge: Remote[[str, EdgeInfo], None]
-    list_edges: Remote[[], dict[str, EdgeInfo]]
+    list_edges: Remote[[float], dict[str, EdgeInfo]]
     edges_on: Remote[[list[str]], list[str]]
     age_s: Remote[[], float]
 
@@ -289,8 +289,9 @@ class DirectoryClient(_Named[DirectoryActor]):
     async def edges_on(self, node_ids: list[str]) -> list[str]:
         return await self._wait(lambda h: h.edges_on.remote(node_ids))
 
-    async def list_edges(self) -> dict[str, EdgeInfo]:
-        return await self._wait(lambda h: h.list_edges.remote())
+    async def list_edges(self, max_age_s: float = 30.0) -> dict[str, EdgeInfo]:
+        """The edges that registered within `max_age_s` (every EDGE_REGISTER_EVERY_S while alive)."""
+        return await self._wait(lambda h: h.list_edges.remote(max_age_s))
 
     async def age_s(self) -> float:
         return await self._wait(lambda h: h.age_s.remote())

@@ -918,6 +918,7 @@ class Edge:
         plan = reregistration(shard, registered_by, [c.registration() for c in registered], self.departures)
         for op in plan.replays:
             self._replay(op)
+        self.metrics.inc("edge_reregistered_ops_total", n=len(plan.register))
         results = await asyncio.gather(
             *(self.router.to_shard(shard, op) for op in plan.register), return_exceptions=True
         )
@@ -972,6 +973,7 @@ class Edge:
             if not targets or s.socket_id not in self.conns:
                 return
             conn.hold += 1
+            self.metrics.inc("resync_watches_total")
             try:
                 user = s.user_id
                 assert user is not None

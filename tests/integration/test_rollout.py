@@ -67,6 +67,7 @@ async def test_rollout_under_load_loses_nothing_and_closes_nothing(
 
     churning = asyncio.create_task(churn())
     lines: list[str] = []
+    redone_before = [redone(e) for e in (edge, second_edge)]  # the edges may have seen restarts
     try:
         summary = await rollout(progress=lines.append)
     finally:
@@ -75,6 +76,10 @@ async def test_rollout_under_load_loses_nothing_and_closes_nothing(
     assert summary["shards"] == SHARDS
     after = await incarnations()
     assert all(a != b for a, b in zip(before, after, strict=True)), (before, after, lines)
+    # Each edge learnt of each new incarnation while it owned nothing: nothing registered again,
+    # no watcher resynced (both happened under the load, for every account of the replaced shard,
+    # when the edges learnt of it only after its slots were back).
+    assert [redone(e) for e in (edge, second_edge)] == redone_before, lines
     # Nothing closed.
     for c in (*sockets, watcher):
         assert c.close_code is None and not c.ws.close_code
@@ -102,6 +107,15 @@ async def test_rollout_under_load_loses_nothing_and_closes_nothing(
         await fresh.close()
     for c in (*sockets, watcher):
         await c.close()
+
+
+def redone(e: Edge) -> tuple[float, float]:
+    """What an edge re-did for restarted shards: operations registered again, watches resynced."""
+    counters = e.metrics.snapshot()["counters"]
+    return (
+        sum(v for n, _labels, v in counters if n == "edge_reregistered_ops_total"),
+        sum(v for n, _labels, v in counters if n == "resync_watches_total"),
+    )
 
 
 def edge_ws(e: Edge) -> str:

@@ -11,13 +11,17 @@ import pytest
 
 from actors.core.shard import SlotExport
 from actors.core.slots import SLOT_COUNT, SlotMap
-from cluster.rollout import SingleShard, rollout
+from cluster.rollout import MAP_CATCH_UP_S, SingleShard, rollout
 
 
 class FakeShard:
     def __init__(self, fleet: FakeFleet, index: int, owned: set[int]) -> None:
         self.fleet, self.index, self.owned = fleet, index, owned
         self.incarnation = 0
+        # The edges pulling from it that know its incarnation; a new one learns of them after
+        # `looks_to_register` looks (their pulls come back from the restart).
+        self.registered = list(fleet.edges)
+        self.looks_to_register = 0
 
     async def export_slots(self, slots: list[int]) -> SlotExport:
         assert set(slots) <= self.owned
@@ -27,7 +31,17 @@ class FakeShard:
     async def import_slots(self, export: SlotExport) -> None:
         for other in self.fleet.shards.values():
             assert other.owned.isdisjoint(export.slots), "a slot held twice"
+        assert set(self.registered) >= set(self.fleet.edges) - self.fleet.dead_edges, (
+            "slots given back before every edge registered again"
+        )
         self.owned |= export.slots
+
+    async def edges_registered(self) -> list[str]:
+        if self.looks_to_register > 0:
+            self.looks_to_register -= 1
+            if not self.looks_to_register:
+                self.registered = sorted(set(self.fleet.edges) - self.fleet.dead_edges)
+        return self.registered
 
     async def mail_pending(self) -> int:
         self.fleet.log.append(("mail", self.index))
@@ -42,6 +56,8 @@ class FakeFleet:
     def __init__(self, count: int) -> None:
         m = SlotMap.even(count)
         self.version, self.owners, self.count = m.version, m.owners, count
+        self.edges = ["e1", "e2"]
+        self.dead_edges: set[str] = set()  # never register with a new incarnation
         self.shards = {i: FakeShard(self, i, set(m.slots_of(i))) for i in range(count)}
         self.log: list[tuple[Any, ...]] = []
         self.directory_age_s = 3600.0
@@ -60,8 +76,8 @@ class FakeFleet:
         self.owners, self.count = tuple(owners), shard_count
         return self.version
 
-    async def list_edges(self) -> dict[str, dict[str, Any]]:
-        return {}
+    async def list_edges(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
+        return {e: {} for e in self.edges}
 
     # the fleet
     def shard(self, index: int) -> FakeShard:
@@ -69,7 +85,9 @@ class FakeFleet:
 
     async def restart_shard(self, index: int) -> None:
         assert not self.shards[index].owned, "replaced while it still held slots"
-        self.shards[index].incarnation += 1
+        shard = self.shards[index]
+        shard.incarnation += 1
+        shard.registered, shard.looks_to_register = [], 3
         self.log.append(("restart", index))
 
     async def restart_flush(self) -> int:
@@ -114,7 +132,7 @@ class LaggingEdgeFleet(FakeFleet):
         self.looks = 0
         return await super().set_map(owners, shard_count)
 
-    async def list_edges(self) -> dict[str, dict[str, Any]]:
+    async def list_edges(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
         self.looks += 1
         if self.looks >= 3:
             self.edge_version = self.version
@@ -156,7 +174,7 @@ async def test_a_directory_too_young_to_have_heard_from_every_edge_is_not_taken_
     async def young() -> float:
         return now[0]  # made when the rollout began
 
-    async def edges() -> dict[str, dict[str, Any]]:
+    async def edges(_max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
         # The edge registers 5 s in, with the map it routes by then: the latest.
         return {"e1": {"map_version": fleet.version}} if now[0] >= 5.0 else {}
 
@@ -181,13 +199,14 @@ async def test_an_edge_that_never_catches_up_holds_the_rollout_back_for_a_bounde
     now = [0.0]
     lines: list[str] = []
 
-    async def stuck() -> dict[str, dict[str, Any]]:
+    async def stuck(_max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
         return {"e9": {"map_version": 0}}
 
     async def sleep(s: float) -> None:
         now[0] += s
 
     fleet.list_edges = stuck  # type: ignore[method-assign]
+    fleet.edges = []  # e9 pulls from no shard: no shard waits for it to register again
     await rollout(lines.append, chunk=1000, directory=fleet, fleet=fleet, clock=lambda: now[0], sleep=sleep)
     assert sum("e9" in line for line in lines) == 3  # before each shard and the directory, then on
     assert now[0] == pytest.approx(3 * 15.0, abs=1.0)
@@ -237,3 +256,35 @@ async def test_scale_at_the_same_size_moves_the_fewest_shards_each_emptied_and_g
         assert shard.owned == set(SlotMap(0, before, 6).slots_of(i))
     again = await rebalance(lambda _: None, directory=fleet, fleet=fleet)
     assert again["shards"] == 0
+
+
+async def test_a_replaced_shard_gets_its_slots_back_only_once_its_edges_registered_again() -> None:
+    """Every edge that pulled from the old incarnation registers again with the new one while it
+    owns nothing (FakeShard.import_slots refuses slots before): registering after the slots were
+    back re-sent every socket of them under load, and their watchers resynced."""
+    fleet = FakeFleet(3)
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    await rollout(lambda _: None, directory=fleet, fleet=fleet, sleep=sleep)
+    assert all(s.incarnation == 1 and s.registered == ["e1", "e2"] for s in fleet.shards.values())
+    assert len(slept) >= 2 * 3  # each replaced shard was looked at until its edges were back
+
+
+async def test_an_edge_that_never_registers_again_holds_a_shard_back_for_a_bounded_time() -> None:
+    """An edge that died meanwhile never registers with the new incarnation: the shard gets its
+    slots back after MAP_CATCH_UP_S, and the progress names the edge."""
+    fleet = FakeFleet(2)
+    fleet.dead_edges = {"e2"}
+    now = [0.0]
+    lines: list[str] = []
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    await rollout(lines.append, directory=fleet, fleet=fleet, clock=lambda: now[0], sleep=sleep)
+    late = [line for line in lines if "not registered again" in line]
+    assert len(late) == 2 and all(line.endswith(": e2") for line in late)
+    assert now[0] >= 2 * MAP_CATCH_UP_S

@@ -448,3 +448,32 @@ async def test_a_pull_woken_after_its_edge_died_is_no_word_from_that_edge(
     clock.advance(10.0)  # Ray's verdict
     assert shard.edges_died(["edge-a"]) == ["edge-a"]
     assert shard.state.pending_last_seen["alice"] == last_heard
+
+
+async def test_a_pull_that_does_not_know_the_incarnation_is_answered_at_once(shard: PresenceShard) -> None:
+    """An edge pulling with an incarnation that is not its box's name (this shard restarted, or
+    forgot it) is answered at once, mail or not: the name is the news, on which it registers again.
+    Before, it waited for mail first, so an edge learnt of an actor `presence rollout` had replaced
+    only once its slots were back, and registered all their sockets again under load."""
+    await shard.apply("edge-a", [ops.Connect("alice", "s1")])
+    incarnation, _ = await asyncio.wait_for(shard.pull("edge-a", "an earlier incarnation", 7, 30.0), 1)
+    assert incarnation == shard.mail["edge-a"].incarnation
+    pulling = asyncio.create_task(shard.pull("edge-a", incarnation, 0, 30.0))
+    assert await still_pending(pulling)  # knowing the name, it waits for mail as before
+    pulling.cancel()
+
+
+async def test_an_edge_counts_as_registered_again_once_it_calls_with_its_boxs_name(
+    shard: PresenceShard,
+) -> None:
+    """`edges_registered`: what `presence rollout` waits for before it gives a replaced shard its
+    slots back. An edge calls with the new name only after registering its sockets again."""
+    await shard.apply_and_collect("edge-a", [ops.PING], None, 0)  # a call under an older name
+    incarnation, _ = await shard.pull("edge-b", None, 0, 0)
+    assert await shard.edges_registered() == []
+    await shard.apply_and_collect("edge-a", [ops.PING], shard.mail["edge-a"].incarnation, 0)
+    assert await shard.edges_registered() == ["edge-a"]
+    pulling = asyncio.create_task(shard.pull("edge-b", incarnation, 0, 30.0))
+    await asyncio.sleep(0)
+    assert await shard.edges_registered() == ["edge-a", "edge-b"]
+    pulling.cancel()
