@@ -70,12 +70,6 @@ _MOVED, _FAILED = object(), object()
 Queued = tuple[ops.Operation[object], "asyncio.Future[object]"]
 
 
-def _retrieved(flight: asyncio.Future[None]) -> None:
-    """A map read that failed with nobody left awaiting it is not an unretrieved exception."""
-    if not flight.cancelled():
-        flight.exception()
-
-
 class Shard(Protocol):
     """One shard as the edge calls it: `actors.clients.ShardClient`, a fake in the unit tests."""
 
@@ -212,7 +206,6 @@ class Router:
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._pullers: dict[int, asyncio.Task[None]] = {}
         self.inboxes: dict[int, Inbox] = {}
-        self._map_flight: asyncio.Future[None] | None = None
         self._closed = False
 
     async def start(self) -> None:
@@ -226,22 +219,6 @@ class Router:
         await asyncio.gather(*(self.call(i, ops.PING) for i in self.shards))
 
     async def refresh_map(self) -> None:
-        """The directory's map, asked once for every caller meanwhile.
-
-        Each operation waiting out a slot move polls this every 10 ms (`wait_for_map_after`). One
-        directory call per waiter multiplied the directory's calls by the waiters of every move
-        of a resize or `presence rollout` (each a Ray call, ~1.5 ms of CPU over both ends), at the
-        actor that must also publish the move's flip. A caller that joins a call already on its
-        way may learn a map a few ms older than its question: every caller polls or retries."""
-        flight = self._map_flight
-        if flight is None or flight.done():
-            flight = self._map_flight = asyncio.ensure_future(self._read_map())
-            flight.add_done_callback(_retrieved)
-        # Shielded: a caller given up on (its deadline, its socket closed) leaves the call to the
-        # others instead of cancelling it under them.
-        await asyncio.shield(flight)
-
-    async def _read_map(self) -> None:
         version, owners, count = await self.pool.get_map()
         if self.map is None or self.map.version != version:
             self.map = SlotMap(version, tuple(owners), count)
@@ -259,8 +236,6 @@ class Router:
 
     async def close(self) -> None:
         self._closed = True
-        if self._map_flight is not None:
-            self._map_flight.cancel()
         for t in self._pullers.values():
             t.cancel()
         for timer in self._timers.values():

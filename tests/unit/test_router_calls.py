@@ -139,57 +139,6 @@ async def test_moved_while_the_directory_restarts_waits_for_the_directory(fake: 
     assert not restarting
 
 
-async def test_operations_waiting_out_a_slot_move_share_one_directory_call(fake: MakeFake) -> None:
-    """Fifty operations answered MOVED wait for the flip together: at most one map read is on its
-    way to the directory at a time, however many wait. Before, each waiter asked every 10 ms on
-    its own, one Ray call each, and the waiters of a move flooded the directory."""
-    f = await fake(lambda shard, op: MOVED if shard == 0 else "dnd")
-    published = f.pool.get_map
-    reads = in_flight = most = 0
-
-    async def directory() -> tuple[int, tuple[int, ...], int]:
-        nonlocal reads, in_flight, most
-        reads += 1
-        in_flight += 1
-        most = max(most, in_flight)
-        try:
-            await asyncio.sleep(0.002)
-            if reads == 10:  # the move's flip, published while they wait
-                f.flip(tuple(1 for _ in f.published.owners), 2)
-            return await published()
-        finally:
-            in_flight -= 1
-
-    f.pool.get_map = directory  # type: ignore[method-assign]
-    users = user_on(f.published, 0, 50)
-    answers = await asyncio.gather(*(f.router.to_user(u, ops.SetStatus(u, "s1", "dnd")) for u in users))
-    assert answers == ["dnd"] * 50
-    assert most == 1
-    assert reads <= 11  # the flip's read, and at most one more begun before it came back
-
-
-async def test_a_waiter_given_up_on_leaves_the_map_read_to_the_others(fake: MakeFake) -> None:
-    """The shared read is shielded: cancelling one caller (its socket closed) does not cancel the
-    read the others wait on."""
-    f = await fake(answer_none)
-    published = f.pool.get_map
-    release = asyncio.Event()
-
-    async def slow_directory() -> tuple[int, tuple[int, ...], int]:
-        await release.wait()
-        return await published()
-
-    f.pool.get_map = slow_directory  # type: ignore[method-assign]
-    given_up = asyncio.create_task(f.router.refresh_map())
-    waiting = asyncio.create_task(f.router.refresh_map())
-    await asyncio.sleep(0)
-    given_up.cancel()
-    f.flip(tuple(1 for _ in f.published.owners), 2)
-    release.set()
-    await asyncio.wait_for(waiting, 5)
-    assert f.router.map == f.published
-
-
 async def test_a_restarting_shard_is_retried_until_it_answers(
     monkeypatch: pytest.MonkeyPatch, fake: MakeFake
 ) -> None:
