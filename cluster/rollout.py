@@ -127,7 +127,10 @@ async def rollout(
             await move(index, dst, slots)
         await edges_caught_up(f"shard {index}")
         old = f.shard(index)
-        pulling = await old.edges_registered()
+        try:
+            pulling = await old.edges_registered()
+        except AttributeError:  # the release before has no such call: the new process is told late
+            pulling = []
         deadline = clock() + MAIL_WAIT_S
         while await old.mail_pending() and clock() < deadline:
             await sleep(MAIL_POLL_S)  # the edges collect what was addressed to them there
@@ -192,11 +195,12 @@ async def edges_not_registered(
     new incarnation (its pull is answered at once with the news: actors/presence.py `pull`); those
     still missing then (an edge that died meanwhile)."""
     deadline = clock() + MAP_CATCH_UP_S
-    while True:
+    while edges:
         missing = sorted(set(edges) - set(await shard.edges_registered()))
         if not missing or clock() >= deadline:
             return missing
         await sleep(MAIL_POLL_S)
+    return []
 
 
 class Spread(Protocol):

@@ -288,3 +288,18 @@ async def test_an_edge_that_never_registers_again_holds_a_shard_back_for_a_bound
     late = [line for line in lines if "not registered again" in line]
     assert len(late) == 2 and all(line.endswith(": e2") for line in late)
     assert now[0] >= 2 * MAP_CATCH_UP_S
+
+
+async def test_a_shard_of_the_release_before_is_replaced_without_the_wait() -> None:
+    """The actors being replaced run the release before, which has no `edges_registered` (Ray's
+    handle raises AttributeError): the rollout goes on as that release's did, no wait."""
+    fleet = FakeFleet(2)
+    fleet.edges = []  # nothing to wait for in the new processes either
+
+    async def missing() -> list[str]:
+        raise AttributeError("'ActorHandle' object has no attribute 'edges_registered'")
+
+    for shard in fleet.shards.values():
+        shard.edges_registered = missing  # type: ignore[method-assign]
+    summary = await rollout(lambda _: None, chunk=1000, directory=fleet, fleet=fleet)
+    assert summary["shards"] == 2
