@@ -77,8 +77,7 @@ async def test_rollout_under_load_loses_nothing_and_closes_nothing(
     after = await incarnations()
     assert all(a != b for a, b in zip(before, after, strict=True)), (before, after, lines)
     # Each edge learnt of each new incarnation while it owned nothing: nothing registered again,
-    # no watcher resynced (both happened under the load, for every account of the replaced shard,
-    # when the edges learnt of it only after its slots were back).
+    # no watcher resynced (an edge that learns of it after the slots are back does both, under load).
     assert [redone(e) for e in (edge, second_edge)] == redone_before, lines
     # Nothing closed.
     for c in (*sockets, watcher):
