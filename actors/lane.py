@@ -83,8 +83,12 @@ WAITING_HANDSHAKES = 1024
 # peer's kernel answers the probes however busy its process is: only a silent network breaks it.
 _KEEPALIVE = (5, 1, 3)
 _USER_TIMEOUT_MS = 8_000
-# Exceptions whose type the edge's retry rules know (a Ray call re-raised them as their own type).
+# Exceptions whose type the edge's retry rules know (a Ray call re-raises a shard's exception as
+# an instance of its own class, so a subclass still matches them there; the lane carries names).
 _KNOWN_REMOTE: dict[str, type[Exception]] = {"ValueError": ValueError, "TimeoutError": TimeoutError}
+# Names of subclasses that shards of the release before sent as they were: a suspended shard's
+# refusal (actors/pool.py) must still reach the edge as a TimeoutError it retries.
+_KNOWN_SUBCLASSES: dict[str, type[Exception]] = {"ShardSuspended": TimeoutError}
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -331,7 +335,24 @@ def _failure(method: str, e: Exception) -> tuple[bool, Any]:
         log.info("lane: %s refused: %s", method, e)
     else:
         log.error("lane: %s failed", method, exc_info=e)
-    return False, (type(e).__name__, str(e))
+    return False, _wire_failure(e)
+
+
+def _wire_failure(e: Exception) -> tuple[str, str]:
+    """(kind, message): kind the nearest class of `e` the edge's retry rules know, so a subclass
+    is retried as its base would be (before, a suspended shard's refusal reached the edge as a
+    `LaneRemoteError`, which nothing retries: a cut-off edge's drain lost its departures)."""
+    name = type(e).__name__
+    for cls in type(e).__mro__:
+        if cls.__name__ in _KNOWN_REMOTE:
+            return cls.__name__, str(e) if cls.__name__ == name else f"{name}: {e}"
+    return name, str(e)
+
+
+def _remote_error(kind: str, message: str) -> Exception:
+    """The exception a failed call raises at the edge (by kind; unknown kinds: LaneRemoteError)."""
+    known = _KNOWN_REMOTE.get(kind) or _KNOWN_SUBCLASSES.get(kind) or LaneRemoteError
+    return known(f"{kind}: {message}")
 
 
 class LaneServer:
@@ -517,8 +538,7 @@ class LaneClient:
         finally:
             connection.waiting.pop(request_id, None)
         if not ok:
-            kind, message = result
-            raise _KNOWN_REMOTE.get(kind, LaneRemoteError)(f"{kind}: {message}")
+            raise _remote_error(*result)
         return result
 
     def close(self) -> None:

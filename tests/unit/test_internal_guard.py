@@ -12,6 +12,7 @@ from edge.http_server import (
     MAX_HEADERS,
     BadRequest,
     HttpRequest,
+    HttpServer,
     parse_header_line,
     parse_request_line,
     read_request,
@@ -69,6 +70,26 @@ def test_read_request_reads_the_head_and_never_the_body() -> None:
     assert e.value.status == 414
     with pytest.raises(EOFError):
         _read(b"GET / HTTP/1.1\r\nHost: h\r\n")
+
+
+class _HalfClosingWriter:
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+
+def test_a_client_gone_after_its_answer_ends_the_linger_quietly() -> None:
+    """ENOTCONN on the linger's read is an OSError but not a ConnectionError: it ended the
+    connection with a logged traceback before (the testbed's HAProxy health checks)."""
+
+    async def linger() -> None:
+        reader = asyncio.StreamReader()
+        reader.set_exception(OSError(107, "Transport endpoint is not connected"))
+        await HttpServer._linger(reader, _HalfClosingWriter())  # type: ignore[arg-type]
+
+    asyncio.run(linger())
 
 
 def test_strict_decoding() -> None:

@@ -144,6 +144,31 @@ async def test_an_exception_in_the_shard_reaches_the_caller_by_type_and_keeps_th
         assert not client.broken
 
 
+class ShardSuspended(TimeoutError):
+    """As actors/pool.py's: a refusal the edge retries."""
+
+
+async def test_a_refusal_of_a_timeout_subclass_reaches_the_edge_as_a_timeout_it_retries() -> None:
+    """A suspended shard's refusal: the edge's retry rules know TimeoutError, not the subclass.
+    Before, it came back as a LaneRemoteError, which nothing retried (a cut-off edge's drain
+    lost its departures when its own node's shard was still suspended after the heal)."""
+
+    async def suspended() -> None:
+        raise ShardSuspended("shard 5 is suspended (cut off from most nodes)")
+
+    async with _lane({"suspended": suspended}) as (_, client):
+        with pytest.raises(TimeoutError, match="TimeoutError: ShardSuspended: shard 5 is suspended"):
+            await client.call("suspended")
+        assert not client.broken
+
+
+def test_a_refusal_named_by_a_shard_of_the_release_before_is_a_timeout_too() -> None:
+    """Shards before this change sent the subclass's own name."""
+    error = lane._remote_error("ShardSuspended", "shard 5 is suspended")
+    assert type(error) is TimeoutError and str(error) == "ShardSuspended: shard 5 is suspended"
+    assert type(lane._remote_error("KeyError", "x")) is LaneRemoteError
+
+
 async def test_a_shard_that_goes_away_fails_every_call_in_flight_and_every_later_one() -> None:
     async with _lane(_handlers(Shard())) as (server, client):
         pulls = [asyncio.ensure_future(client.call("pull", "e", None, 0, 30.0, False)) for _ in range(3)]
