@@ -38,52 +38,53 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 
-# Measured costs, µs of CPU. A Ray call costs CALL_US over both ends whatever it carries (~1.5 ms
-# here, bench/profiles/README.md; bench scale's 1 → 8 shards difference would make it up to
-# 3.8 ms, so the figures below are the optimistic end); the per-operation costs are the measured
-# ones less their share of the calls that carried them.
-CALL_US = 1_500.0
-# A call on a shard's direct lane: bench rtt b5130a4 measured both roads side by side (whole
-# machine, back to back): 227 µs against 2,433 µs for a Ray call on that (slow) hour, 0.093x;
-# scaled to the Ray call's 1.5 ms above.
-LANE_CALL_US = CALL_US * 227 / 2_433
-# bench edge 2443416 (the sans-I/O edge, quiet machine): 34,452 heartbeats per CPU-second, ours
-# 1.47x the bare server on that (slow) hour; 24 µs at 1d16161 on a faster one.
-HEARTBEAT_US = 1e6 / 34_452
-# bench scale b81985d, 1 shard: router 12.4 µs/frame, shard (2 - 0.98 cores) / 74,798 frames/s =
-# 13.6, with 2.1 calls per 1,000 frames.
-ROUTE_US, SHARD_APPLY_US = 12.4, 13.6
-APPLY_US = ROUTE_US + SHARD_APPLY_US - 2.1 * CALL_US / 1000
-# Fan-out per edge (issue 28 item 1), bench fanout 267bdf7 on the quiet machine, 800 changes/s of
-# 10,000 accounts x 50 watchers on one edge: 14.8 µs (edge) + 6.8 µs (shards) per delivery, with
-# 19.5 shard calls per 1,000 deliveries (about one call per change); a call's CPU is taken out,
+# Measured costs, µs of CPU, refitted for issue 28 on the quiet 2-core machine of 2026-12-04
+# evening, all at 0d69d89: the median of the three consecutive `presence bench all` runs (22:09-
+# 22:43 UTC) unless said otherwise. The per-operation costs are the measured ones less their share
+# of the calls that carried them.
+# A Ray call, and a call on a shard's direct lane (actors/lane.py), over the whole machine, back to
+# back (bench rtt 0d69d89, right after those runs, load 0.6): 1,640 µs and 86 µs.
+CALL_US = 1_640.0
+LANE_CALL_US = 86.0
+# bench edge: 129,600 heartbeats per CPU-second of the edge (123,793-130,580; the sans-I/O edge,
+# the answers to one read's frames in one send()).
+HEARTBEAT_US = 1e6 / 129_600
+# bench scale, 1 shard: the router (inside the load generators) 5.77 µs/frame, the shard the rest
+# of the machine, (2 - 0.99 cores) / 160,110 frames/s = 6.29 µs, with 2.16 calls per 1,000 frames.
+ROUTE_US, SHARD_APPLY_US = 5.77, 6.29
+APPLY_US = ROUTE_US + SHARD_APPLY_US - 2.16 * LANE_CALL_US / 1000
+# Fan-out per edge, bench fanout at 800 changes/s of 10,000 accounts x 50 watchers on one edge:
+# 12.9 µs (edge) + 4.42 µs (shards) per delivery (12.0-13.6 and 3.77-4.83 over the three runs),
+# 19.7 shard calls per 1,000 deliveries (about one call per change); a call's CPU is taken out,
 # half from each end.
-FANOUT_CALLS_PER_DELIVERY = 19.5 / 1000
+FANOUT_CALLS_PER_DELIVERY = 19.7 / 1000
 FANOUT_WATCHERS = 50
-EDGE_DELIVERY_US = 14.8 - FANOUT_CALLS_PER_DELIVERY * LANE_CALL_US / 2
+EDGE_DELIVERY_US = 12.9 - FANOUT_CALLS_PER_DELIVERY * LANE_CALL_US / 2
 # The shard's cost per edge reached, from the micro-benchmark of its pure fan-out path and mail
-# step (bench/profiles/fanout_core.py at ca4e8cc, 1,000 x 50, 1 / 2 / 8 / 20 / 50 edges: 33.1 /
-# 36.7 / 53.4 / 90.2 / 188.7 µs per change: 3.1-3.2 µs per edge beyond the first).
-SHARD_EDGE_US = 3.1
-# The rest of the shards' 6.8 µs per delivery is per change: at one edge, 50 deliveries a change,
+# step (bench/profiles/fanout_core.py at 0d69d89, quiet, 1,000 x 50 at 1 / 2 / 8 / 20 / 50 edges:
+# 11.2 / 12.4 / 20.7 / 36.0 / 74.5 µs per change: 1.3 µs per edge beyond the first; 3.1 µs on the
+# loaded machine of ca4e8cc).
+SHARD_EDGE_US = 1.3
+# The rest of the shards' 4.42 µs per delivery is per change: at one edge, 50 deliveries a change,
 # less its call, the shard's part of the change itself (in APPLY_US) and the one edge's share:
-# ~255 µs, against ~30 µs for the pure path in the micro-benchmark. The difference is the shell
-# (the lane's receive and reply, the mail's encoding, the event loop) and the shards' CPU at rest
-# (0.02 cores in that run: ~25 µs a change at 800/s); not profiled yet.
+# ~170 µs, against ~11 µs for the pure path in the micro-benchmark: the shell (the lane's receive
+# and reply, the mail's encoding, the event loop woken per change) and Ray's threads at rest
+# (bench/profiles/README.md, "What is left of the CPU per delivery").
 SHARD_CHANGE_US = (
-    6.8 * FANOUT_WATCHERS
+    4.42 * FANOUT_WATCHERS
     - FANOUT_CALLS_PER_DELIVERY * FANOUT_WATCHERS * LANE_CALL_US / 2
     - SHARD_APPLY_US
     - SHARD_EDGE_US
 )
-CONNECT_US = 2_000.0  # bench connections f3ecb88: 978 identified connects/s with the edge and shards busy
-# Memory per connected account: the sans-I/O edge's RSS per idle identified socket (bench edge
-# 2443416, 9,000 sockets: 4.96 KiB; 15.4 KiB on websockets' asyncio server before issue 28) and
-# the shard's state per account with one socket, watching 50, friends with its 50 watchers, in
-# two servers (bench/profiles/fanout_core.py --memory at ffc1c26, with the watched-targets index
-# of relation changes: 15.0 KiB under tracemalloc; 13.5 at ca4e8cc; 10.5 KiB on the code before
-# fan-out per edge, 85ebc02^; bench connections f3ecb88's 9.9 KiB was an earlier probe).
-EDGE_KIB_PER_SOCKET = 4.96
+# bench connections: 3,269 identified connects/s (2,800-3,474) into one edge and its shards, the
+# whole machine busy: 2 cores / 3,269 = 612 µs (bench edge's handshake CPU, by process, agrees:
+# 537-560 µs of the whole machine per handshake to `ready`).
+CONNECT_US = 2e6 / 3_269
+# Memory per connected account: the sans-I/O edge's RSS per idle identified socket (bench edge and
+# bench connections: 4.96-4.98 KiB at 18,000-19,000 sockets) and the shard's state per account
+# with one socket, watching 50, friends with its 50 watchers, in two servers
+# (bench/profiles/fanout_core.py --memory at 0d69d89: 15.0 KiB under tracemalloc, as at ffc1c26).
+EDGE_KIB_PER_SOCKET = 4.97
 SHARD_KIB_PER_ACCOUNT = 15.0
 MEMORY_KIB = EDGE_KIB_PER_SOCKET + SHARD_KIB_PER_ACCOUNT
 
@@ -195,10 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         w = replace(w, **RAY_ROAD)
     if args.check:
         # bench fanout: 10,000 accounts x 50 watchers on one node, 800 changes/s (no heartbeats
-        # or churn in its window): measured 0.86 cores for the edge and shards with fan-out per
-        # edge (267bdf7: 21.6 µs per delivery); 1.16 by the Ray road (de3d3fb), 0.80 by the
-        # direct lanes (67328d7) before it. The costs and round trips were fitted there, so this
-        # checks the arithmetic, not the prediction.
+        # or churn in its window): measured 0.69 cores for the edge and shards in the middle run
+        # at 0d69d89 (17.3 µs per delivery; 0.57-0.79 over the three). The costs and round trips
+        # were fitted there, so this checks the arithmetic, not the prediction.
         fan = replace(w, changes_per_h=800 / 10_000 * 3600, heartbeat_s=1e12, churn_per_min=0.0)
         load = node_load(fan, 1, 10_000)
         print(f"model at bench fanout's load: {sum(load.cores.values()):.2f} cores ({load.cores})")
