@@ -165,6 +165,10 @@ class Testbed:
                 300,
                 f"the edge on {node.ip} healthy ({node.home}/presence.log)",
             )
+        # The balancer marks an edge UP only after two passed checks a second apart: until then
+        # it answers 503 to every client (the partition's watchers, connected right after this,
+        # were refused at set-up in one run of three).
+        wait_for(lambda: set(self.haproxy_states().values()) == {"UP"}, 60, "every edge UP in HAProxy")
         self.timings["cluster_up_s"] = time.monotonic() - started
         log(f"up: {self.size} nodes, edges healthy, balancer ws://127.0.0.1:{self.lb_port}/ws/presence")
 
