@@ -78,7 +78,7 @@ SHARD_CHANGE_US = (
 )
 # bench connections: 3,269 identified connects/s (2,800-3,474) into one edge and its shards, the
 # whole machine busy: 2 cores / 3,269 = 612 µs (bench edge's handshake CPU, by process, agrees:
-# 537-560 µs of the whole machine per handshake to `ready`).
+# 537-631 µs of the whole machine per handshake to `ready`).
 CONNECT_US = 2e6 / 3_269
 # Memory per connected account: the sans-I/O edge's RSS per idle identified socket (bench edge and
 # bench connections: 4.96-4.98 KiB at 18,000-19,000 sockets) and the shard's state per account

@@ -167,7 +167,7 @@ class Testbed:
             )
         # The balancer marks an edge UP only after two passed checks a second apart: until then
         # it answers 503 to every client (the partition's watchers, connected right after this,
-        # were refused at set-up in one run of three).
+        # were refused so at set-up in two of the runs of 2026-12-04).
         wait_for(lambda: set(self.haproxy_states().values()) == {"UP"}, 60, "every edge UP in HAProxy")
         self.timings["cluster_up_s"] = time.monotonic() - started
         log(f"up: {self.size} nodes, edges healthy, balancer ws://127.0.0.1:{self.lb_port}/ws/presence")
