@@ -624,6 +624,18 @@ class TestSweepEviction:
         assert w.s.missing_relations(["carol", "erin"]) == ["erin"]
         assert w.s.channels.subscribe("c1", "carol", "s1", "e1"), "swept while in use"
 
+    def test_a_readers_relations_stay_while_it_queries_and_go_a_round_after(self) -> None:
+        """A reader referenced by nothing here (its account on another shard): its relations
+        survive the round after a query read them, and go at the first round without one."""
+        w = pair_world()
+        w.s.sweep(w.now)  # the relations' first round
+        w.s.set_relations("zed", rel(servers={"g1"}), w.now)  # a reader, no account here
+        w.s.query("zed", None, ["bob"], w.at(1))
+        w.s.sweep(w.at(w.s.relations_sweep_s))
+        assert w.s.missing_relations(["zed"]) == [], "read by a query since the last round"
+        w.s.sweep(w.at(w.s.relations_sweep_s))
+        assert w.s.missing_relations(["zed"]) == ["zed"], "no query for a whole round"
+
 
 # ---------------------------------------------------------------------------- watching and audience
 
