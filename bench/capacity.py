@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         w = replace(w, **RAY_ROAD)
     if args.check:
         # bench fanout: 10,000 accounts x 50 watchers on one node, 800 changes/s (no heartbeats
-        # or churn in its window): measured 0.69 cores for the edge and shards in the middle run
-        # at 0d69d89 (17.3 µs per delivery; 0.57-0.79 over the three). The costs and round trips
+        # or churn in its window): 0.69 cores for the edge and shards in the median run at 0d69d89
+        # (17.3 µs per delivery x 40,000/s; 0.63-0.74 over the three). The costs and round trips
         # were fitted there, so this checks the arithmetic, not the prediction.
         fan = replace(w, changes_per_h=800 / 10_000 * 3600, heartbeat_s=1e12, churn_per_min=0.0)
         load = node_load(fan, 1, 10_000)
