@@ -225,8 +225,8 @@ class ShardState:
         self._relations_swept_at = 0.0
         # Readers whose relations a query read since the last relations' round: kept one more
         # round. A reader on another shard is referenced by nothing here, so its relations went at
-        # every round and its next query waited on PostgreSQL (bench query: 300 readers querying
-        # every 15 s, a load for ~1 query in 8 on the shard that does not own the reader).
+        # every round and its next query waited on PostgreSQL (under bench query, 4 % of a shard's
+        # samples were these reloads): a load per active reader per shard per minute.
         self._relations_read: set[str] = set()
 
     # ------------------------------------------------------------------ loading (shell → state)
