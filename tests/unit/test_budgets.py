@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.core.audience import Relations
-from actors.core.budgets import Allowance, Publications, Spending
+from actors.core.budgets import SWEEP_AT_LEAST, SWEEP_CYCLE_S, Allowance, Publications, Spending
 from actors.core.contract import AccountRow
 from actors.core.effects import Deliver, Effect
 from actors.core.shard import ShardState
@@ -100,6 +100,18 @@ class TestPublications:
         assert set(p) == {"a", "b"}
         p.sweep(T0 + 1.0)
         assert set(p) == set()
+
+    def test_many_windows_are_forgotten_a_slice_a_sweep_all_within_a_cycle(self) -> None:
+        """50,000 accounts changed at once (a reconnect storm): a sweep that walked every window
+        held the shard for 75-110 ms; the sweep a second now forgets a rolling slice."""
+        p = Publications(1, 1.0)
+        for i in range(SWEEP_AT_LEAST * 20):
+            p.change(f"u{i}", "offline", "online", T0)
+        p.sweep(T0 + 1.0)  # a sweep a second, as the shard's
+        assert 0 < len(list(p)) < SWEEP_AT_LEAST * 20, "one sweep looked at a slice, not at all"
+        for k in range(2, int(SWEEP_CYCLE_S) + 2):
+            p.sweep(T0 + k)
+        assert list(p) == [], "every spent window forgotten within a cycle"
 
     def test_export_and_restore_keep_the_window(self) -> None:
         p = Publications(1, 1.0)
@@ -331,6 +343,16 @@ class TestSpending:
         assert set(sp.buckets) == {("u", "lookups")}
         sp.sweep(T0 + 10)
         assert sp.buckets == {}
+
+    def test_many_buckets_are_forgotten_a_slice_a_sweep_all_within_a_cycle(self) -> None:
+        sp = Spending({"lookups": Allowance(per_min=60, burst=10)})
+        for i in range(SWEEP_AT_LEAST * 20):
+            sp.spend(f"u{i}", "lookups", 1, T0)
+        sp.sweep(T0 + 1.0)  # refilled, all of them
+        assert 0 < len(sp.buckets) < SWEEP_AT_LEAST * 20, "one sweep looked at a slice, not at all"
+        for k in range(2, int(SWEEP_CYCLE_S) + 2):
+            sp.sweep(T0 + k)
+        assert sp.buckets == {}, "every refilled bucket forgotten within a cycle"
 
     def test_default_lookup_budget_holds_a_full_subscription_cap(self) -> None:
         sp = Spending()

@@ -611,6 +611,27 @@ class TestSweepEviction:
         w.s.sweep(w.at(599))
         assert w.s.has_account("bob")
 
+    def test_a_large_shard_looks_for_idle_accounts_a_slice_a_sweep(self) -> None:
+        """Past `evict_scan_at_least` accounts a sweep looks at a rolling slice (a sweep a
+        second no longer walks every account): the idle ones all go within one scan cycle
+        after they became evictable, none of them in the first sweep, never one with a socket."""
+        users = [f"u{i:03}" for i in range(300)]
+        w = World(
+            {u: rel(servers={"g1"}) for u in users},
+            evict_scan_cycle_s=30.0,
+            evict_scan_at_least=10,
+        )
+        w.s.connect("u000", "s0", "e1", w.now)
+        for _ in range(601):  # a sweep a second, as the shell does
+            w.s.refresh_edge("e1", w.at(1))
+            w.s.sweep(w.now)
+        left = len(w.s.accounts)  # every other account idle past account_idle_evict_s now
+        assert 1 < left < 300, "the first sweep past the idle time looks at a slice, not at all"
+        for _ in range(31):
+            w.s.refresh_edge("e1", w.at(1))
+            w.s.sweep(w.now)
+        assert list(w.s.accounts) == ["u000"], "every idle account went within a cycle"
+
     def test_relations_and_channels_in_use_survive_the_relations_round(self) -> None:
         """What a batch waiting on a load will apply with (the shell says so: `keep`,
         `keep_channels`) is not swept, referenced here or not; the rest unreferenced goes."""
