@@ -12,8 +12,9 @@ members change status at `--rate` per second (2,000) and members leave and join 
 a relations reload of an account they hold).
 
 Under that load, `--probes` members of each server (sockets of their own, in this process) take
-turns at the operations whose cost must not grow with the server (the same operations, at the same
-moments, on both servers; target ≤ 1.2x the small server's figure):
+turns at the operations whose cost must not grow with the server (the same operations on both
+servers, their turns staggered by half a period so that neither waits on the other's, which goes
+first alternating; target ≤ 1.2x the small server's figure):
 
 - **sync**: `presence.subscribe` of 100 members of its server until its `presence.sync`;
 - **query**: `presence.query` of the same 100 until the last answer;
@@ -431,8 +432,11 @@ async def take_turn(args: argparse.Namespace, probes: Probes, edge: lg.EdgeProce
 
 
 async def run_probes(args: argparse.Namespace, sides: list[Probes], edge: lg.EdgeProcess, end: float) -> int:
-    """Turns at `--turns-per-s` on every server, the servers' turns at the same moments; a turn
-    still running when its server's next is due makes that one skipped (returned)."""
+    """Turns at `--turns-per-s` on every server, the servers' turns staggered evenly over each
+    period, which goes first alternating (not at the same moments: the two sides' probes then
+    ran side by side and waited for each other, in this process's loop and at the edge,
+    whichever happened to be second); a turn still running when its server's next is due makes
+    that one skipped (returned)."""
     skipped, k, t0 = 0, 0, time.monotonic()
     running: set[asyncio.Task[None]] = set()
 
@@ -444,7 +448,10 @@ async def run_probes(args: argparse.Namespace, sides: list[Probes], edge: lg.Edg
         return done
 
     while time.monotonic() < end:
-        for side in sides:
+        # Which server goes first alternates, so both sample each phase of the period alike.
+        first = k % len(sides)
+        for i, side in enumerate(sides[first:] + sides[:first]):
+            await asyncio.sleep(max(0.0, t0 + (k + i / len(sides)) / args.turns_per_s - time.monotonic()))
             if side.busy:
                 skipped += 1
                 continue
