@@ -612,14 +612,14 @@ class TestSweepEviction:
         assert w.s.has_account("bob")
 
     def test_a_large_shard_looks_for_idle_accounts_a_slice_a_sweep(self) -> None:
-        """Past `evict_scan_at_least` accounts a sweep looks at a rolling slice (a sweep a
+        """Past `scan_at_least` accounts a sweep looks at a rolling slice (a sweep a
         second no longer walks every account): the idle ones all go within one scan cycle
         after they became evictable, none of them in the first sweep, never one with a socket."""
         users = [f"u{i:03}" for i in range(300)]
         w = World(
             {u: rel(servers={"g1"}) for u in users},
             evict_scan_cycle_s=30.0,
-            evict_scan_at_least=10,
+            scan_at_least=10,
         )
         w.s.connect("u000", "s0", "e1", w.now)
         for _ in range(601):  # a sweep a second, as the shell does
@@ -644,6 +644,28 @@ class TestSweepEviction:
         w.s.sweep(w.at(w.s.relations_sweep_s), keep={"carol"}, keep_channels={"c1"})
         assert w.s.missing_relations(["carol", "erin"]) == ["erin"]
         assert w.s.channels.subscribe("c1", "carol", "s1", "e1"), "swept while in use"
+
+    def test_a_large_relations_round_goes_in_slices_over_the_next_sweeps(self) -> None:
+        """Past `scan_at_least` cached relations a round looks at them in slices over the next
+        `relations_round_slices` sweeps (a million members' relations held a shard 0.3 s in one
+        sweep): the unreferenced go within the round, a reader read lately survives the round
+        after its read and goes at the next, what is referenced stays."""
+        w = World({"bob": rel(servers={"g1"})}, scan_at_least=10, relations_round_slices=5)
+        w.s.sweep(w.now)  # the first round, over bob alone
+        users = [f"r{i:03}" for i in range(100)]
+        for u in users:
+            w.s.set_relations(u, rel(servers={"g1"}), w.now)  # referenced by nothing here
+        w.s.query("r000", None, ["bob"], w.at(1))  # a reader, read in this period
+        w.s.sweep(w.at(w.s.relations_sweep_s))  # a round begins: its first slice only
+        assert 0 < len(w.s.missing_relations(users)) < 99, "one sweep looked at a slice, not at all"
+        for _ in range(5):
+            w.s.sweep(w.at(1))
+        assert w.s.missing_relations(users) == users[1:], "the unreferenced all went within the round"
+        assert w.s.missing_relations(["bob"]) == [], "an account here is referenced"
+        w.s.sweep(w.at(w.s.relations_sweep_s))  # the next round: no read since the last
+        for _ in range(5):
+            w.s.sweep(w.at(1))
+        assert w.s.missing_relations(["r000", "bob"]) == ["r000"]
 
     def test_a_readers_relations_stay_while_it_queries_and_go_a_round_after(self) -> None:
         """A reader referenced by nothing here (its account on another shard): its relations
