@@ -15,7 +15,9 @@ from typing import Any
 
 from actors.core import frames, ops
 from actors.core.answers import Connected, Shown, Verdict
+from actors.core.budgets import SWEEP_AT_LEAST, SWEEP_CYCLE_S
 from actors.core.budgets import Bucket as TokenBucket
+from actors.core.scan import RollingScan
 
 from . import protocol as p
 from .tokens import TokenError, verify_token
@@ -131,6 +133,11 @@ class Admission:
     by_account: dict[str, set[str]] = field(default_factory=dict)
     handshakes: dict[str, int] = field(default_factory=dict)
     accepts: dict[str, TokenBucket] = field(default_factory=dict)
+    # The buckets are forgotten in rolling slices, like the shard's (actors/core/scan.py): after a
+    # reconnect storm from 100,000 addresses the sweep a second would walk them all at once.
+    _accepts_scan: RollingScan[str] = field(
+        default_factory=lambda: RollingScan(SWEEP_CYCLE_S, SWEEP_AT_LEAST), repr=False, compare=False
+    )
 
     def handshake_begin(self, ip: str, now: float) -> str | None:
         """A connection from `ip` was accepted. None: counted (call `handshake_end` once); else
@@ -190,9 +197,11 @@ class Admission:
                 del self.by_account[user_id]
 
     def sweep(self, now: float) -> None:
-        """Forget the accept buckets of addresses that have refilled (a full one is a fresh one)."""
-        for ip, bucket in list(self.accepts.items()):
-            if bucket.level(now) >= bucket.burst:
+        """Forget the accept buckets of addresses that have refilled (a full one is a fresh one),
+        a rolling slice of them a call."""
+        for ip in self._accepts_scan.due(self.accepts, now):
+            bucket = self.accepts.get(ip)
+            if bucket is not None and bucket.level(now) >= bucket.burst:
                 del self.accepts[ip]
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from actors.core import ops
 from actors.core.answers import Connected, Verdict
+from actors.core.budgets import SWEEP_AT_LEAST, SWEEP_CYCLE_S
 from edge import protocol as p
 from edge.session import (
     LOOKUP_CAREFUL_S,
@@ -336,6 +337,19 @@ class TestHandshakes:
         assert "1.2.3.4" in adm.accepts
         adm.sweep(T0 + 1)
         assert "1.2.3.4" not in adm.accepts
+
+    def test_many_accept_buckets_are_forgotten_a_slice_a_sweep_all_within_a_cycle(self) -> None:
+        """A reconnect storm from 20,000 addresses: the sweep a second looks at a rolling slice of
+        their buckets (actors/core/scan.py), and all of them are gone within a cycle."""
+        adm = Admission(Limits(accepts_per_ip_per_s=1, accepts_per_ip_burst=5))
+        n = SWEEP_AT_LEAST * 20
+        for i in range(n):
+            adm.handshake_begin(f"10.0.{i // 256}.{i % 256}", T0)
+        adm.sweep(T0 + 1.0)  # every bucket refilled
+        assert 0 < len(adm.accepts) < n, "one sweep looked at a slice, not at all"
+        for k in range(2, int(SWEEP_CYCLE_S) + 2):
+            adm.sweep(T0 + k)
+        assert adm.accepts == {}
 
 
 # ---------------------------------------------------------------------------- hostile bytes, odd ids
