@@ -12,15 +12,15 @@ The policy, applied once a process has started:
 
 - `gc.freeze()`: what is alive then (imported modules, Ray, pydantic, asyncpg, the first
   connections) moves to the permanent generation; it is never garbage and is never scanned again.
-- Thresholds from Settings (`PRESENCE_GC_THRESHOLDS`, default 50,000 / 5 / 1,000): young
+- Thresholds from Settings (`PRESENCE_GC_THRESHOLDS`, default 50,000 / 50 / 100): young
   collections after 50,000 net allocations (most objects of a frame's life are gone by then, so
-  fewer survive into older generations), full collections rare (every 5,000 young ones at most,
-  and CPython's own rule waits for the long-lived objects to grow by a quarter). The middle
-  generation walks what survived the young collections since its last run; while a shard grows
-  (20,000 member lists of 100 put on screen in `presence bench bigserver`) nearly everything
-  survives, and at 50 young collections between two middle ones that walk paused the shard for
-  0.44 s; at 5, 80 ms (bench/profiles/README.md, "The collector at a million members"). Cycles
-  are still collected.
+  fewer survive into older generations), full collections rare. Cycles are still collected. The
+  middle generation walks what survived the young collections since its last run; while a shard
+  grows (20,000 member lists of 100 put on screen in `presence bench bigserver`) nearly
+  everything survives, and that walk paused the shard for 0.44 s. At 50,000 / 5 / 1,000 it was
+  80 ms, but the more frequent middle collections lengthened the fan-out's tail in a reconnect
+  storm (37-46 → 57-66 ms, 238 ms in one `bench all`), so the default stays
+  (bench/profiles/README.md, "The sweep and the collector at a million members").
 - Every collection's pause is measured into the process's Metrics (`gc_pause_seconds` by
   generation, with its max), so an operator sees what the collector costs.
 """

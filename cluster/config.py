@@ -173,10 +173,12 @@ class Settings(BaseSettings):
 
     # CPython's cycle collector in edges and shards (see actors/gc_policy.py): young collections
     # every gen0 net allocations, gen1 / gen2 as in gc.set_threshold. The defaults keep full
-    # collections (which walk every socket's objects) rare and a middle one short (it walks what
-    # survived the young ones since the last: at 50 it was 0.44 s in a shard of a million
-    # watched members); cycles are still collected.
-    gc_thresholds: tuple[int, int, int] = (50_000, 5, 1_000)
+    # collections (which walk every socket's objects) rare; cycles are still collected. A middle
+    # collection walks what survived the young ones since the last: 0.44 s in a shard of a million
+    # watched members at 50; (50_000, 5, 1_000) made it 80 ms there but lengthened the fan-out's
+    # tail in a reconnect storm (bench/profiles/README.md, "The sweep and the collector at a
+    # million members").
+    gc_thresholds: tuple[int, int, int] = (50_000, 50, 100)
 
     # Typing.
     typing_lapse_s: float = 10.0
