@@ -3,7 +3,7 @@
 Pure (the time is passed in). Why it exists: a shard's once-a-second sweep looked at every
 account it held to find the idle ones to evict, although none can become evictable sooner than
 `account_idle_evict_s` (600 s) after its last use. That walk grew with the shard: 0.4 ms at
-5,000 accounts, 15.6 ms at 50,000 (bench/profiles/README.md "The sweep"), every second, while
+5,000 accounts, 13-17 ms at 50,000 (bench/profiles/README.md, "The sweep"), every second, while
 every batch, pull and delivery of the shard waited behind it. A rolling scan looks at a slice
 sized by the time since the last call, so the whole mapping is still seen once per `cycle_s`
 and a sweep costs about the same at any size.
@@ -33,7 +33,7 @@ class RollingScan(Generic[K]):
             raise ValueError("a rolling scan needs a positive cycle and at least one key a call")
         self.cycle_s = cycle_s
         self.at_least = at_least
-        self.cycles = 0  # copies taken (or whole hand-outs): for tests and the shard's figures
+        self.cycles = 0  # copies taken (or whole hand-outs), for tests
         self._queue: list[K] = []
         self._next = 0
         self._last: float | None = None
