@@ -614,7 +614,8 @@ class TestSweepEviction:
     def test_a_large_shard_looks_for_idle_accounts_a_slice_a_sweep(self) -> None:
         """Past `scan_at_least` accounts a sweep looks at a rolling slice (a sweep a
         second no longer walks every account): the idle ones all go within one scan cycle
-        after they became evictable, none of them in the first sweep, never one with a socket."""
+        after they became evictable, not all in the first sweep that may, never one with a
+        socket."""
         users = [f"u{i:03}" for i in range(300)]
         w = World(
             {u: rel(servers={"g1"}) for u in users},
