@@ -23,6 +23,7 @@ prints `listening on PORT pid PID` once it accepts connections; stops on SIGTERM
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Awaitable, Callable
 
@@ -77,10 +78,14 @@ def handler(secret: str) -> Callable[[ServerConnection], Awaitable[None]]:
     return handle
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = arguments("python -m bench.fanout_server", __doc__)
     p.add_argument("--secret", required=True, help="the key the load's tokens are signed with")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     run(serve_until_stopped(handler(args.secret), args.host, args.port))
     return 0
 
