@@ -15,9 +15,8 @@ from typing import Any
 
 from actors.core import frames, ops
 from actors.core.answers import Connected, Shown, Verdict
-from actors.core.budgets import SWEEP_AT_LEAST, SWEEP_CYCLE_S
 from actors.core.budgets import Bucket as TokenBucket
-from actors.core.scan import RollingScan
+from actors.core.scan import SWEEP_AT_LEAST, SWEEP_CYCLE_S, RollingScan
 
 from . import protocol as p
 from .tokens import TokenError, verify_token

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .scan import RollingScan
+from .scan import SWEEP_AT_LEAST, SWEEP_CYCLE_S, RollingScan
 from .status import Status
 
 # One account's status changes reach its watchers at most this often (the contract: 5 a second).
@@ -31,9 +31,7 @@ STATUS_PUBLICATIONS = 5
 STATUS_WINDOW_S = 1.05
 # The sweeps forget spent windows and refilled buckets in rolling slices (actors/core/scan.py):
 # after 50,000 accounts connected and subscribed at once, a sweep that walked them all held the
-# shard for 75-110 ms. Forgetting one later costs only its memory meanwhile.
-SWEEP_CYCLE_S = 10.0
-SWEEP_AT_LEAST = 1_000
+# shard for 75-110 ms.
 
 
 @dataclass(slots=True)

@@ -17,6 +17,12 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K")
 
+# The defaults of every rolling sweep (the shard's publication windows and lookup buckets, an
+# edge's accept buckets): each entry looked at about once per cycle, and a mapping this small
+# handed out whole. Forgetting an entry later costs only its memory meanwhile.
+SWEEP_CYCLE_S = 10.0
+SWEEP_AT_LEAST = 1_000
+
 
 class RollingScan(Generic[K]):
     """Hands out the keys of a mapping in slices, each key about once per `cycle_s`.

@@ -51,7 +51,7 @@ from .effects import (
     SocketCount,
 )
 from .loaded import Loaded
-from .scan import RollingScan
+from .scan import SWEEP_AT_LEAST, RollingScan
 from .slots import channel_key, slot_of
 from .status import (
     CHOSEN_STATUSES,
@@ -171,7 +171,7 @@ class ShardState:
         status_window_s: float = STATUS_WINDOW_S,
         allowances: dict[str, Allowance] | None = None,
         evict_scan_cycle_s: float = 30.0,
-        scan_at_least: int = 1_000,
+        scan_at_least: int = SWEEP_AT_LEAST,
         relations_round_slices: int = 50,
     ) -> None:
         self.socket_timeout_s = socket_timeout_s

@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.core.audience import Relations
-from actors.core.budgets import SWEEP_AT_LEAST, SWEEP_CYCLE_S, Allowance, Publications, Spending
+from actors.core.budgets import Allowance, Publications, Spending
 from actors.core.contract import AccountRow
 from actors.core.effects import Deliver, Effect
+from actors.core.scan import SWEEP_AT_LEAST, SWEEP_CYCLE_S
 from actors.core.shard import ShardState
 from actors.core.slots import slot_of
 from actors.core.status import visible_status

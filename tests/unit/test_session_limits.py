@@ -19,7 +19,7 @@ import pytest
 
 from actors.core import ops
 from actors.core.answers import Connected, Verdict
-from actors.core.budgets import SWEEP_AT_LEAST, SWEEP_CYCLE_S
+from actors.core.scan import SWEEP_AT_LEAST, SWEEP_CYCLE_S
 from edge import protocol as p
 from edge.session import (
     LOOKUP_CAREFUL_S,
