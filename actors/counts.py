@@ -32,6 +32,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from actors.core.count_writes import Write, coalesce
+
 log = logging.getLogger("presence.counts")
 
 ACCOUNTS_KEY = "presence:accounts"
@@ -81,7 +83,7 @@ class OnlineCounts:
         self.ttl_s = ttl_s
         self.clock = clock
         self.healthy = url is not None
-        self._queue: list[tuple[str, str, str, float | None]] = []  # (op, key, member, score)
+        self._queue: list[Write] = []
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         # Writes were dropped since the last `check_active`: live scores may have run out.
@@ -89,24 +91,24 @@ class OnlineCounts:
 
     def account(self, user_id: str, servers: Iterable[str], present: bool, now: float) -> None:
         for key in [ACCOUNTS_KEY, *(server_key(s) for s in servers)]:
-            self._queue.append(("add" if present else "rem", key, user_id, now))
+            self._queue.append(Write("add" if present else "rem", key, user_id, now))
         self._kick()
 
     def socket(self, user_id: str, socket_id: str, alive: bool, now: float) -> None:
-        self._queue.append(("add" if alive else "rem", SOCKETS_KEY, f"{user_id}:{socket_id}", now))
+        self._queue.append(Write("add" if alive else "rem", SOCKETS_KEY, f"{user_id}:{socket_id}", now))
         self._kick()
 
     def active(self, entries: Iterable[tuple[str, float]]) -> None:
         """Active-count scores, written in the order given (after every change queued before)."""
         for user_id, score in entries:
-            self._queue.append(("add", ACTIVE_KEY, user_id, score))
+            self._queue.append(Write("add", ACTIVE_KEY, user_id, score))
         self._kick()
 
     def active_history(self, entries: Iterable[tuple[str, float]]) -> None:
         """Stored last-seen values after a wipe: they only ever raise a score (ZADD GT), so a
         live account or a later departure written meanwhile is never moved back."""
         for user_id, score in entries:
-            self._queue.append(("gt", ACTIVE_KEY, user_id, score))
+            self._queue.append(Write("gt", ACTIVE_KEY, user_id, score))
         self._kick()
 
     async def check_active(self, shard: int, trim_before: float) -> tuple[bool, bool]:
@@ -149,17 +151,19 @@ class OnlineCounts:
         while self._queue and self.redis is not None:
             batch, self._queue = self._queue, []
             try:
+                # One command per key and kind, not one per write (actors/core/count_writes.py).
                 pipe = self.redis.pipeline(transaction=False)
-                for i, (op, key, member, score) in enumerate(batch):
-                    if i and i % PIPELINE_MAX == 0:  # a refill may queue a month of accounts
+                members = 0
+                for command in coalesce(batch, PIPELINE_MAX):
+                    if members >= PIPELINE_MAX:  # a refill may queue a month of accounts
                         await pipe.execute()
                         pipe = self.redis.pipeline(transaction=False)
-                    if op == "add":
-                        pipe.zadd(key, {member: score or self.clock()})
-                    elif op == "gt":
-                        pipe.zadd(key, {member: score or 0.0}, gt=True)
+                        members = 0
+                    if command.kind == "rem":
+                        pipe.zrem(command.key, *command.members)
                     else:
-                        pipe.zrem(key, member)
+                        pipe.zadd(command.key, command.members, gt=command.kind == "gt")
+                    members += len(command.members)
                 await pipe.execute()
                 self.healthy = True
             except (RedisError, OSError) as e:
