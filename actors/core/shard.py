@@ -219,13 +219,9 @@ class ShardState:
         self.channels = ChannelState(
             self.outbox, self.relations, typing_lapse_s=typing_lapse_s, spending=self.spending
         )
-        # The rolling checkpoint of accounts that stay online (see checkpoint_chunk).
-        self.checkpoint_interval_s = checkpoint_interval_s
-        self.checkpoint_spread = 0.8
-        self.checkpoint_rounds = 0
-        self._round: list[str] = []
-        self._round_started: float | None = None
-        self._round_sent = 0
+        # The rolling checkpoint of accounts that stay online (see checkpoint_chunk): the same
+        # round in slices as the active counts' refresh below.
+        self._checkpoints = RollingRefresh(checkpoint_interval_s)
         # The active counts' rolling refresh of accounts with a live socket (actors/core/activity.py).
         self.activity = RollingRefresh(checkpoint_interval_s)
         # Relations are loaded for readers and watchers too; unreferenced ones are dropped by a
@@ -389,26 +385,28 @@ class ShardState:
     def _unreferenced_relations(self, candidates: list[str], kept: set[str]) -> list[str]:
         """Those of `candidates` cached and referred to by nothing here: no account, no watch of
         it or from it, no channel membership, not kept by the shell, not read by a query lately.
-        Tested key by key rather than by building the union of everything referenced."""
-        if not candidates:
-            return []
-        in_channels: set[str] = set()
-        for ch in self.channels.channels.values():
-            in_channels.update(m.user_id for m in (*ch.subscribers.values(), *ch.voice.values()))
+        Tested key by key rather than by building the union of everything referenced; the
+        channels' members are gathered only when some candidate is left to test against them
+        (a round's 50 slices would otherwise walk every subscriber 50 times a minute)."""
         relations, accounts, watchers, watching = self.relations, self.accounts, self.watchers, self._watching
         read, read_before = self._relations_read, self._relations_read_before
-        return [
+        left = [
             u
             for u in candidates
             if u in relations
             and u not in accounts
             and u not in watchers
             and u not in watching
-            and u not in in_channels
             and u not in kept
             and u not in read
             and u not in read_before
         ]
+        if not left:
+            return []
+        in_channels: set[str] = set()
+        for ch in self.channels.channels.values():
+            in_channels.update(m.user_id for m in (*ch.subscribers.values(), *ch.voice.values()))
+        return [u for u in left if u not in in_channels]
 
     def _expire(self, now: float) -> None:
         """Drop every socket and watch of edges whose lease has run out.
@@ -955,32 +953,33 @@ class ShardState:
             if self.pending_last_seen.get(user_id, float("inf")) <= ts:
                 del self.pending_last_seen[user_id]
 
+    @property
+    def checkpoint_interval_s(self) -> float:
+        return self._checkpoints.interval_s
+
+    @checkpoint_interval_s.setter
+    def checkpoint_interval_s(self, interval_s: float) -> None:
+        self._checkpoints.interval_s = interval_s
+
+    @property
+    def checkpoint_rounds(self) -> int:
+        return self._checkpoints.rounds
+
     def checkpoint_chunk(self, now: float) -> list[tuple[str, float]]:
         """The slice of the rolling checkpoint due by `now`, to be called about once a second.
 
         Every `checkpoint_interval_s` a round takes the accounts then visibly present and hands
-        them out in even slices over `checkpoint_spread` of the interval. Trickled like this, the
-        rows ride along in the FlushActor's once-a-second batches with the departures instead of
-        adding statements of their own (400,000 accounts every 10 minutes are ~830 rows a second,
-        under the 1,000-row batch). An account that left since the round began is skipped: its
-        departure already holds the right time, and `now` would be later than it.
+        them out in even slices over most of the interval (`RollingRefresh`). Trickled like
+        this, the rows ride along in the FlushActor's once-a-second batches with the departures
+        instead of adding statements of their own (400,000 accounts every 10 minutes are ~830
+        rows a second, under the 1,000-row batch). The first round begins one interval after
+        the shard starts: what is online then was connected moments ago and has nothing a crash
+        could lose yet. An account that left since the round began is skipped: its departure
+        already holds the right time, and `now` would be later than it.
         """
         self._expire(now)  # an account whose edge died is no longer present, swept yet or not
-        if self._round_started is None:
-            # The first round begins one interval after the shard starts: what is online now was
-            # connected moments ago and has nothing a crash could lose yet.
-            self._round_started = now
-            return []
-        if now - self._round_started >= self.checkpoint_interval_s:
-            self._round = [u for u, acc in self.accounts.items() if _checkpointed(acc)]
-            self._round.sort()
-            self._round_started, self._round_sent = now, 0
-            self.checkpoint_rounds += 1
-        spread = max(self.checkpoint_interval_s * self.checkpoint_spread, 1e-9)
-        due = min(len(self._round), math.ceil(len(self._round) * (now - self._round_started) / spread))
-        chunk = self._round[self._round_sent : due]
-        self._round_sent = max(self._round_sent, due)
-        return [(u, now) for u in chunk if u in self.accounts and _checkpointed(self.accounts[u])]
+        due = self._checkpoints.chunk((u for u, acc in self.accounts.items() if _checkpointed(acc)), now)
+        return [(u, now) for u in due if u in self.accounts and _checkpointed(self.accounts[u])]
 
     # ------------------------------------------------------------------ counts (Redis refresh)
 

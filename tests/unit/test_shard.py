@@ -646,6 +646,30 @@ class TestSweepEviction:
         assert w.s.missing_relations(["carol", "erin"]) == ["erin"]
         assert w.s.channels.subscribe("c1", "carol", "s1", "e1"), "swept while in use"
 
+    def test_a_channel_subscriber_keeps_its_relations_and_the_channels_are_walked_only_if_needed(
+        self,
+    ) -> None:
+        """A subscriber of a channel here, its account elsewhere: its relations survive the
+        round. A round whose candidates are all referenced otherwise never walks the channels'
+        subscribers (50 slices a minute would walk them 50 times)."""
+        w = World({})
+        w.s.sweep(w.now)  # the relations' first round, over nothing
+        w.s.set_relations("carol", rel(servers={"g1"}), w.now)  # no account, no watch here
+        w.s.channels.load_channel("c1", "g1")
+        assert w.s.channels.subscribe("c1", "carol", "s1", "e1")
+        w.s.refresh_edge("e1", w.now)
+        w.s.sweep(w.at(w.s.relations_sweep_s))
+        assert w.s.missing_relations(["carol"]) == [], "a channel subscriber's relations went"
+
+        class Untouchable(dict[str, object]):
+            def values(self) -> Any:
+                raise AssertionError("the channels were walked for nothing")
+
+        w.s.channels.channels = Untouchable(w.s.channels.channels)  # type: ignore[assignment]
+        w.s.refresh_edge("e1", w.now)
+        w.s.sweep(w.at(w.s.relations_sweep_s), keep={"carol"})  # kept by the shell: no candidate left
+        assert w.s.missing_relations(["carol"]) == []
+
     def test_a_large_relations_round_goes_in_slices_over_the_next_sweeps(self) -> None:
         """Past `scan_at_least` cached relations a round looks at them in slices over the next
         `relations_round_slices` sweeps (a million members' relations held a shard 0.3 s in one
