@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from actors.core.audience import Relations
+from actors.pgstore import create_pool
 from cluster import db as database
 from cluster.embedded import EmbeddedPostgres
 
@@ -437,3 +438,27 @@ async def test_listener_recovers_after_postgres_restart(embedded_pg: EmbeddedPos
         await wait_for(lambda: {("u", "x"), ("u", "y")} <= set(rec.events), what="notification after restart")
     finally:
         await listener.stop()
+
+
+# -- the shards' pool -------------------------------------------------------------------------------
+
+
+async def test_the_shards_pool_skips_the_reset_query_and_still_rolls_back(migrated_pg_url: str) -> None:
+    """A released connection goes back to the pool without asyncpg's reset query (a round trip
+    before every batch that loads could go on, resetting nothing this store sets), and a
+    transaction left open is still rolled back."""
+    pool = await create_pool(migrated_pg_url, 1, 1)
+    try:
+        sent: list[str] = []
+        async with pool.acquire() as c:
+            c.add_query_logger(lambda record: sent.append(record.query))
+            await c.fetchval("SELECT 1")
+            await c.execute("BEGIN")
+            await c.execute("CREATE TEMP TABLE left_open (x int)")
+        async with pool.acquire() as again:
+            assert not again.is_in_transaction()
+            assert await again.fetchval("SELECT to_regclass('pg_temp.left_open')") is None
+        assert "SELECT 1" in sent and "ROLLBACK" in sent, sent
+        assert not any("RESET ALL" in q for q in sent), sent
+    finally:
+        await pool.close()
