@@ -1,7 +1,8 @@
 """The online counts' queued writes, coalesced into as few Redis commands as say the same thing.
 
 A shard queues one write per membership change (actors/counts.py): a connect alone queues three
-(the account in `presence:accounts`, its socket in `presence:sockets`, its activity score), and
+or more (the account in `presence:accounts` and in each of its servers' sets, its socket in
+`presence:sockets`, its activity score), and
 each was sent as its own ZADD, packed by redis-py one command at a time. Under a storm of
 connects those commands were a sixth of the shard's samples, more than applying the connects
 (bench/profiles/README.md, "The online counts' writes"). Every write names a sorted set and one
