@@ -198,9 +198,8 @@ class Admission:
     def sweep(self, now: float) -> None:
         """Forget the accept buckets of addresses that have refilled (a full one is a fresh one),
         a rolling slice of them a call."""
-        for ip in self._accepts_scan.due(self.accepts, now):
-            bucket = self.accepts.get(ip)
-            if bucket is not None and bucket.level(now) >= bucket.burst:
+        for ip, bucket in self._accepts_scan.due_items(self.accepts, now):
+            if bucket.level(now) >= bucket.burst:
                 del self.accepts[ip]
 
 

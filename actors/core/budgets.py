@@ -124,10 +124,7 @@ class Publications:
     def sweep(self, now: float) -> None:
         """Drop the windows that hold nothing any more (a fresh window is the same), a rolling
         slice of them a call."""
-        for user_id in self._scan.due(self._accounts, now):
-            a = self._accounts.get(user_id)
-            if a is None:
-                continue
+        for user_id, a in self._scan.due_items(self._accounts, now):
             self._trim(a, now)
             if not a.times and not a.pending:
                 del self._accounts[user_id]
@@ -219,9 +216,8 @@ class Spending:
     def sweep(self, now: float) -> None:
         """Forget the buckets that have refilled (a full bucket is the same as none), a rolling
         slice of them a call."""
-        for key in self._scan.due(self.buckets, now):
-            bucket = self.buckets.get(key)
-            if bucket is not None and bucket.level(now) >= bucket.burst:
+        for key, bucket in self._scan.due_items(self.buckets, now):
+            if bucket.level(now) >= bucket.burst:
                 del self.buckets[key]
 
     def export(self, user_ids: Iterable[str]) -> dict[tuple[str, str], Bucket]:

@@ -12,10 +12,12 @@ and a sweep costs about the same at any size.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
+V = TypeVar("V")
+_GONE = object()
 
 # The defaults of every rolling sweep (the shard's publication windows and lookup buckets, an
 # edge's accept buckets): each entry looked at about once per cycle, and a mapping this small
@@ -67,4 +69,14 @@ class RollingScan(Generic[K]):
             take = self._queue[self._next : self._next + budget - len(out)]
             self._next += len(take)
             out.extend(take)
+        return out
+
+    def due_items(self, mapping: Mapping[K, V], now: float) -> list[tuple[K, V]]:
+        """`due`'s keys still in `mapping`, with their values: what every sweep looks at (a key
+        of the cycle's copy may have gone since). A list, so the caller may delete as it goes."""
+        out: list[tuple[K, V]] = []
+        for key in self.due(mapping.keys(), now):
+            value = mapping.get(key, _GONE)
+            if value is not _GONE:
+                out.append((key, value))  # type: ignore[arg-type]
         return out

@@ -502,12 +502,9 @@ class ShardState:
         self.spending.sweep(now)
         for user_id in self._unreferenced_relations(self._relations_round_slice(now), kept):
             del self.relations[user_id]
-        accounts = self.accounts
-        for user_id in self._evict_scan.due(accounts, now):
-            acc = accounts.get(user_id)
+        for user_id, acc in self._evict_scan.due_items(self.accounts, now):
             if (
-                acc is not None
-                and not acc.sockets
+                not acc.sockets
                 and not acc.held
                 and user_id not in self.pending_last_seen
                 and user_id not in kept

@@ -122,3 +122,18 @@ def test_no_key_present_throughout_waits_more_than_two_cycles(
         for k, since in present_since.items():
             waited = now - max(since, last_seen.get(k, since))
             assert waited <= 2 * cycle_s + 5.0 + 1e-6, f"key {k} waited {waited:.1f} s"
+
+
+def test_due_items_pairs_the_due_keys_still_there_with_their_values() -> None:
+    """What every sweep iterates: a key of the cycle's copy removed since is skipped, a value
+    that is None is still a value, and the mapping may be changed while the pairs are read."""
+    scan: RollingScan[int] = RollingScan(cycle_s=10.0, at_least=2)
+    mapping: dict[int, str | None] = {i: str(i) for i in range(10)}
+    mapping[3] = None
+    assert scan.due_items(mapping, 0.0) == [(0, "0"), (1, "1")]  # the cycle's copy is taken
+    del mapping[2]
+    pairs = scan.due_items(mapping, 5.0)  # half a cycle: keys 2-6 of the copy
+    assert pairs == [(3, None), (4, "4"), (5, "5"), (6, "6")]
+    for key, _ in pairs:
+        del mapping[key]
+    assert sorted(mapping) == [0, 1, 7, 8, 9]
