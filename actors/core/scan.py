@@ -12,7 +12,7 @@ and a sweep costs about the same at any size.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -71,12 +71,12 @@ class RollingScan(Generic[K]):
             out.extend(take)
         return out
 
-    def due_items(self, mapping: Mapping[K, V], now: float) -> list[tuple[K, V]]:
-        """`due`'s keys still in `mapping`, with their values: what every sweep looks at (a key
-        of the cycle's copy may have gone since). A list, so the caller may delete as it goes."""
-        out: list[tuple[K, V]] = []
+    def due_items(self, mapping: Mapping[K, V], now: float) -> Iterator[tuple[K, V]]:
+        """`due`'s keys still in `mapping`, with their values: what every sweep looks at. Each
+        key is looked up when its turn comes, so the caller may delete as it goes: a key of the
+        cycle's copy may have gone since, and a call that ends one copy and begins the next may
+        name a key twice (its second turn finds it gone if the first deleted it)."""
         for key in self.due(mapping.keys(), now):
             value = mapping.get(key, _GONE)
             if value is not _GONE:
-                out.append((key, value))  # type: ignore[arg-type]
-        return out
+                yield key, value  # type: ignore[misc]

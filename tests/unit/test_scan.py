@@ -130,10 +130,30 @@ def test_due_items_pairs_the_due_keys_still_there_with_their_values() -> None:
     scan: RollingScan[int] = RollingScan(cycle_s=10.0, at_least=2)
     mapping: dict[int, str | None] = {i: str(i) for i in range(10)}
     mapping[3] = None
-    assert scan.due_items(mapping, 0.0) == [(0, "0"), (1, "1")]  # the cycle's copy is taken
+    assert list(scan.due_items(mapping, 0.0)) == [(0, "0"), (1, "1")]  # the cycle's copy is taken
     del mapping[2]
-    pairs = scan.due_items(mapping, 5.0)  # half a cycle: keys 2-6 of the copy
+    pairs = list(scan.due_items(mapping, 5.0))  # half a cycle: keys 2-6 of the copy
     assert pairs == [(3, None), (4, "4"), (5, "5"), (6, "6")]
     for key, _ in pairs:
         del mapping[key]
     assert sorted(mapping) == [0, 1, 7, 8, 9]
+
+
+def test_due_items_finds_a_key_deleted_at_its_first_turn_gone_at_its_second() -> None:
+    """A call that ends one cycle's copy and hands out the whole next names keys twice; a sweep
+    that deletes one at its first turn must not meet it again (a KeyError in the shard's sweep)."""
+
+    def fresh() -> tuple[RollingScan[int], dict[int, str]]:
+        scan: RollingScan[int] = RollingScan(cycle_s=10.0, at_least=2)
+        mapping = dict.fromkeys(range(4), "v")
+        assert [k for k, _ in scan.due_items(mapping, 0.0)] == [0, 1]
+        return scan, mapping
+
+    scan, mapping = fresh()
+    assert scan.due(mapping, 15.0) == [2, 3, 0, 1, 2, 3], "the premise: keys twice in one call"
+    scan, mapping = fresh()
+    seen = []
+    for key, _ in scan.due_items(mapping, 15.0):
+        seen.append(key)
+        del mapping[key]
+    assert seen == [2, 3, 0, 1] and mapping == {}
