@@ -2,14 +2,15 @@
 `presence bench fanout` pays in a shard beside the pure state (bench/profiles/fanout_core.py).
 
     python bench/profiles/shard_shell.py [--accounts 2000] [--watchers 50] [--rate 400]
-                                         [--seconds 10] [--idle-s 10] [--profile FILE]
+                                         [--seconds 10] [--idle-s 10] [--batch 1] [--profile FILE]
 
 A child process runs a `PresenceShard` (an in-memory store, no PostgreSQL, no Redis) behind its
 direct lane (`actors.lane.LaneServer`) on uvloop, as a shard does inside its Ray worker. This
 process plays one edge: it connects `--accounts` sockets, each watching the next `--watchers`
 accounts (a shared server: everybody's audience), keeps a long-poll `pull` open as the router
 does, then sends status changes (each account alternating idle/online) at `--rate` per second,
-one operation per `apply_and_collect`, as the edge's batches leave at that rate. Printed: the
+one operation per `apply_and_collect` (`--batch`: that many), as the edge's batches leave at that
+rate. Printed: the
 child's CPU (and per thread) at rest and during the changes, per change and per delivery (a
 delivery: one watcher socket told). The child's Ray-free CPU is the floor of a shard's: the Ray
 worker adds its own threads (bench/profiles/README.md).
@@ -150,8 +151,8 @@ class Edge:
                 for i in range(start, min(n, start + 100))
             ])  # fmt: skip
 
-    async def changes(self, users: list[str], rate: float, seconds: float) -> int:
-        """Status changes at `rate`, one per batch, for `seconds`; how many were made."""
+    async def changes(self, users: list[str], rate: float, seconds: float, batch: int = 1) -> int:
+        """Status changes at `rate`, `batch` per call, for `seconds`; how many were made."""
         from actors.core import ops
 
         n = len(users)
@@ -159,14 +160,15 @@ class Edge:
         started = time.monotonic()
         in_flight: set[asyncio.Task[None]] = set()
         while time.monotonic() < started + seconds:
-            i = changes % n
-            status = "idle" if (changes // n) % 2 == 0 else "online"
-            task = asyncio.get_running_loop().create_task(
-                self.apply([ops.SetStatus(users[i], f"s{i}", status)])
-            )
+            batch_ops = []
+            for _ in range(batch):
+                i = changes % n
+                status = "idle" if (changes // n) % 2 == 0 else "online"
+                batch_ops.append(ops.SetStatus(users[i], f"s{i}", status))
+                changes += 1
+            task = asyncio.get_running_loop().create_task(self.apply(batch_ops))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
-            changes += 1
             await asyncio.sleep(max(0.0, started + changes / rate - time.monotonic()))
         if in_flight:
             await asyncio.wait(in_flight)
@@ -201,7 +203,7 @@ async def drive(args: argparse.Namespace, child: subprocess.Popen[str], port: in
     items_before = edge.items
     before = thread_cpu(child.pid)
     started, edge_cpu = time.monotonic(), time.process_time()
-    changes = await edge.changes(users, args.rate, args.seconds)
+    changes = await edge.changes(users, args.rate, args.seconds, args.batch)
     await asyncio.sleep(0.2)
     seconds, edge_cpu = time.monotonic() - started, time.process_time() - edge_cpu
     cpu = report(f"{args.rate:g} changes/s, {seconds:.1f} s", before, thread_cpu(child.pid), seconds)
@@ -224,6 +226,9 @@ def main() -> None:
     p.add_argument("--watchers", type=int, default=50)
     p.add_argument("--rate", type=float, default=400.0)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument(
+        "--batch", type=int, default=1, help="changes per call (an edge that waits to gather them; default 1)"
+    )
     p.add_argument("--idle-s", type=float, default=10.0)
     p.add_argument("--profile", default=None, help="py-spy raw stacks of the shard into FILE")
     p.add_argument("--native", action="store_true")
