@@ -418,7 +418,15 @@ async def create_pool(database_url: str, min_size: int, max_size: int) -> asyncp
 class PostgresStore:
     """`actors.store.ShardStore` on PostgreSQL: a small pool, and the audience listener."""
 
-    errors: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+    # asyncpg.InternalClientError too: asyncpg raised it ("cannot switch to state 12; another
+    # operation is in progress") on a connection made while PostgreSQL restarted (the suite's
+    # restart test, 2026-12-05); the store is away then as surely as on a reset connection.
+    errors: tuple[type[BaseException], ...] = (
+        OSError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.InternalClientError,
+    )
 
     def __init__(self, database_url: str, min_size: int = 1, max_size: int = 4) -> None:
         self.database_url = database_url
@@ -449,28 +457,41 @@ class PostgresStore:
         return self.pool
 
     @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection of the pool. One that failed below SQL (the server went away mid-query,
+        asyncpg lost its place in the protocol) is closed, not handed out again: the pool no
+        longer sends a reset query on release (`create_pool`), which used to find such a
+        connection out. An error of PostgreSQL's own leaves the connection as good as before."""
+        async with self._pool().acquire() as conn:
+            try:
+                yield conn
+            except (OSError, asyncpg.InterfaceError, asyncpg.InternalClientError):
+                conn.terminate()
+                raise
+
+    @contextlib.asynccontextmanager
     async def loading(self) -> AsyncIterator[_ConnectionLoads]:
         # One connection for the batch's reads (an acquire and its release are not free).
-        async with self._pool().acquire() as conn:
+        async with self._connection() as conn:
             yield _ConnectionLoads(conn)
 
     async def read_accounts(self, user_ids: list[str]) -> dict[str, AccountRow]:
-        async with self._pool().acquire() as conn:
+        async with self._connection() as conn:
             return await read_accounts(conn, user_ids)
 
     async def server_members(self, server_id: str) -> list[str]:
-        async with self._pool().acquire() as conn:
+        async with self._connection() as conn:
             return await server_member_ids(conn, server_id)
 
     async def last_seen_since(self, since: float) -> AsyncIterator[list[tuple[str, float]]]:
-        async with self._pool().acquire() as conn:
+        async with self._connection() as conn:
             async for chunk in last_seen_since(conn, since):
                 yield chunk
 
     async def persist(
         self, chosen: list[tuple[str, str, float]], visibility: list[tuple[str, str, float]]
     ) -> None:
-        async with self._pool().acquire() as conn:
+        async with self._connection() as conn:
             if chosen:
                 await save_chosen_status(conn, chosen)
             if visibility:
@@ -481,7 +502,7 @@ class PostgresStore:
             return False
         away: tuple[type[BaseException], ...] = (TimeoutError, *self.errors)
         try:
-            async with asyncio.timeout(timeout_s), self.pool.acquire() as conn:
+            async with asyncio.timeout(timeout_s), self._connection() as conn:
                 return bool(await conn.fetchval("SELECT 1") == 1)
         except away:
             return False

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from actors.core.audience import Relations
-from actors.pgstore import create_pool
+from actors.pgstore import PostgresStore, create_pool
 from cluster import db as database
 from cluster.embedded import EmbeddedPostgres
 
@@ -462,3 +462,32 @@ async def test_the_shards_pool_skips_the_reset_query_and_still_rolls_back(migrat
         assert not any("RESET ALL" in q for q in sent), sent
     finally:
         await pool.close()
+
+
+async def test_a_connection_that_failed_below_sql_is_not_handed_out_again(migrated_pg_url: str) -> None:
+    """Without the reset query on release, nothing would find out a connection asyncpg lost its
+    place on (an InternalClientError, seen as PostgreSQL restarted) or whose server went away:
+    the store closes such a connection instead of giving it back, and counts the error as the
+    store being away. An error of PostgreSQL's own keeps the connection. (Connections are told
+    apart by their server process.)"""
+    store = PostgresStore(migrated_pg_url, min_size=1, max_size=1)
+    store.pool = await create_pool(migrated_pg_url, 1, 1)
+    try:
+        async with store._connection() as conn:
+            first = conn.get_server_pid()
+        with pytest.raises(asyncpg.UndefinedTableError):
+            async with store._connection() as conn:
+                await conn.fetch("SELECT * FROM no_such_table")
+        async with store._connection() as conn:
+            assert conn.get_server_pid() == first  # PostgreSQL's own error: kept
+        for below_sql in (asyncpg.InternalClientError("lost its place"), asyncpg.InterfaceError("gone")):
+            with pytest.raises(type(below_sql)) as raised:
+                async with store._connection() as conn:
+                    failed = conn.get_server_pid()
+                    raise below_sql
+            assert isinstance(raised.value, store.errors)
+            async with store._connection() as conn:
+                assert conn.get_server_pid() != failed
+                assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await store.pool.close()
