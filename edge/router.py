@@ -207,6 +207,11 @@ class Router:
         self._pullers: dict[int, asyncio.Task[None]] = {}
         self.inboxes: dict[int, Inbox] = {}
         self._closed = False
+        # Looks at the slot map go one at a time (`refresh_map`): looks begun, and the last one
+        # that finished with an answer installed.
+        self._map_lock = asyncio.Lock()
+        self._looks_begun = 0
+        self._looks_done = 0
 
     async def start(self) -> None:
         # The directory may be restarting (a rollout has just replaced it, its node died): an
@@ -219,9 +224,25 @@ class Router:
         await asyncio.gather(*(self.call(i, ops.PING) for i in self.shards))
 
     async def refresh_map(self) -> None:
-        version, owners, count = await self.pool.get_map()
-        if self.map is None or self.map.version != version:
-            self.map = SlotMap(version, tuple(owners), count)
+        """A fresh look at the slot map: one begun after this call came.
+
+        Looks go one at a time. Two overlapping looks could be answered in either order, and the
+        older answer installed last put the edge back on a map it had left; any version it has not
+        seen is taken (a restarted directory starts over), so only the order can keep it from
+        that. The edge then routed slots by a map the directory had already told `presence
+        rollout` it had left, to an actor being replaced (tests/integration/test_rollout.py,
+        loaded suite). A caller that comes while a look is out waits for it and takes the next
+        one's answer, or the answer of one begun after it came, if that one is done already."""
+        wanted = self._looks_begun + 1
+        async with self._map_lock:
+            if self._looks_done >= wanted:
+                return
+            self._looks_begun += 1
+            look = self._looks_begun
+            version, owners, count = await self.pool.get_map()
+            if self.map is None or self.map.version != version:
+                self.map = SlotMap(version, tuple(owners), count)
+            self._looks_done = look
         # Every look at the map also starts a puller that is missing (a shard index back after a
         # shrink retired it, or one that ended anyway): each shard's mail must keep coming.
         for i in range(self.map.shard_count):

@@ -277,3 +277,67 @@ async def test_an_edge_starting_while_the_directory_restarts_waits_for_it() -> N
         assert router.map is not None and not failures
     finally:
         await router.close()
+
+
+async def test_overlapping_looks_at_the_map_never_leave_an_older_one_installed() -> None:
+    """Two looks at the slot map overlapped and the first one's answer, the older map, came back
+    last (a loaded machine): installed last, it put the edge back on a map it had left, while the
+    directory had already heard from the edge that it routed by the newer one (test_rollout: an
+    edge on version 25 when `presence rollout` replaced an actor at 31). Looks now go in order, and
+    a caller that came while one was out takes a look begun after it came."""
+    gate = asyncio.Event()
+
+    class SlowFirstAnswer(FakeShards):
+        looks = 0
+
+        async def get_map(self) -> tuple[int, tuple[int, ...], int]:
+            answer = await super().get_map()  # the map as published when asked
+            self.looks += 1
+            if self.looks == 1:
+                await gate.wait()
+            return answer
+
+    pool = SlowFirstAnswer(2, answer_none)
+    router = Router("edge-t", lambda _a, _p: None, no_restart, Metrics(), pool)
+    try:
+        first = asyncio.create_task(router.refresh_map())
+        await eventually(lambda: pool.looks == 1, timeout=5, interval=0.001)
+        older = pool.published.version
+        pool.flip(pool.published.owners, 2)
+        second = asyncio.create_task(router.refresh_map())
+        # Room for the second look to overtake the first, as it did before (everything here is in
+        # memory: a few ms is plenty); the outcome asserted holds however long this is.
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        assert router.map is not None
+        assert router.map.version == pool.published.version == older + 1
+        assert pool.looks == 2
+    finally:
+        await router.close()
+
+
+async def test_a_caller_that_comes_while_a_look_is_out_shares_the_next_one() -> None:
+    """Many callers at once (every operation answered MOVED asks for the map) make one look each
+    time one finishes, not one each: the directory is asked twice for five callers."""
+    gate = asyncio.Event()
+
+    class Counting(FakeShards):
+        looks = 0
+
+        async def get_map(self) -> tuple[int, tuple[int, ...], int]:
+            self.looks += 1
+            await gate.wait()
+            return await super().get_map()
+
+    pool = Counting(2, answer_none)
+    router = Router("edge-t", lambda _a, _p: None, no_restart, Metrics(), pool)
+    try:
+        first = asyncio.create_task(router.refresh_map())
+        await eventually(lambda: pool.looks == 1, timeout=5, interval=0.001)
+        rest = [asyncio.create_task(router.refresh_map()) for _ in range(4)]
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+        assert pool.looks == 2
+    finally:
+        await router.close()
