@@ -48,6 +48,9 @@ class Conn:
     # that no change overtakes the state it changes; replies nest, hence a count (1 until ready).
     hold: int = 1
     held: list[str] = field(default_factory=list)
+    # More frames came while it was held than `held` keeps: the ones past it were dropped, so its
+    # views are looked at afresh when the hold ends (edge/server.py `_release`).
+    held_over: bool = False
 
     @property
     def registered(self) -> bool:

@@ -231,8 +231,9 @@ class Router:
         seen is taken (a restarted directory starts over), so only the order can keep it from
         that. The edge then routed slots by a map the directory had heard it leave, and `presence
         rollout` could replace an actor the edge still sent them to (the likely cause of a failure
-        of tests/integration/test_rollout.py on a loaded machine). A caller that comes while a look is out waits for it and takes the next
-        one's answer, or the answer of one begun after it came, if that one is done already."""
+        of tests/integration/test_rollout.py on a loaded machine). A caller that comes while a
+        look is out waits for it and takes the next one's answer, or the answer of one begun after
+        it came, if that one is done already."""
         wanted = self._looks_begun + 1
         async with self._map_lock:
             if self._looks_done >= wanted:

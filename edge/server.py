@@ -785,6 +785,24 @@ class Edge:
                 about = changed_about(payload)
                 if about is None or conn.session.tell(*about):
                     self._send(conn, payload)
+        if conn.hold == 0 and conn.held_over:
+            conn.held_over = False
+            self._spawn(self._look_again(conn))
+
+    async def _look_again(self, conn: Conn) -> None:
+        """Frames for this socket were dropped while it was held (more came than `HELD_CAP`: a
+        watcher of many accounts, resynced during a storm): its view of every account it watches
+        is brought back to the truth, as after a shard's restart. Before, those frames were simply
+        lost, and the watcher showed the accounts as they were until each changed again."""
+        self.metrics.inc("held_overflows_total")
+        s = conn.session
+        targets = sorted(s.subscriptions)
+        if not targets or s.socket_id not in self.conns:
+            return
+        try:
+            await self._refresh_views(conn, targets)
+        except Exception as e:
+            log.warning("views of %s not looked at again after held frames overflowed: %s", s.socket_id, e)
 
     def _deliver(self, address: Address, payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets, named or the
@@ -811,6 +829,8 @@ class Edge:
             if conn.hold:
                 if len(conn.held) < HELD_CAP:
                     conn.held.append(payload)
+                else:  # dropped: its views are looked at afresh when the hold ends
+                    conn.held_over = True
                 continue
             if about is not None and not conn.session.tell(user, status):
                 repeats += 1
@@ -972,25 +992,29 @@ class Edge:
             )
             if not targets or s.socket_id not in self.conns:
                 return
-            conn.hold += 1
-            self.metrics.inc("resync_watches_total")
-            try:
-                user = s.user_id
-                assert user is not None
-                answers = await self.router.to_users(
-                    targets, lambda ts: ops.Watch(user, s.socket_id, tuple(ts))
-                )
-                differences = s.differences([shown for answer in answers for shown in answer])
-                for frame in differences:
-                    self._send(conn, frames.text(frame))
-                self.metrics.inc("resync_frames_total", n=len(differences))
-            finally:
-                self._release(conn)
+            await self._refresh_views(conn, targets)
 
         conns = [c for c in self.conns.values() if c.registered and c.session.subscriptions]
         for result in await asyncio.gather(*(one(c) for c in conns), return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("resync after the restart of shard %d incomplete: %s", shard, result)
+
+    async def _refresh_views(self, conn: Conn, targets: list[str]) -> None:
+        """Ask afresh what the socket may see of `targets` and send it only what differs from
+        what it shows; its other events wait meanwhile, so none overtakes the answer."""
+        s = conn.session
+        conn.hold += 1
+        self.metrics.inc("resync_watches_total")
+        try:
+            user = s.user_id
+            assert user is not None
+            answers = await self.router.to_users(targets, lambda ts: ops.Watch(user, s.socket_id, tuple(ts)))
+            differences = s.differences([shown for answer in answers for shown in answer])
+            for frame in differences:
+                self._send(conn, frames.text(frame))
+            self.metrics.inc("resync_frames_total", n=len(differences))
+        finally:
+            self._release(conn)
 
 
 class InsecureConfig(ValueError):
