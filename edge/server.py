@@ -779,13 +779,15 @@ class Edge:
 
     def _release(self, conn: Conn) -> None:
         conn.hold -= 1
-        if conn.hold == 0 and conn.held:
+        if conn.hold:
+            return
+        if conn.held:
             held, conn.held = conn.held, []
             for payload in held:
                 about = changed_about(payload)
                 if about is None or conn.session.tell(*about):
                     self._send(conn, payload)
-        if conn.hold == 0 and conn.held_over:
+        if conn.held_over:
             conn.held_over = False
             self._spawn(self._look_again(conn))
 
@@ -795,14 +797,12 @@ class Edge:
         is brought back to the truth, as after a shard's restart. Before, those frames were simply
         lost, and the watcher showed the accounts as they were until each changed again."""
         self.metrics.inc("held_overflows_total")
-        s = conn.session
-        targets = sorted(s.subscriptions)
-        if not targets or s.socket_id not in self.conns:
-            return
         try:
-            await self._refresh_views(conn, targets)
+            await self._refresh_views(conn, sorted(conn.session.subscriptions))
         except Exception as e:
-            log.warning("views of %s not looked at again after held frames overflowed: %s", s.socket_id, e)
+            log.warning(
+                "views of %s not looked at again after held frames overflowed: %s", conn.session.socket_id, e
+            )
 
     def _deliver(self, address: Address, payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets, named or the
@@ -990,8 +990,6 @@ class Edge:
                 for t in s.subscriptions
                 if self.router.shard_of_user(t) == shard and registered_by.shard_of(t) == shard
             )
-            if not targets or s.socket_id not in self.conns:
-                return
             await self._refresh_views(conn, targets)
 
         conns = [c for c in self.conns.values() if c.registered and c.session.subscriptions]
@@ -1001,8 +999,11 @@ class Edge:
 
     async def _refresh_views(self, conn: Conn, targets: list[str]) -> None:
         """Ask afresh what the socket may see of `targets` and send it only what differs from
-        what it shows; its other events wait meanwhile, so none overtakes the answer."""
+        what it shows; its other events wait meanwhile, so none overtakes the answer. Nothing to
+        do for no targets, or a socket gone."""
         s = conn.session
+        if not targets or s.socket_id not in self.conns:
+            return
         conn.hold += 1
         self.metrics.inc("resync_watches_total")
         try:

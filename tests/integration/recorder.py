@@ -16,6 +16,8 @@ from typing import Any
 import asyncpg
 import websockets
 
+from actors.pgstore import PostgresStore
+
 from .conftest import internal_request
 from .history import CountSample, Event, Graph, History, SocketLife
 from .wsclient import Client, Frame
@@ -105,9 +107,7 @@ async def read_last_seen(url: str, users: list[str]) -> dict[str, float] | None:
         return None
     try:
         rows = await conn.fetch("SELECT id, last_seen_at FROM users WHERE id = ANY($1::text[])", users)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError):
-        # InternalClientError: asyncpg's own, on a connection made as PostgreSQL restarted
-        # ("another operation is in progress"; test_faults_history's restart, 2026-12-05).
+    except PostgresStore.errors:  # what the shards count as PostgreSQL away, restarts included
         return None
     finally:
         await conn.close()
