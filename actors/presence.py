@@ -550,6 +550,8 @@ class PresenceShard:
             needs = op.needs()
             if needs is not NOTHING:
                 relations, accounts, channels = needs
+                if isinstance(op, ops_.Query) and not self.state.query_needs_reader(op.reader, op.targets):
+                    relations = op.targets  # no answer depends on the reader's (friends only)
                 rel_ids.extend(relations)
                 acc_ids.extend(accounts)
                 channel_ids.extend(channels)
@@ -575,6 +577,10 @@ class PresenceShard:
                     self.state.set_relations(user_id, rel, now)
             # A query's audience is known once the relations are: its visible accounts load too.
             for reader, targets in missing.queries:
+                if self.state.query_needs_reader(reader, targets):
+                    # A reader spared above whose targets' friendships changed meanwhile: its
+                    # query answers UNAVAILABLE, and the edge asks again.
+                    continue
                 missing_acc.extend(self.state.accounts_to_load_for_query(reader, targets))
             if missing_acc:
                 rows = await loads.accounts(list(dict.fromkeys(missing_acc)))

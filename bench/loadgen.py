@@ -31,6 +31,7 @@ import importlib
 import math
 import multiprocessing as mp
 import os
+import random
 import re
 import resource
 import secrets
@@ -1374,6 +1375,17 @@ _STATUS_FRAMES = {
 }
 
 
+def query_moments(t0: float, rate: float, seed: int) -> Iterator[float]:
+    """When `bench query`'s queries leave: the k-th at a random moment of its own interval,
+    `t0 + (k + u) / rate`, u uniform in [0, 1) from a generator seeded with `seed`. The rate
+    holds, and no query is in step with anything else on a grid from `t0`."""
+    phase = random.Random(seed)
+    k = 0
+    while True:
+        yield t0 + (k + phase.random()) / rate
+        k += 1
+
+
 class _FanoutWindow:
     """One `Generator.fanout_run` window: the changes it sends (who, which status, when) and the
     queries it asks, to our edge and, beside each querier, to the bare server (bench query)."""
@@ -1456,25 +1468,28 @@ class _FanoutWindow:
         return asyncio.create_task(_both(*(pair if k % 2 else pair[::-1])))
 
     async def _querier(self) -> None:
-        rate, k = self.queries.rate, 0
+        """Query k leaves at a moment drawn at random within its interval, `t0 + (k + u) / rate`
+        (u uniform, seeded): on the grid `t0 + k / rate` every query left in the same turn as a
+        status change (both grids start at `t0`, and the change rate is a multiple of the query
+        rate), so each found its shard's line busy with that change's call and waited out the
+        busy line's batching window, a phase lock no real client has (bench/profiles/README.md,
+        "Query: where the milliseconds go")."""
+        k = 0
         busy: set[int] = set()
         running: set[asyncio.Task[None]] = set()
-        while True:
-            now = time.monotonic()
-            if now >= self.end:
+        for at in query_moments(self.t0, self.queries.rate, seed=self.gen.index):
+            await asyncio.sleep(max(0.0, min(at, self.end) - time.monotonic()))
+            if time.monotonic() >= self.end:
                 break
-            due = int((now - self.t0) * rate) + 1
-            while k < due:
-                idx = k % len(self.queriers)
-                k += 1
-                if idx in busy:
-                    self.skipped += 1
-                    continue
-                busy.add(idx)
-                task = self._ask(idx, k)
-                running.add(task)
-                task.add_done_callback(lambda t, i=idx: (busy.discard(i), running.discard(t)))
-            await asyncio.sleep(max(0.0, min(self.end, self.t0 + k / rate) - time.monotonic()))
+            idx = k % len(self.queriers)
+            k += 1
+            if idx in busy:
+                self.skipped += 1
+                continue
+            busy.add(idx)
+            task = self._ask(idx, k)
+            running.add(task)
+            task.add_done_callback(lambda t, i=idx: (busy.discard(i), running.discard(t)))
         if running:
             await asyncio.wait(list(running), timeout=self.queries.timeout_s + 1)
 

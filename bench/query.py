@@ -7,7 +7,9 @@ The load is `bench fanout`'s (10,000 connected accounts x 50 subscriptions, 200 
 per second). On top of it, `--queriers` more accounts (each friends with the `--ids` accounts it
 asks about, so every id is in its audience) send `presence.query` for those ids, `--query-rate`
 per second in all, round robin, one query at a time per socket, within the per-account query
-budget of the contract (600 ids a minute). A query's latency is from its frame being sent to the
+budget of the contract (600 ids a minute). Each query leaves at a seeded random moment within its
+interval (`loadgen.query_moments`): on a grid from the window's start, every query left in step
+with a status change (bench/profiles/README.md, "Query: where the milliseconds go"). A query's latency is from its frame being sent to the
 last of its answers (one `presence.changed` per id) being received, at the client.
 
 The fair baseline (`bench.query_server`): a bare `websockets` server (uvloop, compression off,

@@ -29,3 +29,10 @@ def in_audience(target: str, target_rel: Relations, reader: str, reader_rel: Rel
     if reader in target_rel.friends:
         return True
     return not target_rel.servers.isdisjoint(reader_rel.servers)
+
+
+def decided_by_target(target: str, target_rel: Relations, reader: str) -> bool:
+    """Whether `in_audience` holds for `reader` whatever the reader's own relations: another
+    account that the target's relations name as a friend (friendship is mutual). A shard asked
+    about such targets only need not load the reader's relations (`ShardState.query_reader`)."""
+    return reader != target and reader in target_rel.friends

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.core.audience import NO_RELATIONS, Relations, in_audience
+from actors.core.audience import NO_RELATIONS, Relations, decided_by_target, in_audience
 
 
 def r(friends: set[str] | None = None, servers: set[str] | None = None, vis: str = "everyone") -> Relations:
@@ -76,3 +76,25 @@ def test_symmetric_when_friendships_are_stored_both_ways(
     assert inside == in_audience(x, rel(x), t, rel(t))
     is_pair = (t, x) in friendships or (x, t) in friendships
     assert inside == (t == x or (is_pair and t != x) or bool(members[t] & members[x]))
+
+
+@given(
+    target_rel=st.builds(Relations, st.frozensets(ids), servers),
+    reader_rel=st.builds(Relations, st.frozensets(ids), servers),
+    t=ids,
+    x=ids,
+)
+def test_decided_by_target_holds_whatever_the_readers_relations(
+    target_rel: Relations, reader_rel: Relations, t: str, x: str
+) -> None:
+    """What lets a shard answer a query without loading the reader's relations: when the target's
+    own relations decide, the reader's (here any, or none at all) change nothing."""
+    if decided_by_target(t, target_rel, x):
+        assert in_audience(t, target_rel, x, reader_rel)
+        assert in_audience(t, target_rel, x, NO_RELATIONS)
+
+
+def test_decided_by_target_only_for_another_account_named_a_friend() -> None:
+    assert decided_by_target("t", r(friends={"x"}), "x")
+    assert not decided_by_target("t", r(servers={"g1"}), "x")  # a server: the reader's servers decide
+    assert not decided_by_target("x", r(friends={"x"}), "x")  # oneself: these are the reader's own

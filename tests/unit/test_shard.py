@@ -955,6 +955,105 @@ class TestQuery:
         with pytest.raises(NotLoaded):
             w.s.query("a", None, ["b"], w.now)
 
+    @pytest.mark.parametrize("reader_setting", ["everyone", "friends", "nobody"])
+    @pytest.mark.parametrize("target_setting", ["everyone", "friends", "nobody"])
+    def test_friends_are_answered_without_the_readers_relations_as_with_them(
+        self, reader_setting: str, target_setting: str
+    ) -> None:
+        """dave's relations are not loaded on this shard (it does not own him); alice names him a
+        friend, so her answer is the one his relations would give, for every pair of settings."""
+        rows = {"alice": AccountRow(last_seen_at=T0 - 120)}
+        without = pair_world(rows=rows)
+        with_them = pair_world(rows=rows)
+        for w in (without, with_them):
+            w.s.set_visibility("alice", target_setting, w.now)
+            w.s.set_visibility("dave", reader_setting, w.now)
+        del without.s.relations["dave"]
+        assert not without.s.query_needs_reader("dave", ["alice"])
+        assert without.s.audience_of_query("dave", ["alice"]) == ["alice"]
+        got = without.s.query("dave", reader_setting, ["alice"], without.now)
+        assert got == with_them.s.query("dave", reader_setting, ["alice"], with_them.now)
+        shown = reader_setting != "nobody" and target_setting != "nobody"
+        assert (got[0].last_seen_at is not None) is shown
+        assert "dave" not in without.s.relations  # nothing was made up and kept
+
+    def test_the_readers_relations_are_needed_for_anyone_but_a_friend(self) -> None:
+        w = pair_world()
+        del w.s.relations["bob"], w.s.relations["dave"]
+        assert w.s.query_needs_reader("bob", ["alice"])  # a server in common: bob's servers decide
+        assert w.s.query_needs_reader("dave", ["alice", "carol"])  # carol is no friend of his
+        assert w.s.query_needs_reader("dave", ["dave"])  # himself: his own relations
+        assert w.s.query_needs_reader("dave", ["alice", "bob"])  # bob's relations are not loaded
+        assert not w.s.query_needs_reader("alice", ["bob", "carol"])  # loaded: nothing to load
+        for reader, targets in [("bob", ["alice"]), ("dave", ["alice", "carol"]), ("dave", ["dave"])]:
+            with pytest.raises(NotLoaded):
+                w.s.query(reader, "everyone", targets, w.now)
+            with pytest.raises(NotLoaded):
+                w.s.audience_of_query(reader, targets)
+        # Without the reader's own setting (the shell always sends it), nothing stands in for it.
+        with pytest.raises(NotLoaded):
+            w.s.query("dave", None, ["alice"], w.now)
+
+
+_Q_USERS = ["a", "b", "c", "d"]
+_Q_SETTINGS = st.sampled_from(["everyone", "friends", "nobody"])
+_Q_STATUSES = st.sampled_from([None, "online", "dnd", "invisible"])  # None: no socket
+
+
+@given(
+    friendships=st.sets(st.tuples(st.sampled_from(_Q_USERS), st.sampled_from(_Q_USERS))),
+    members=st.fixed_dictionaries({u: st.frozensets(st.sampled_from(["g1", "g2"])) for u in _Q_USERS}),
+    settings_of=st.fixed_dictionaries({u: _Q_SETTINGS for u in _Q_USERS}),
+    seen=st.fixed_dictionaries({u: st.none() | st.sampled_from([T0 - 3600, T0 - 61]) for u in _Q_USERS}),
+    statuses=st.fixed_dictionaries({u: _Q_STATUSES for u in _Q_USERS}),
+    reader=st.sampled_from(_Q_USERS),
+    reader_setting=_Q_SETTINGS,
+    targets=st.lists(st.sampled_from(_Q_USERS), max_size=5),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_query_spared_the_readers_relations_answers_as_with_them(
+    friendships: set[tuple[str, str]],
+    members: dict[str, frozenset[str]],
+    settings_of: dict[str, str],
+    seen: dict[str, float | None],
+    statuses: dict[str, str | None],
+    reader: str,
+    reader_setting: str,
+    targets: list[str],
+) -> None:
+    """A shard that does not own the reader (its relations not loaded there): whenever
+    `query_needs_reader` spares them, the answers are exactly those its relations would give; when
+    it does not, the query refuses (`NotLoaded`) instead of guessing."""
+
+    def relations(u: str) -> Relations:
+        friends = {b for a, b in friendships if a == u} | {a for a, b in friendships if b == u}
+        return Relations(frozenset(friends - {u}), members[u], settings_of[u])
+
+    def world() -> World:
+        rows = {u: AccountRow(last_seen_at=seen[u]) for u in _Q_USERS}
+        w = World({u: relations(u) for u in _Q_USERS}, rows=rows)
+        for i, u in enumerate(_Q_USERS):
+            status = statuses[u]
+            if status is not None:
+                w.s.connect(u, f"s{i}", "e1", w.now)
+                if status != "online":
+                    w.s.set_status(u, f"s{i}", status, w.now)
+        w.drain()
+        return w
+
+    loaded, spared = world(), world()
+    del spared.s.relations[reader]
+    expected = loaded.s.query(reader, reader_setting, targets, loaded.now)
+    if spared.s.query_needs_reader(reader, targets):
+        with pytest.raises(NotLoaded):
+            spared.s.query(reader, reader_setting, targets, spared.now)
+    else:
+        assert spared.s.audience_of_query(reader, targets) == loaded.s.audience_of_query(reader, targets)
+        assert spared.s.query(reader, reader_setting, targets, spared.now) == expected
+        # Spared exactly when every target is another account that names the reader a friend.
+        pairs = friendships | {(b, a) for a, b in friendships}
+        assert all(t != reader and (t, reader) in pairs for t in targets)
+
 
 class TestSettingsAndFocus:
     def test_set_visibility_persists_once(self) -> None:
@@ -1610,7 +1709,11 @@ class ShardMachine(RuleBasedStateMachine):
         targets = list(ids)
         if refresh:
             self.state.refresh_edge(edge, self.now)
-        self.need(reader, *targets)
+        # As the shell: the reader's relations only if an answer may depend on them (and the
+        # query carries the reader's setting, as the edge's always do).
+        self.need(*targets)
+        if override is None or self.state.query_needs_reader(reader, targets):
+            self.need(reader)
         in_aud = self.state.audience_of_query(reader, targets)
         assert in_aud == [t for t in dict.fromkeys(targets) if self.aud(t, reader)]
         # What the shell loads first: exactly the audience's accounts not in memory.

@@ -166,6 +166,28 @@ async def test_a_batch_needing_nothing_loaded_never_touches_the_store(
     assert len(store.calls) == before
 
 
+async def test_a_query_of_friends_only_waits_for_no_load_of_the_readers_relations(
+    shard: PresenceShard, store: FakeStore
+) -> None:
+    """A shard that does not own the reader: its first query about accounts that name it a friend
+    applies at once, on the lane's immediate road; about anyone else it loads the reader first."""
+    store.rels["carol"] = Relations(frozenset(), frozenset({"g1"}), "everyone")
+    store.rels["bob"] = Relations(frozenset({"alice"}), frozenset({"g1"}), "everyone")
+    await shard.apply("edge-a", [ops.Connect("alice", "s1"), ops.Connect("carol", "s3")])
+    assert "bob" not in shard.state.relations
+    before = len(store.calls)
+    now = shard.apply_and_collect_now("edge-b", [ops.Query("bob", "everyone", ("alice",))], None, 0)
+    assert now is not None, "waited for a load"
+    assert now[1] == [[("alice", "online", None)]]
+    assert len(store.calls) == before and "bob" not in shard.state.relations
+    # carol shares a server with bob but is no friend: bob's servers decide, so they load.
+    both = ops.Query("bob", "everyone", ("alice", "carol"))
+    assert shard.apply_and_collect_now("edge-b", [both], None, 0) is None
+    _, [found] = await shard.apply("edge-b", [both])
+    assert found == [("alice", "online", None), ("carol", "online", None)]
+    assert [c.args for c in store.calls[before:] if c.kind == "relations"] == [(("bob",),)]
+
+
 # ---------------------------------------------------------------------------- failures
 
 
