@@ -39,7 +39,7 @@ HELP: dict[str, str] = {
     "repeats_dropped_total": "presence.changed frames not sent to a socket that already shows that status (e.g. re-announcements after a shard restart)",
     "resync_watches_total": "watch operations a resync sent after a shard restart (one per watcher of accounts the restarted shard still owns) or after a socket's held frames overflowed; their events wait meanwhile",
     "resync_frames_total": "presence.changed frames sent by a resync to bring watchers' views back to the truth (only the differences)",
-    "held_overflows_total": "sockets whose frames, held while a reply that must come first was made, passed the 1,000 kept: the rest were dropped and the socket's views looked at afresh",
+    "held_overflows_total": "sockets whose frames, held while a reply that must come first was made, passed the 1,000 kept: the rest were dropped, and what they changed (its views of the accounts it watches, its own status, its channels' voice rosters) looked at afresh",
     "shard_accounts": "accounts the shard holds in memory",
     "shard_sockets": "live sockets registered on the shard",
     "shard_online": "accounts shown online, idle or dnd",

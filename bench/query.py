@@ -9,8 +9,9 @@ asks about, so every id is in its audience) send `presence.query` for those ids,
 per second in all, round robin, one query at a time per socket, within the per-account query
 budget of the contract (600 ids a minute). Each query leaves at a seeded random moment within its
 interval (`loadgen.query_moments`): on a grid from the window's start, every query left in step
-with a status change (bench/profiles/README.md, "Query: where the milliseconds go"). A query's latency is from its frame being sent to the
-last of its answers (one `presence.changed` per id) being received, at the client.
+with a status change (bench/profiles/README.md, "Query: where the milliseconds go"). A query's
+latency is from its frame being sent to the last of its answers (one `presence.changed` per id)
+being received, at the client.
 
 The fair baseline (`bench.query_server`): a bare `websockets` server (uvloop, compression off,
 the edge's settings) answering each `presence.query` with one `presence.changed` per id from one

@@ -48,9 +48,9 @@ class Conn:
     # that no change overtakes the state it changes; replies nest, hence a count (1 until ready).
     hold: int = 1
     held: list[str] = field(default_factory=list)
-    # More frames came while it was held than `held` keeps: the ones past it were dropped, so its
-    # views are looked at afresh when the hold ends (edge/server.py `_release`).
-    held_over: bool = False
+    # More frames came while it was held than `held` keeps: the types of those dropped, whose
+    # views are looked at afresh when the hold ends (edge/server.py `_release`, `_look_again`).
+    held_lost: set[str] = field(default_factory=set)
 
     @property
     def registered(self) -> bool:

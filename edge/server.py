@@ -34,6 +34,7 @@ from actors.core.frames import (
     changed_about,
     internal_note,
     is_internal,
+    type_of,
 )
 from actors.core.liveness import CutOff
 from actors.core.shard import Claim
@@ -787,22 +788,51 @@ class Edge:
                 about = changed_about(payload)
                 if about is None or conn.session.tell(*about):
                     self._send(conn, payload)
-        if conn.held_over:
-            conn.held_over = False
-            self._spawn(self._look_again(conn))
+        if conn.held_lost:
+            lost, conn.held_lost = conn.held_lost, set()
+            self._spawn(self._look_again(conn, lost))
 
-    async def _look_again(self, conn: Conn) -> None:
-        """Frames for this socket were dropped while it was held (more came than `HELD_CAP`: a
-        watcher of many accounts, resynced during a storm): its view of every account it watches
-        is brought back to the truth, as after a shard's restart. Before, those frames were simply
-        lost, and the watcher showed the accounts as they were until each changed again."""
+    async def _look_again(self, conn: Conn, lost: set[str]) -> None:
+        """Frames of the types `lost` were dropped for this socket while it was held (more came
+        than `HELD_CAP`: a watcher of many accounts, resynced during a storm). What they would
+        have changed is brought back to the truth:
+        - `presence.changed`: its view of every account it watches, as after a shard's restart;
+        - `presence.self`: its account's own status, asked of its shard and sent again;
+        - `voice.roster`: the roster of every channel it subscribed to (a subscribe again, which
+          the shard answers with the roster and changes nothing else).
+        `typing` is not made up for: a client shows it 10 s at most anyway.
+        Before, those frames were simply lost, and the socket showed the state before them until
+        each changed again."""
         self.metrics.inc("held_overflows_total")
+        s = conn.session
+        user, sid = s.user_id, s.socket_id
+        assert user is not None
+        looks: list[Awaitable[object]] = []
+        if "presence.changed" in lost:
+            looks.append(self._refresh_views(conn, sorted(s.subscriptions)))
+        if "presence.self" in lost:
+            looks.append(self._resend_own_status(conn))
+        if "voice.roster" in lost:
+            looks += [
+                self.router.to_channel(c, ops.ChannelSubscribe(c, user, sid)) for c in sorted(s.channels)
+            ]
+        for result in await asyncio.gather(*looks, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.warning("%s not looked at again after held frames overflowed: %s", sid, result)
+
+    async def _resend_own_status(self, conn: Conn) -> None:
+        """Its account's real status, as its shard has it now, in a `presence.self`; its other
+        frames wait meanwhile, so that no later change is overtaken by this answer."""
+        s = conn.session
+        if s.user_id is None or s.socket_id not in self.conns:
+            return
+        conn.hold += 1
         try:
-            await self._refresh_views(conn, sorted(conn.session.subscriptions))
-        except Exception as e:
-            log.warning(
-                "views of %s not looked at again after held frames overflowed: %s", conn.session.socket_id, e
-            )
+            answer = await self.router.to_user(s.user_id, ops.Query(s.user_id, s.visibility, (s.user_id,)))
+            for found in answer:
+                self._send(conn, frames.text(frames.self_status(found.status)))
+        finally:
+            self._release(conn)
 
     def _deliver(self, address: Address, payload: str) -> None:
         """A batch item from a shard: one payload for some of this edge's sockets, named or the
@@ -829,8 +859,8 @@ class Edge:
             if conn.hold:
                 if len(conn.held) < HELD_CAP:
                     conn.held.append(payload)
-                else:  # dropped: its views are looked at afresh when the hold ends
-                    conn.held_over = True
+                else:  # dropped: what it changes is looked at afresh when the hold ends
+                    conn.held_lost.add(type_of(payload))
                 continue
             if about is not None and not conn.session.tell(user, status):
                 repeats += 1

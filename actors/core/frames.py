@@ -94,6 +94,17 @@ HEARTBEAT_ACK_TEXT = text(heartbeat_ack())
 _CHANGED_PREFIX = text({"type": "presence.changed"})[:-1]
 
 
+_TYPE_PREFIX = '{"type":"'
+
+
+def type_of(payload: str) -> str:
+    """The type of a serialised frame (orjson writes it first), "" if it has none."""
+    if not payload.startswith(_TYPE_PREFIX):
+        return ""
+    end = payload.find('"', len(_TYPE_PREFIX))
+    return payload[len(_TYPE_PREFIX) : end] if end > 0 else ""
+
+
 def changed_about(payload: str) -> tuple[str, str] | None:
     """(account, status) of a serialised `presence.changed`, else None."""
     if not payload.startswith(_CHANGED_PREFIX):

@@ -52,3 +52,38 @@ async def test_frames_past_the_held_cap_are_made_up_for_when_the_hold_ends(
     await held.expect(changed(bob, "dnd"), timeout=15)
     for client in (held, other, b, c):
         await client.close()
+
+
+async def test_an_overflow_makes_up_for_the_own_status_and_the_voice_roster_it_dropped(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only presence.changed: a held socket that dropped a `presence.self` and a
+    `voice.roster` is sent its account's status and the channel's roster as they are when the
+    hold ends (before, it showed both as they were until each changed again)."""
+    monkeypatch.setattr(server_module, "HELD_CAP", 0)  # every frame for a held socket is dropped
+    alice, bob, *_ = await social(conn, ids)  # alice and bob share a server and its channel
+    channel = ids("c")
+    held = await connect(cluster, edge, alice)
+    other = await connect(cluster, edge, alice)  # alice's second socket, never held
+    for w in (held, other):
+        await w.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+    b = await connect(cluster, edge, bob)
+    assert held.ready is not None
+    held_conn = edge.conns[held.ready["socketId"]]
+    held_conn.hold += 1  # as while a reply that must come first is being made
+    try:
+        await other.send({"type": "presence.update", "status": "dnd"})
+        await other.expect(
+            lambda f: f.get("type") == "presence.self" and f.get("status") == "dnd", timeout=15
+        )
+        await b.send({"type": "voice.join", "channelId": channel})
+        await other.expect(
+            lambda f: f.get("type") == "voice.roster" and f.get("userIds") == [bob], timeout=15
+        )
+        assert held_conn.held == []  # both dropped
+    finally:
+        edge._release(held_conn)
+    await held.expect(lambda f: f.get("type") == "presence.self" and f.get("status") == "dnd", timeout=15)
+    await held.expect(lambda f: f.get("type") == "voice.roster" and f.get("userIds") == [bob], timeout=15)
+    for client in (held, other, b):
+        await client.close()

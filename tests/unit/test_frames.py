@@ -111,3 +111,10 @@ def test_an_unknown_internal_frame_is_kept_from_clients_but_means_nothing() -> N
     text = f.text({"type": "_future", "x": 1})
     assert f.is_internal(text) and f.internal_note(text) is None
     assert f.internal_note(f.text(f.settings_note("nobody", T0))) == f.SettingsNote("nobody", T0)
+
+
+def test_type_of_reads_the_type_orjson_writes_first() -> None:
+    assert f.type_of(f.text(f.self_status("dnd"))) == "presence.self"
+    assert f.type_of(f.text(f.changed("u1", "idle"))) == "presence.changed"
+    assert f.type_of('{"userId":"u1"}') == ""
+    assert f.type_of('{"type":"') == ""
