@@ -46,7 +46,7 @@ import subprocess
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -599,11 +599,17 @@ class Deliveries:
     first_sent: float  # the first change's send time (0.0 when none)
     sent_at: array[float]  # per matched receipt: when its change was sent (monotonic)
     latency: array[float]  # per matched receipt: receive - send, seconds
+    # Changes that reached fewer receipts than `per_change` (given to `match_deliveries`): when
+    # each was sent (seconds after the first change) and how many of its deliveries are missing,
+    # in order. Which changes came short says more about a loss than its count: the last ones of
+    # a window (a generator that stopped listening early), one stretch (a stall), or scattered.
+    short: list[tuple[float, int]] = field(default_factory=list)
 
 
-def match_deliveries(res: list[dict[str, Any]]) -> Deliveries:
+def match_deliveries(res: list[dict[str, Any]], per_change: int | None = None) -> Deliveries:
     """Match every receipt to the latest change of that account to that status sent before it
-    (generators' `sends` and `receipts`, the same monotonic clock)."""
+    (generators' `sends` and `receipts`, the same monotonic clock). With `per_change` (each
+    change's watchers), the changes that came short are listed (`Deliveries.short`)."""
     sends: dict[int, tuple[list[float], list[int]]] = {}
     n_sends = 0
     for r in res:
@@ -619,6 +625,7 @@ def match_deliveries(res: list[dict[str, Any]]) -> Deliveries:
     sent_at, latency = array("d"), array("d")
     unmatched = 0
     received = 0
+    got: dict[tuple[int, int], int] = {}
     for r in res:
         users, statuses, times = r["receipts"]
         u, t = array("i"), array("d")
@@ -639,13 +646,29 @@ def match_deliveries(res: list[dict[str, Any]]) -> Deliveries:
                 continue
             sent_at.append(ts[i])
             latency.append(t[k] - ts[i])
+            if per_change is not None:
+                got[u[k], i] = got.get((u[k], i), 0) + 1
     first = min((ts[0] for ts, _ in sends.values() if ts), default=0.0)
-    return Deliveries(n_sends, received, unmatched, first, sent_at, latency)
+    short = (
+        sorted(
+            (ts[i] - first, per_change - got.get((user, i), 0))
+            for user, (ts, _) in sends.items()
+            for i in range(len(ts))
+            if got.get((user, i), 0) < per_change
+        )
+        if per_change is not None
+        else []
+    )
+    return Deliveries(n_sends, received, unmatched, first, sent_at, latency, short)
+
+
+# Changes that came short listed in a window's report (all are counted).
+SHORT_LISTED = 20
 
 
 def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
     """Match every receipt to its change; latencies and delivery counts."""
-    d = match_deliveries(res)
+    d = match_deliveries(res, per_change=subscriptions)
     by_second: dict[int, array[float]] = {}
     for sent, lat in zip(d.sent_at, d.latency, strict=True):
         by_second.setdefault(int(sent - d.first_sent), array("d")).append(lat)
@@ -656,6 +679,8 @@ def _latencies(res: list[dict[str, Any]], subscriptions: int) -> dict[str, Any]:
         "deliveries_received": d.received - d.unmatched,
         "receipts_unmatched": d.unmatched,
         "delivered_fraction": (d.received - d.unmatched) / expected if expected else math.nan,
+        "short_changes": [{"sent_s": round(at, 3), "missing": n} for at, n in d.short[:SHORT_LISTED]],
+        "short_changes_total": len(d.short),
         "latency_ms": lg.summary_ms(d.latency),
         # By the second of the window the change was sent in: shows whether a bad p99 is a
         # steady queue or a few stalls (and when they happen).
@@ -881,6 +906,14 @@ def _print_by_second(windows: list[dict[str, Any]]) -> None:
     for w in windows:
         per_second = " ".join(lg.fmt_ms(sec["p99"]) for sec in w["latency_ms_by_second"])
         print(f"  {w['server']} at {w['rate']:g}/s: {per_second}")
+    for w in windows:
+        if w.get("short_changes_total"):
+            listed = ", ".join(f"{c['missing']} at {c['sent_s']:.2f} s" for c in w["short_changes"])
+            more = w["short_changes_total"] - len(w["short_changes"])
+            print(
+                f"  {w['server']} at {w['rate']:g}/s: {w['short_changes_total']} change(s) came short of "
+                f"their watchers (missing, sent at): {listed}" + (f" and {more} more" if more else "")
+            )
 
 
 def _print_per_edge_targets(met: dict[str, Any], fast: dict[str, Any], bare: dict[str, Any] | None) -> None:

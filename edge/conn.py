@@ -50,7 +50,8 @@ class Conn:
     held: list[str] = field(default_factory=list)
     # More frames came while it was held than `held` keeps: the types of those dropped, whose
     # views are looked at afresh when the hold ends (edge/server.py `_release`, `_look_again`).
-    held_lost: set[str] = field(default_factory=set)
+    # None until the first drop: an empty set per connection was 0.23 KiB of every idle socket.
+    held_lost: set[str] | None = None
 
     @property
     def registered(self) -> bool:

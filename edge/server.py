@@ -788,8 +788,8 @@ class Edge:
                 about = changed_about(payload)
                 if about is None or conn.session.tell(*about):
                     self._send(conn, payload)
-        if conn.held_lost:
-            lost, conn.held_lost = conn.held_lost, set()
+        if conn.held_lost is not None:
+            lost, conn.held_lost = conn.held_lost, None
             self._spawn(self._look_again(conn, lost))
 
     async def _look_again(self, conn: Conn, lost: set[str]) -> None:
@@ -860,6 +860,8 @@ class Edge:
                 if len(conn.held) < HELD_CAP:
                     conn.held.append(payload)
                 else:  # dropped: what it changes is looked at afresh when the hold ends
+                    if conn.held_lost is None:
+                        conn.held_lost = set()
                     conn.held_lost.add(type_of(payload))
                 continue
             if about is not None and not conn.session.tell(user, status):

@@ -3,7 +3,12 @@ when `bench query`'s queries leave (bench/loadgen.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import time
+from array import array
+from typing import cast
 
 import pytest
 
@@ -32,3 +37,39 @@ def test_queries_leave_at_random_moments_of_their_own_intervals() -> None:
     assert len(set(offsets)) == len(offsets)  # no two at the same phase
     assert min(offsets) < 0.1 and max(offsets) > 0.9  # spread over the whole interval
     assert moments == list(itertools.islice(loadgen.query_moments(t0, rate, seed=3), 200))  # seeded
+
+
+def _arrays(entries: list[tuple[int, int, float]]) -> tuple[bytes, bytearray, bytes]:
+    users, statuses, times = array("i"), bytearray(), array("d")
+    for user, status, at in entries:
+        users.append(user)
+        statuses.append(status)
+        times.append(at)
+    return users.tobytes(), statuses, times.tobytes()
+
+
+def test_changes_that_came_short_of_their_watchers_are_listed_with_when_they_were_sent() -> None:
+    """A window that lost deliveries says which changes lost them (the last ones of the window, one
+    stretch, or scattered), not only how many."""
+    sends = [(1, 1, 10.0), (2, 1, 10.5), (1, 0, 12.0)]
+    receipts = [(1, 1, 10.01)] * 3 + [(2, 1, 10.51)] * 3 + [(1, 0, 12.01)] * 1
+    res = [{"sends": _arrays(sends), "receipts": _arrays(receipts)}]
+    d = fanout.match_deliveries(res, per_change=3)
+    assert (d.changes, d.received, d.unmatched) == (3, 7, 0)
+    assert d.short == [(2.0, 2)]  # account 1's second change, 2 s after the first, 2 of 3 missing
+    assert fanout.match_deliveries(res).short == []  # not asked
+
+
+async def test_a_generator_records_the_deliveries_that_come_before_it_wakes_for_the_window() -> None:
+    """A delivery of another generator's first change can come before this generator's wait for
+    the window's start has ended (its loop runs the socket's read before the woken task); it is
+    recorded, not dropped (before, the window lost up to one change's watchers here)."""
+    gen = loadgen.Generator(0, 1, {}, lambda _progress: None)
+    gen.prefix = "u"
+    run = asyncio.create_task(gen.fanout_run(time.monotonic() + 60.0, 0.0, 0.0, 0.01))
+    await asyncio.sleep(0)  # the run now waits for the window's start
+    gen._on_frame(cast(loadgen.WsConn, None), b'{"type":"presence.changed","userId":"u5","status":"idle"}')
+    assert len(gen.receipts_t) == 1
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
