@@ -806,7 +806,8 @@ class Edge:
         self.metrics.inc("held_overflows_total")
         s = conn.session
         user, sid = s.user_id, s.socket_id
-        assert user is not None
+        if user is None:
+            return
         looks: list[Awaitable[object]] = []
         if "presence.changed" in lost:
             looks.append(self._refresh_views(conn, sorted(s.subscriptions)))

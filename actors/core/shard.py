@@ -923,6 +923,7 @@ class ShardState:
         """Which targets are in the reader's audience (relations must be loaded: the targets',
         and the reader's unless `query_needs_reader` says no answer depends on them)."""
         targets = list(dict.fromkeys(targets))
+        # Any setting will do for a stand-in here: the audience never reads it.
         reader_rel = self.query_reader(reader, targets, NO_RELATIONS.last_seen_visibility)
         return [t for t in targets if in_audience(t, self.relations[t], reader, reader_rel)]
 
@@ -933,7 +934,8 @@ class ShardState:
         and the reader's own setting, the only other thing of the reader's the visibility rule
         reads, comes with the query (`Query.reader_visibility`). A reader's first query of its
         friends on a shard that does not own it then waits for no PostgreSQL round trip (a third
-        of `bench query`'s queries did, profiles "Query: the reader's relations")."""
+        of `bench query`'s batches did: bench/profiles/README.md, "Query: where the milliseconds
+        go")."""
         if reader in self.relations:
             return False
         relations = self.relations
