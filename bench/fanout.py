@@ -601,8 +601,9 @@ class Deliveries:
     latency: array[float]  # per matched receipt: receive - send, seconds
     # Changes that reached fewer receipts than `per_change` (given to `match_deliveries`): when
     # each was sent (seconds after the first change) and how many of its deliveries are missing,
-    # in order. Which changes came short says more about a loss than its count: the last ones of
-    # a window (a generator that stopped listening early), one stretch (a stall), or scattered.
+    # in order. Which changes came short says more about a loss than its count: the first or last
+    # ones of a window (a generator that listened late or stopped early), one stretch (a stall),
+    # or scattered.
     short: list[tuple[float, int]] = field(default_factory=list)
 
 

@@ -1254,8 +1254,8 @@ class Generator:
         window = _FanoutWindow(self, group, rate, _Queries(query_rate, query_ids, accounts, query_timeout_s))
         self.receipts_user, self.receipts_status, self.receipts_t = array("i"), bytearray(), array("d")
         # Recording from before `start_at`, not from this generator's own wake-up: the loop runs
-        # the sockets' reads of a turn before its timers, so a generator that woke a moment late
-        # missed the deliveries of the other generators' first changes that came in the same turn
+        # a turn's socket reads before the task its timer woke, so a generator that woke a moment
+        # late missed the deliveries of the other generators' first changes that came in that turn
         # (one change's watchers here, 25 of 1,200,000, or one or two: the losses of some windows,
         # the bare server's too). Anything received before the first change matches no change
         # and is counted unmatched, not delivered.
