@@ -75,6 +75,8 @@ log = logging.getLogger("presence.edge")
 
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
+# A registration that failed is tried again after this, doubling up to EDGE_REGISTER_EVERY_S.
+REGISTER_RETRY_S = 0.25
 HEARTBEAT_ACK_TEXT = HEARTBEAT_ACK.text or ""
 HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
 # What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
@@ -302,7 +304,10 @@ class Edge:
         )
         await self.internal_http.start(self.config.internal_host, self.config.internal_port)
         self._tasks.append(asyncio.create_task(self._liveness_loop()))
-        self._tasks.append(asyncio.create_task(self._register_loop()))
+        # Known to the directory before `start` returns: `presence rollout` waits only for the
+        # edges the directory lists to route by the newest map (cluster/rollout.py `edges_behind`).
+        registered = await self._register()
+        self._tasks.append(asyncio.create_task(self._register_loop(registered)))
         if self.config.gc_thresholds is not None:
             gc_policy.apply(self.config.gc_thresholds, self.metrics)
 
@@ -941,25 +946,40 @@ class Edge:
             self.metrics.set("opening_active", len(self.opening.active))
             self.metrics.set("opening_queued", len(self.opening.waiting))
 
-    async def _register_loop(self) -> None:
+    async def _register_loop(self, registered: bool) -> None:
+        """Registers every `EDGE_REGISTER_EVERY_S`; after a failure, again within a second. A
+        directory just replaced (the end of `presence rollout`) lists only the edges that
+        registered since, and a rollout begun soon after trusts its list once the directory is
+        one period old: an edge whose try failed as the directory went, and that waited a whole
+        period to try again, was not listed yet, and kept routing by its old map while a shard
+        it still sent slots to was replaced (tests/integration/test_rollout.py, its second test,
+        on a loaded machine)."""
+        retry_s = REGISTER_RETRY_S
         while True:
-            try:
-                await self.router.refresh_map()
-                assert self.router.map is not None
-                await self.directory.register_edge(
-                    self.edge_id,
-                    {
-                        "ws_port": self.ws_port,
-                        "internal_port": self.internal_port,
-                        "sockets": len(self.conns),
-                        # The map this edge routes by: `presence rollout` replaces a shard or the
-                        # directory only once every edge routes by the map without it.
-                        "map_version": self.router.map.version,
-                    },
-                )
-            except Exception as e:
-                log.info("directory unreachable: %s", e)
-            await asyncio.sleep(EDGE_REGISTER_EVERY_S)
+            await asyncio.sleep(EDGE_REGISTER_EVERY_S if registered else retry_s)
+            retry_s = REGISTER_RETRY_S if registered else min(retry_s * 2, EDGE_REGISTER_EVERY_S)
+            registered = await self._register()
+
+    async def _register(self) -> bool:
+        """Tell the directory this edge is alive and which map it routes by; False if it failed."""
+        try:
+            await self.router.refresh_map()
+            assert self.router.map is not None
+            await self.directory.register_edge(
+                self.edge_id,
+                {
+                    "ws_port": self.ws_port,
+                    "internal_port": self.internal_port,
+                    "sockets": len(self.conns),
+                    # The map this edge routes by: `presence rollout` replaces a shard or the
+                    # directory only once every edge routes by the map without it.
+                    "map_version": self.router.map.version,
+                },
+            )
+        except Exception as e:
+            log.info("directory unreachable: %s", e)
+            return False
+        return True
 
     async def _reregister(self, shard: int) -> None:
         """A shard restarted empty: tell it again about every live socket of ours it owns, and

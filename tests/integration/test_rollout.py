@@ -162,3 +162,23 @@ async def test_no_actor_is_replaced_while_an_edge_routes_by_an_older_map(
     assert [what for what, _, _ in fleet.seen] == [*(f"shard {i}" for i in range(SHARDS)), "directory"]
     for what, version, routed in fleet.seen:
         assert routed == [version, version], (what, version, routed)
+
+
+async def test_an_edge_is_known_to_the_directory_soon_after_its_start(
+    cluster: Cluster, second_edge: Edge
+) -> None:
+    """`presence rollout` waits only for the edges the directory lists. An edge registers before
+    its start returns; if that try fails (right after the test above, the directory it replaced
+    is still going away), it tries again within a second instead of a whole 5 s period. Before,
+    an edge missed that way was not listed when a rollout begun soon after trusted the list, and
+    it kept its first map while a shard it still routed to was replaced (the test above failed so
+    on a loaded machine)."""
+    d = clients.DirectoryClient()
+
+    async def listed() -> bool:
+        return second_edge.edge_id in await d.list_edges()
+
+    await eventually(listed, timeout=2.5)
+    entry = (await d.list_edges())[second_edge.edge_id]
+    assert second_edge.router.map is not None
+    assert entry["map_version"] == second_edge.router.map.version
