@@ -550,13 +550,13 @@ class PresenceShard:
             needs = op.needs()
             if needs is not NOTHING:
                 relations, accounts, channels = needs
-                if isinstance(op, ops_.Query) and not self.state.query_needs_reader(op.reader, op.targets):
-                    relations = op.targets  # no answer depends on the reader's (friends only)
+                if isinstance(op, ops_.Query):
+                    queries.append((op.reader, op.targets))
+                    if not self.state.query_needs_reader(op.reader, op.targets):
+                        relations = op.targets  # no answer depends on the reader's (friends only)
                 rel_ids.extend(relations)
                 acc_ids.extend(accounts)
                 channel_ids.extend(channels)
-            if isinstance(op, ops_.Query):
-                queries.append((op.reader, op.targets))
         missing_rel = self.state.missing_relations(rel_ids)
         if not missing_rel:
             for reader, targets in queries:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 import time
 from collections import deque
@@ -26,6 +27,7 @@ from actors import gc_policy
 from actors.clients import DirectoryClient, ShardClients
 from actors.core import frames, ops
 from actors.core.answers import Found, Shown
+from actors.core.backoff import Backoff
 from actors.core.contract import EDGE_REGISTER_EVERY_S, Address, Watching
 from actors.core.frames import (
     AudienceNote,
@@ -75,8 +77,9 @@ log = logging.getLogger("presence.edge")
 
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
-# A registration that failed is tried again after this, doubling up to EDGE_REGISTER_EVERY_S.
-REGISTER_RETRY_S = 0.25
+# A registration that failed is tried again after 0.25 s, doubling up to EDGE_REGISTER_EVERY_S
+# (the project's one backoff policy; not jittered: the waits are its windows).
+REGISTER_RETRY = Backoff(first_s=0.25, cap_s=EDGE_REGISTER_EVERY_S, floor=1.0)
 HEARTBEAT_ACK_TEXT = HEARTBEAT_ACK.text or ""
 HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
 # What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
@@ -954,10 +957,12 @@ class Edge:
         period to try again, was not listed yet, and kept routing by its old map while a shard
         it still sent slots to was replaced (tests/integration/test_rollout.py, its second test,
         on a loaded machine)."""
-        retry_s = REGISTER_RETRY_S
+        failures = 0
         while True:
-            await asyncio.sleep(EDGE_REGISTER_EVERY_S if registered else retry_s)
-            retry_s = REGISTER_RETRY_S if registered else min(retry_s * 2, EDGE_REGISTER_EVERY_S)
+            failures = 0 if registered else failures + 1
+            await asyncio.sleep(
+                EDGE_REGISTER_EVERY_S if registered else REGISTER_RETRY.delay(failures - 1, random.random)
+            )
             registered = await self._register()
 
     async def _register(self) -> bool:

@@ -94,7 +94,8 @@ HEARTBEAT_ACK_TEXT = text(heartbeat_ack())
 _CHANGED_PREFIX = text({"type": "presence.changed"})[:-1]
 
 
-_TYPE_PREFIX = '{"type":"'
+# How orjson spells the start of any frame's payload (the type comes first), up to the type.
+_TYPE_PREFIX = text({"type": ""})[:-2]
 
 
 def type_of(payload: str) -> str:
