@@ -24,13 +24,17 @@ as one `presence.changed` to the 50 watchers of the account through `websockets.
 runs a window of its own at the last rate, right after ours, with the same clients and the same
 sockets open. CPU per delivery = the process's CPU time over the window (its seconds plus the
 drain) / deliveries made: for ours the edges' and the shards' separately, for the bare server its
-own. Targets (issue 28), at the fastest window (40,000 deliveries/s at full size): ours (edges +
+own. The relay floor (unless `--no-relay`; bench.fanout_server's docstring): a third window on the
+bare server's sockets, each change first to its account's owner process (one per shard of ours,
+nothing of ours in them) and broadcast on the owner's answer: what the hop to a separate owner,
+which our design has and the bare server has not, costs on this machine by itself. Reported beside
+both, not judged. Targets (issue 28), at the fastest window (40,000 deliveries/s at full size): ours (edges +
 shards) at most 1.2x the bare server's CPU per delivery; the shards' CPU per delivery at most
 1 µs; p99 at most 2x the bare server's p99, and so is every second's p99 (the report prints each
 second's: a warm-up tail shows there).
 
     presence bench fanout [--accounts 10000] [--subscriptions 50] [--rate 200,800] [--seconds 30]
-                          [--edges 1] [--generators 2] [--no-bare] [--profile DIR] [--quick]
+                          [--edges 1] [--generators 2] [--no-bare] [--no-relay] [--profile DIR] [--quick]
                           [--no-record]
 """
 
@@ -41,7 +45,9 @@ import asyncio
 import bisect
 import contextlib
 import math
+import os
 import secrets
+import signal
 import subprocess
 import time
 from array import array
@@ -161,6 +167,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         dest="bare",
         action="store_false",
         help="skip the bare websockets server's window (the per-delivery CPU baseline)",
+    )
+    p.add_argument(
+        "--no-relay",
+        dest="relay",
+        action="store_false",
+        help="skip the relay floor's window (the bare server through owner processes)",
     )
     lg.add_common_args(p)
     args = p.parse_args(argv)
@@ -284,11 +296,19 @@ def run_load(
     out = _load_graph(load, env, stage)
     stage.log(f"starting {args.edges} edge process(es)")
     edges = [env.start_edge() for _ in range(args.edges)]
-    bare = env.start_server("bare fanout server", bare_server_argv(env.secret)) if (
-        getattr(args, "bare", False)
-    ) else None  # fmt: skip
+    with_bare = getattr(args, "bare", False)
+    owners = (
+        [env.start_server(f"relay owner {i}", OWNER_ARGV) for i in range(env.shards)]
+        if with_bare and getattr(args, "relay", False)
+        else []
+    )
+    bare = (
+        env.start_server("bare fanout server", bare_server_argv(env.secret, [o.port for o in owners]))
+        if with_bare
+        else None
+    )
     with (
-        env.serving(*edges, *([bare] if bare else [])),
+        env.serving(*edges, *([bare] if bare else []), *owners),
         lg.Workers(len(load.shares), {"secret": env.secret}) as w,
     ):
         out["setup"] = _setup(load, stage, w, [("127.0.0.1", e.port) for e in edges])
@@ -307,6 +327,9 @@ def run_load(
             out["bare"] = _window(
                 args, env, stage, w, args.rate[-1], [bare], pids, "fanout_bare", None, None, True
             )
+        out["relay"] = None
+        if bare is not None and owners:
+            out["relay"] = _relay_window(args, env, stage, w, bare, owners, pids)
         out["open_at_end"] = sum(w.call("open_count", {"group": "fanout"}))
         for group in ("fanout", "fanout_bare", *(("queriers", "queriers_bare") if queries else ())):
             w.call("close", {"group": group})
@@ -425,11 +448,39 @@ def _setup_summary(setup: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def bare_server_argv(secret: str) -> list[str]:
+def bare_server_argv(secret: str, owners: list[int] | None = None) -> list[str]:
     """The bare broadcast server's command line. `--secret=` in one word: a random secret that
     begins with "-" (1 in 64 of `token_urlsafe`'s) was read as the next option, and the server
     exited at start ("expected one argument"), failing that `bench all` run's fanout."""
-    return ["-m", "bench.fanout_server", f"--secret={secret}"]
+    argv = ["-m", "bench.fanout_server", f"--secret={secret}"]
+    return [*argv, f"--owners={','.join(map(str, owners))}"] if owners else argv
+
+
+OWNER_ARGV = ["-m", "bench.fanout_server", "--owner"]
+
+
+def _relay_window(
+    args: argparse.Namespace,
+    env: lg.BenchEnv,
+    stage: lg.Stage,
+    workers: lg.Workers,
+    bare: lg.ServerProcess,
+    owners: list[lg.ServerProcess],
+    pids: dict[str, list[int]],
+) -> dict[str, Any]:
+    """The relay floor's window: the bare server switched to ask an owner process per change."""
+    os.kill(bare.pid, signal.SIGUSR1)
+    bare.wait_for(r"relay on", timeout=10)
+    owners0 = sum(o.cpu_seconds() for o in owners)
+    out = _window(
+        args, env, stage, workers, args.rate[-1], [bare, *owners], pids, "fanout_bare", None, None, True,
+        label="relay",
+    )  # fmt: skip
+    made = out["deliveries_received"]
+    out["cpu_us_per_delivery"]["owners"] = (
+        (sum(o.cpu_seconds() for o in owners) - owners0) / made * 1e6 if made else math.nan
+    )
+    return out
 
 
 def _ray_calls(env: lg.BenchEnv) -> dict[str, float]:
@@ -457,16 +508,19 @@ def _window(
     queries: Queries | None,
     beside: Callable[[float, float], Callable[[], dict[str, Any]]] | None,
     named: bool,
+    label: str | None = None,
 ) -> dict[str, Any]:
     """One window of `args.seconds` at `rate` changes/s on the sockets of `group` ("fanout": ours,
-    through `servers`, the edges; "fanout_bare": the bare server, `servers` = [it])."""
+    through `servers`, the edges; "fanout_bare": the bare server, `servers` = [it], or for the
+    relay floor [it, its owners])."""
     ours = group == "fanout"
+    label = label or ("ours" if ours else "bare")
     start_at = time.monotonic() + 1.0
     collect = beside(start_at, args.seconds) if beside is not None else None
     calls0 = _ray_calls(env) if ours else None
     cpu0 = _window_cpu(servers, pids)
     stage.log(
-        f"running {'ours' if ours else 'bare'} at {rate:g}/s for {args.seconds:g} s"
+        f"running {label} at {rate:g}/s for {args.seconds:g} s"
         + (f", {queries.rate:g} queries/s of {queries.ids} ids" if queries else "")
     )
     spies = _start_spies(args, stage.bench, rate, named, ours, servers[0].pid, pids)
@@ -484,7 +538,7 @@ def _window(
     wall = max(r["wall_s"] for r in res)
     window = time.monotonic() - start_at  # the load's seconds and the wait for its last deliveries
     used = {k: v - cpu0[k] for k, v in _window_cpu(servers, pids).items()}
-    out: dict[str, Any] = {"server": "ours" if ours else "bare", "rate": rate}
+    out: dict[str, Any] = {"server": label, "rate": rate}
     out["cpu_cores"] = {
         "edges" if ours else "server": used["server"] / window,
         "shards": used["shards"] / window,
@@ -722,7 +776,7 @@ def _row(m: dict[str, Any], subscriptions: int) -> list[str]:
         lg.fmt_ms(lat["p99"]),
         lg.fmt_ms(lat["max"]),
         f"{cpu['edges']:.1f}" if "edges" in cpu else "-",
-        f"{cpu['shards']:.1f}" if "shards" in cpu else "-",
+        f"{cpu['shards']:.1f}" if "shards" in cpu else (f"{cpu['owners']:.1f}" if "owners" in cpu else "-"),
         f"{cpu['total']:.1f}",
         f"{calls['per_1000_deliveries']:.1f}" if calls else "-",
     ]
@@ -839,12 +893,13 @@ def _targets(args: argparse.Namespace, m: dict[str, Any], met: dict[str, Any]) -
 
 
 def _print(args: argparse.Namespace, m: dict[str, Any], info: dict[str, Any], met: dict[str, Any]) -> None:
-    windows = [*m["windows"], *([m["bare"]] if m.get("bare") else [])]
+    windows = [*m["windows"], *(m[k] for k in ("bare", "relay") if m.get(k))]
     rates = ", ".join(f"{w['rate']:g}" for w in m["windows"])
     print(
         f"\npresence bench fanout on {machine_summary(info)} (commit {info['commit']}): {args.accounts:,} "
         f"accounts x {args.subscriptions} subscriptions, windows of {args.seconds:g} s at {rates} changes/s"
         + (", then the bare websockets server at the last rate" if m.get("bare") else "")
+        + (" and the relay floor (the bare server through owner processes)" if m.get("relay") else "")
         + f"; {args.edges} edge(s), {args.generators} generator processes\n"
     )
     results.print_table(
@@ -883,6 +938,21 @@ def _print_targets(args: argparse.Namespace, m: dict[str, Any], met: dict[str, A
             f"{met['ratio']:.2f}x: {results.met_text(met['ratio_met'])}"
         )
     _print_per_edge_targets(met, fast, bare)
+    relay = m.get("relay")
+    if bare is not None and relay is not None:
+        print(_relay_line(relay, bare))
+
+
+def _relay_line(relay: dict[str, Any], bare: dict[str, Any]) -> str:
+    """The relay floor against the bare server: what the hop to a separate owner costs alone."""
+    r_us, b_us = relay["cpu_us_per_delivery"], bare["cpu_us_per_delivery"]["total"]
+    r_p99, b_p99 = relay["latency_ms"]["p99"], bare["latency_ms"]["p99"]
+    return (
+        f"relay floor (the bare server asking an owner process per change, nothing of ours; not judged): "
+        f"p99 {r_p99:.1f} ms = {r_p99 / b_p99 if b_p99 else math.nan:.2f}x the bare server's, "
+        f"{relay['delivered_fraction']:.2%} delivered; CPU {r_us['total']:.1f} µs per delivery = "
+        f"{r_us['total'] / b_us if b_us else math.nan:.2f}x, of which the owners {r_us['owners']:.2f} µs"
+    )
 
 
 def _three(lat: dict[str, float]) -> str:

@@ -25,6 +25,15 @@ def test_the_bare_servers_command_line_carries_any_secret(secret: str) -> None:
     assert fanout_server.parse(argv[2:]).secret == secret
 
 
+def test_the_relay_floors_command_lines() -> None:
+    """The bare server is told its owners' ports; an owner needs no secret, the server does."""
+    args = fanout_server.parse(fanout.bare_server_argv("s3cret", [4001, 4002])[2:])
+    assert (args.secret, args.owners, args.owner) == ("s3cret", "4001,4002", False)
+    assert fanout_server.parse(fanout.OWNER_ARGV[2:]).owner
+    with pytest.raises(SystemExit):
+        fanout_server.parse([])
+
+
 def test_queries_leave_at_random_moments_of_their_own_intervals() -> None:
     """`bench query`'s schedule: the rate holds (query k within its k-th interval), and the
     queries are not on the grid from `t0` that the status changes are on: on it, every query left
