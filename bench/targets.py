@@ -258,7 +258,7 @@ def _fanout_against_bare(
                 at_fast,
             ),
             baseline=bare_p99,
-            note=f"worst second {worst:.1f} ms",
+            note=f"worst second {worst:.1f} ms" + _beside_the_fanout_p99(r, bare, bare_p99),
         ),
         Verdict(
             "fanout",
@@ -270,6 +270,17 @@ def _fanout_against_bare(
             baseline=bare_us,
         ),
     ]
+
+
+def _beside_the_fanout_p99(r: Mapping[str, Any], bare: Mapping[str, Any], bare_p99: float) -> str:
+    """What the same clause gives the baselines of the run (bench/profiles/README.md, "The relay
+    floor"): the bare server's own worst second against its p99, and the relay floor's p99."""
+    worst = max((s["p99"] for s in bare.get("latency_ms_by_second") or []), default=math.nan)
+    text = f"; the bare server's own worst second {_ratio(worst, bare_p99):.2f}x its p99"
+    relay = r.get("relay")
+    if relay:
+        text += f"; the relay floor's p99 {_ratio(relay['latency_ms']['p99'], bare_p99):.2f}x"
+    return text
 
 
 def _query(r: Mapping[str, Any]) -> list[Verdict]:
