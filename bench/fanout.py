@@ -28,14 +28,14 @@ own. The relay floor (unless `--no-relay`; bench.fanout_server's docstring): a t
 bare server's sockets, each change first to its account's owner process (one per shard of ours,
 nothing of ours in them) and broadcast on the owner's answer: what the hop to a separate owner,
 which our design has and the bare server has not, costs on this machine by itself. Reported beside
-both, not judged. Targets (issue 28), at the fastest window (40,000 deliveries/s at full size): ours (edges +
-shards) at most 1.2x the bare server's CPU per delivery; the shards' CPU per delivery at most
-1 µs; p99 at most 2x the bare server's p99, and so is every second's p99 (the report prints each
-second's: a warm-up tail shows there).
+both, not judged. Targets (issue 28), at the fastest window (40,000 deliveries/s at full size):
+ours (edges + shards) at most 1.2x the bare server's CPU per delivery; the shards' CPU per
+delivery at most 1 µs; p99 at most 2x the bare server's p99, and so is every second's p99 (the
+report prints each second's: a warm-up tail shows there).
 
     presence bench fanout [--accounts 10000] [--subscriptions 50] [--rate 200,800] [--seconds 30]
-                          [--edges 1] [--generators 2] [--no-bare] [--no-relay] [--profile DIR] [--quick]
-                          [--no-record]
+                          [--edges 1] [--generators 2] [--no-bare] [--no-relay] [--profile DIR]
+                          [--quick] [--no-record]
 """
 
 from __future__ import annotations

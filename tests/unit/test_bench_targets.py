@@ -168,3 +168,20 @@ def test_a_report_without_a_needed_figure_counts_its_benchmark_as_failed(tmp_pat
     reports, failed = bench_all._reports(["edge", "fanout", "query"], runs)
     assert list(reports) == ["query"] and failed == ["edge", "fanout"]
     assert runs["fanout"]["error"].startswith("KeyError")
+
+
+FANOUT_P99 = "fanout: fan-out p99 at 40,000 deliveries/s (and its worst second's) against the bare broadcast"
+
+
+def test_the_fanout_p99_verdict_says_what_the_same_clause_gives_the_runs_baselines() -> None:
+    """Beside ours' worst second: the bare server's own worst second against its p99 and the relay
+    floor's p99 (bench/profiles/README.md, "The relay floor"); the verdict itself is unchanged."""
+    reports = _all_met()
+    reports["fanout"]["relay"] = _window(800, 4.5, 13.0, 0.0, 9.0)
+    fanout = _by_name(targets.evaluate(reports))[FANOUT_P99]
+    assert fanout.met is True
+    assert fanout.note == (
+        "worst second 5.5 ms; the bare server's own worst second 1.33x its p99; the relay floor's p99 1.50x"
+    )
+    del reports["fanout"]["relay"]  # a run with --no-relay
+    assert "relay" not in _by_name(targets.evaluate(reports))[FANOUT_P99].note
