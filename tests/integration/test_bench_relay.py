@@ -33,18 +33,23 @@ def _start(argv: list[str]) -> tuple[subprocess.Popen[str], int]:
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until it listens, or exits with its error
     m = re.search(r"listening on (\d+)", line)
-    assert m, line + proc.stdout.read()
+    if m is None:
+        proc.kill()
+        pytest.fail(f"{argv} did not start: {line}{proc.stdout.read()}")
     return proc, int(m.group(1))
 
 
 @pytest.fixture
 def relay_servers() -> Iterator[tuple[subprocess.Popen[str], subprocess.Popen[str], int]]:
-    owner, owner_port = _start(fanout.OWNER_ARGV)
-    bare, port = _start(fanout.bare_server_argv(SECRET, [owner_port]))
+    started: list[subprocess.Popen[str]] = []
     try:
+        owner, owner_port = _start(fanout.OWNER_ARGV)
+        started.append(owner)
+        bare, port = _start(fanout.bare_server_argv(SECRET, [owner_port]))
+        started.append(bare)
         yield bare, owner, port
     finally:
-        for proc in (bare, owner):
+        for proc in started:
             proc.send_signal(signal.SIGCONT)
             proc.terminate()
             try:
