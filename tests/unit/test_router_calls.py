@@ -164,24 +164,27 @@ async def test_a_shard_retired_by_a_shrink_answers_moved(
 
 async def test_one_budget_for_a_routed_call(monkeypatch: pytest.MonkeyPatch, fake: MakeFake) -> None:
     """Slots in migration and then a shard that stays down share `call_retry_s`: the caller hears
-    ShardUnavailable within it, not after a fresh window for each layer."""
+    ShardUnavailable within it, not after a fresh window for each layer. (Sized so that the two
+    outcomes lie 1 s apart: at 0.2 s + 0.3 s a loaded suite's 0.18 s of lateness once read 0.48 s,
+    above the 0.4 s bound that told them apart.)"""
 
     def answer(shard: int, op: ops.Op) -> Any:
         if shard == 0:
-            # The slot flips to shard 1 after 0.2 s of the 0.3 s budget; shard 1 never answers.
-            asyncio.get_running_loop().call_later(0.2, f.flip, tuple(1 for _ in f.published.owners), 2)
+            # The slot flips to shard 1 after 1 s of the 1.5 s budget; shard 1 never answers.
+            asyncio.get_running_loop().call_later(1.0, f.flip, tuple(1 for _ in f.published.owners), 2)
             return MOVED
         return TimeoutError()
 
     # Short waits, so that a retry gives up only at the very end of its window.
     monkeypatch.setattr(router_module, "CALL_RETRY", Backoff(0.005, 0.005))
-    f = await fake(answer, call_retry_s=0.3)
+    f = await fake(answer, call_retry_s=1.5)
     user = user_on(f.published, 0)[0]
     started = time.monotonic()
     with pytest.raises(ShardUnavailable):
         await f.router.to_user(user, ops.Settings(user, "friends"))
     assert [s for s, _ in f.sent][:2] == [0, 1]
-    assert 0.25 < time.monotonic() - started < 0.4  # two nested windows took 0.2 + 0.3
+    # One budget ends at 1.5 s; two nested windows took 1.0 + 1.5 s.
+    assert 1.4 < time.monotonic() - started < 2.2
 
 
 async def test_unavailable_past_the_window_closes_nothing_silently(fake: MakeFake) -> None:
