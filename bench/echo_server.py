@@ -47,13 +47,19 @@ async def echo(ws: ServerConnection) -> None:
         await ws.send(message)
 
 
-async def serve_until_stopped(handler: Handler, host: str, port: int) -> None:
-    """Serve `handler` with the edge's settings until SIGINT or SIGTERM; prints `listening on
-    PORT pid PID` once it accepts connections (what `bench.loadgen.ServerProcess` waits for)."""
+async def listening_until_stopped(port: int) -> None:
+    """Print `listening on PORT pid PID` once a server accepts connections on `port` (what
+    `bench.loadgen.ServerProcess` waits for), then wait for SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    print(f"listening on {port} pid {os.getpid()}", flush=True)
+    await stop.wait()
+
+
+async def serve_until_stopped(handler: Handler, host: str, port: int) -> None:
+    """Serve `handler` with the edge's settings until SIGINT or SIGTERM (`listening_until_stopped`)."""
     async with serve(
         handler,
         host,
@@ -64,9 +70,7 @@ async def serve_until_stopped(handler: Handler, host: str, port: int) -> None:
         max_queue=MAX_QUEUE,
         backlog=LISTEN_BACKLOG,
     ) as server:
-        bound = server.sockets[0].getsockname()[1]
-        print(f"listening on {bound} pid {os.getpid()}", flush=True)
-        await stop.wait()
+        await listening_until_stopped(server.sockets[0].getsockname()[1])
 
 
 class EchoSocket(Socket):
@@ -90,14 +94,8 @@ class EchoSocket(Socket):
 
 async def serve_sansio_until_stopped(host: str, port: int) -> None:
     """`EchoSocket` with the edge's listen backlog, until SIGINT or SIGTERM (as `serve_until_stopped`)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     server = await serve_sockets(EchoSocket, host, port, LISTEN_BACKLOG)
-    bound = server.sockets[0].getsockname()[1]
-    print(f"listening on {bound} pid {os.getpid()}", flush=True)
-    await stop.wait()
+    await listening_until_stopped(server.sockets[0].getsockname()[1])
     server.close()
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 import zlib
@@ -47,7 +46,7 @@ import orjson
 from websockets.asyncio.connection import broadcast
 from websockets.asyncio.server import ServerConnection
 
-from bench.echo_server import arguments, run, serve_until_stopped
+from bench.echo_server import arguments, listening_until_stopped, run, serve_until_stopped
 
 READY = orjson.dumps({"type": "ready"}).decode()
 SYNC = orjson.dumps({"type": "presence.sync", "users": []}).decode()
@@ -80,14 +79,10 @@ def _own(statuses: dict[str, object], transport: asyncio.Transport, line: bytes)
 
 async def serve_owner_until_stopped(host: str, port: int) -> None:
     """An owner process of the relay floor, until SIGINT or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     statuses: dict[str, object] = {}
+    loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Lines(lambda t, line: _own(statuses, t, line)), host, port)
-    print(f"listening on {server.sockets[0].getsockname()[1]} pid {os.getpid()}", flush=True)
-    await stop.wait()
+    await listening_until_stopped(server.sockets[0].getsockname()[1])
     server.close()
 
 
