@@ -38,53 +38,55 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 
-# Measured costs, µs of CPU, refitted for issue 28 on the quiet 2-core machine of 2026-12-04
-# evening, all at 0d69d89: the median of the three consecutive `presence bench all` runs (22:09-
-# 22:43 UTC) unless said otherwise. The per-operation costs are the measured ones less their share
-# of the calls that carried them.
+# Measured costs, µs of CPU, refitted for issue 28 on the quiet 2-core machine of 2026-12-05, all
+# at 074947d (the service's code is the same at e04727e): the median of the three consecutive
+# `presence bench all` runs (11:20-11:54 UTC) unless said otherwise. The per-operation costs are
+# the measured ones less their share of the calls that carried them.
 # A Ray call, and a call on a shard's direct lane (actors/lane.py), over the whole machine, back to
-# back (bench rtt 0d69d89, right after those runs, load 0.6): 1,640 µs and 86 µs.
-CALL_US = 1_640.0
-LANE_CALL_US = 86.0
-# bench edge: 129,600 heartbeats per CPU-second of the edge (123,793-130,580; the sans-I/O edge,
+# back (bench rtt at e04727e, three runs, load 0.3-0.6, medians): 1,393 µs (1,373-1,577) and 97 µs
+# (76-130).
+CALL_US = 1_393.0
+LANE_CALL_US = 97.0
+# bench edge: 130,922 heartbeats per CPU-second of the edge (127,187-131,319; the sans-I/O edge,
 # the answers to one read's frames in one send()).
-HEARTBEAT_US = 1e6 / 129_600
-# bench scale, 1 shard: the router (inside the load generators) 5.77 µs/frame, the shard the rest
-# of the machine, (2 - 0.99 cores) / 160,110 frames/s = 6.29 µs, with 2.16 calls per 1,000 frames.
-ROUTE_US, SHARD_APPLY_US = 5.77, 6.29
-APPLY_US = ROUTE_US + SHARD_APPLY_US - 2.16 * LANE_CALL_US / 1000
+HEARTBEAT_US = 1e6 / 130_922
+# bench scale, 1 shard, the median run: the router (inside the load generators) 5.93 µs/frame, the
+# shard the rest of the machine, (2 - 0.986 cores) / 155,852 frames/s = 6.51 µs (154,499-157,508
+# frames/s over the three), with 2.15 calls per 1,000 frames.
+ROUTE_US, SHARD_APPLY_US = 5.93, (2 - 0.986) / 155_852 * 1e6
+APPLY_US = ROUTE_US + SHARD_APPLY_US - 2.15 * LANE_CALL_US / 1000
 # Fan-out per edge, bench fanout at 800 changes/s of 10,000 accounts x 50 watchers on one edge:
-# 12.9 µs (edge) + 4.42 µs (shards) per delivery (12.0-13.6 and 3.77-4.83 over the three runs),
-# 19.7 shard calls per 1,000 deliveries (about one call per change); a call's CPU is taken out,
+# 11.87 µs (edge) + 3.67 µs (shards) per delivery (11.32-12.05 and 3.27-3.69 over the three runs),
+# 19.61 shard calls per 1,000 deliveries (about one call per change); a call's CPU is taken out,
 # half from each end.
-FANOUT_CALLS_PER_DELIVERY = 19.7 / 1000
+FANOUT_CALLS_PER_DELIVERY = 19.61 / 1000
 FANOUT_WATCHERS = 50
-EDGE_DELIVERY_US = 12.9 - FANOUT_CALLS_PER_DELIVERY * LANE_CALL_US / 2
+EDGE_DELIVERY_US = 11.87 - FANOUT_CALLS_PER_DELIVERY * LANE_CALL_US / 2
 # The shard's cost per edge reached, from the micro-benchmark of its pure fan-out path and mail
-# step (bench/profiles/fanout_core.py at 0d69d89, quiet, 1,000 x 50 at 1 / 2 / 8 / 20 / 50 edges:
-# 11.2 / 12.4 / 20.7 / 36.0 / 74.5 µs per change: 1.3 µs per edge beyond the first; 3.1 µs on the
-# loaded machine of ca4e8cc).
-SHARD_EDGE_US = 1.3
-# The rest of the shards' 4.42 µs per delivery is per change: at one edge, 50 deliveries a change,
+# step (bench/profiles/fanout_core.py at e04727e, quiet, 1,000 x 50 at 1 / 2 / 8 / 20 / 50 edges:
+# 9.8 / 11.6 / 18.2 / 34.6 / 78.0 µs per change: 1.4 µs per edge, the least-squares slope; 1.3 at
+# 0d69d89, 3.1 on the loaded machine of ca4e8cc).
+SHARD_EDGE_US = 1.4
+# The rest of the shards' 3.67 µs per delivery is per change: at one edge, 50 deliveries a change,
 # less its call, the shard's part of the change itself (in APPLY_US) and the one edge's share:
-# ~170 µs, against ~11 µs for the pure path in the micro-benchmark: the shell (the lane's receive
-# and reply, the mail's encoding, the event loop woken per change) and Ray's threads at rest
-# (bench/profiles/README.md, "What is left of the CPU per delivery").
+# ~130 µs, against ~10 µs for the pure path in the micro-benchmark: the shell (the lane's receive
+# and reply, the mail's encoding, the event loop woken per change, cold caches between changes)
+# and Ray's threads at rest (bench/profiles/README.md, "The shard's shell per change").
 SHARD_CHANGE_US = (
-    4.42 * FANOUT_WATCHERS
+    3.67 * FANOUT_WATCHERS
     - FANOUT_CALLS_PER_DELIVERY * FANOUT_WATCHERS * LANE_CALL_US / 2
     - SHARD_APPLY_US
     - SHARD_EDGE_US
 )
-# bench connections: 3,269 identified connects/s (2,800-3,474) into one edge and its shards, the
-# whole machine busy: 2 cores / 3,269 = 612 µs (bench edge's handshake CPU, by process, agrees:
-# 537-631 µs of the whole machine per handshake to `ready`).
-CONNECT_US = 2e6 / 3_269
+# bench connections: 3,564 identified connects/s (2,892-3,636) into one edge and its shards, the
+# whole machine busy: 2 cores / 3,564 = 561 µs (bench edge's handshake CPU, by process, agrees:
+# 504-511 µs of the whole machine per handshake to `ready`).
+CONNECT_US = 2e6 / 3_564
 # Memory per connected account: the sans-I/O edge's RSS per idle identified socket (bench edge and
-# bench connections: 4.96-4.98 KiB at 18,000-19,000 sockets) and the shard's state per account
+# bench connections: 4.98-5.00 KiB at 18,000-19,000 sockets) and the shard's state per account
 # with one socket, watching 50, friends with its 50 watchers, in two servers
-# (bench/profiles/fanout_core.py --memory at 0d69d89: 15.0 KiB under tracemalloc, as at ffc1c26).
-EDGE_KIB_PER_SOCKET = 4.97
+# (bench/profiles/fanout_core.py --memory at e04727e: 15.0 KiB under tracemalloc, as at 0d69d89).
+EDGE_KIB_PER_SOCKET = 4.99
 SHARD_KIB_PER_ACCOUNT = 15.0
 MEMORY_KIB = EDGE_KIB_PER_SOCKET + SHARD_KIB_PER_ACCOUNT
 
@@ -196,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         w = replace(w, **RAY_ROAD)
     if args.check:
         # bench fanout: 10,000 accounts x 50 watchers on one node, 800 changes/s (no heartbeats
-        # or churn in its window): 0.69 cores for the edge and shards in the median run at 0d69d89
-        # (17.3 µs per delivery x 40,000/s; 0.63-0.74 over the three). The costs and round trips
+        # or churn in its window): 0.62 cores for the edge and shards in the median run at 074947d
+        # (15.56 µs per delivery x 40,000/s; 0.58-0.63 over the three). The costs and round trips
         # were fitted there, so this checks the arithmetic, not the prediction.
         fan = replace(w, changes_per_h=800 / 10_000 * 3600, heartbeat_s=1e12, churn_per_min=0.0)
         load = node_load(fan, 1, 10_000)
