@@ -429,12 +429,10 @@ class Session:
             case p.TypingStopFrame(channelId=channel):
                 return [ops.TypingStop(channel, user)]
             case p.VoiceJoinFrame(channelId=channel):
-                out: list[Command] = []
-                if self.voice_channel is not None and self.voice_channel != channel:
-                    out.append(ops.VoiceLeave(self.voice_channel, sid))
-                # A client's own join: charged to the account's voice budget.
-                out.append(ops.VoiceJoin(channel, user, sid, own=True))
-                return out
+                # A client's own join: charged to the account's voice budget. The roster it is in
+                # is left once the join is accepted (`channel_result`): a refused join leaves the
+                # socket where it was (protocol.md, "Budgets": "the roster stays as it was").
+                return [ops.VoiceJoin(channel, user, sid, own=True)]
             case p.VoiceLeaveFrame():
                 if self.voice_channel is None:
                     return []
@@ -470,7 +468,11 @@ class Session:
         if isinstance(cmd, ops.ChannelSubscribe):
             self.channels.add(cmd.channel_id)
         elif isinstance(cmd, ops.VoiceJoin):
-            self.voice_channel = cmd.channel_id
+            left, self.voice_channel = self.voice_channel, cmd.channel_id
+            if left is not None and left != cmd.channel_id:
+                # Joined: now it leaves the other roster (for a moment it was in both, which a
+                # refused join never makes it: it stays in the one it was in).
+                return [ops.VoiceLeave(left, self.socket_id)]
         elif isinstance(cmd, ops.VoiceLeave) and self.voice_channel == cmd.channel_id:
             self.voice_channel = None
         return []

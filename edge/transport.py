@@ -405,6 +405,14 @@ class Socket(asyncio.Protocol):
         accept key), which is answered as websockets would answer it, without its checks."""
         protocol = self.protocol
         self._cancel_timer()
+        if protocol.eof_sent:
+            # What came in the same read after the request could not be read (bytes that are no
+            # frame, an unmasked one): websockets failed the connection and its end of stream
+            # has left, so nothing can be answered. Before, the 101 was written after it, and the
+            # transport's RuntimeError logged two tracebacks per such connection (a log flood
+            # for anyone who can connect).
+            self.abort()
+            return
         self.request = request
         try:
             response = self.on_request(request)

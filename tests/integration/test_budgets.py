@@ -225,6 +225,44 @@ async def test_voice_churn_is_bounded_and_the_roster_stays_right(
     await w.close()
 
 
+@pytest.mark.parametrize("refusal", ["not_allowed", "rate_limited"])
+async def test_a_refused_voice_join_leaves_the_joiner_in_the_roster_it_was_in(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids, refusal: str
+) -> None:
+    """protocol.md: `voice.join` joins C's roster "leaving any other"; a refused join joins
+    nothing, so it leaves nothing either (a subscriber saw the joiner's roster emptied before)."""
+    joiner, watcher, channel = await pair(conn, ids)
+    other = ids("c-other")
+    await load(conn, {"servers": [{"id": ids("g-other"), "members": [joiner], "channels": [other]}]})
+    w = await Client.connect(ws_url(edge), cluster.token(watcher))
+    await w.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+    j = await Client.connect(ws_url(edge), cluster.token(joiner))
+    await j.send({"type": "voice.join", "channelId": channel})
+    await w.expect(lambda f: f.get("type") == "voice.roster" and f["userIds"] == [joiner])
+    spender = await Client.connect(ws_url(edge), cluster.token(joiner))
+    if refusal == "not_allowed":
+        target = ids("c-not-a-member")
+    else:  # the account's voice budget (shared by its sockets) spent by another socket of it
+        target = other
+        for _ in range(20):
+            await spender.send({"type": "voice.join", "channelId": other})
+            await spender.send({"type": "voice.leave"})
+            await spender.roundtrip()
+            if any(f.get("code") == "rate_limited" for f in spender.log if f.get("type") == "error"):
+                break
+        else:
+            raise AssertionError("the voice budget was never spent")
+    await j.send({"type": "voice.join", "channelId": target})
+    await j.expect(lambda f: f.get("type") == "error" and f.get("code") == refusal)
+    # A marker after the refusal: the watcher joins; the roster that says so lists both.
+    await w.send({"type": "voice.join", "channelId": channel})
+    await w.expect(lambda f: f.get("type") == "voice.roster" and watcher in f["userIds"])
+    rosters = [f["userIds"] for f in w.log if f.get("type") == "voice.roster"]
+    assert rosters == [[], [joiner], [joiner, watcher]]
+    for c in (w, j, spender):
+        await c.close()
+
+
 async def test_connections_still_opening_are_capped_per_address(cluster: Cluster, ids: Ids) -> None:
     narrow = Edge(cluster.edge_config(limits=Limits(max_handshakes_per_ip=5)))
     await narrow.start()

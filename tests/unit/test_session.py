@@ -381,15 +381,28 @@ class TestChannels:
         (join,) = s.receive(frame(type="voice.join", channelId="c1"), T0)
         s.channel_result(join, Verdict.ALLOWED)
         assert s.voice_channel == "c1"
-        cmds = s.receive(frame(type="voice.join", channelId="c2"), T0)
-        assert cmds == [ops.VoiceLeave("c1", s.socket_id), ops.VoiceJoin("c2", "u1", s.socket_id, own=True)]
-        for c in cmds:
-            s.channel_result(c, Verdict.ALLOWED)
+        (join2,) = s.receive(frame(type="voice.join", channelId="c2"), T0)
+        assert join2 == ops.VoiceJoin("c2", "u1", s.socket_id, own=True)
+        # The old roster is left once the new join is accepted.
+        assert s.channel_result(join2, Verdict.ALLOWED) == [ops.VoiceLeave("c1", s.socket_id)]
+        assert s.voice_channel == "c2"
+        assert s.channel_result(ops.VoiceLeave("c1", s.socket_id), None) == []
         assert s.voice_channel == "c2"
         # Joining the same channel again leaves nothing.
         assert s.receive(frame(type="voice.join", channelId="c2"), T0) == [
             ops.VoiceJoin("c2", "u1", s.socket_id, own=True)
         ]
+
+    @pytest.mark.parametrize("verdict", [Verdict.NOT_ALLOWED, Verdict.RATE_LIMITED])
+    def test_a_refused_voice_join_leaves_the_socket_in_its_roster(self, verdict: Verdict) -> None:
+        s = authed()
+        (join,) = s.receive(frame(type="voice.join", channelId="c1"), T0)
+        s.channel_result(join, Verdict.ALLOWED)
+        (refused,) = s.receive(frame(type="voice.join", channelId="c2"), T0)
+        answer = s.channel_result(refused, verdict)
+        assert errors(answer) == ["not_allowed" if verdict is Verdict.NOT_ALLOWED else "rate_limited"]
+        assert not any(isinstance(c, ops.VoiceLeave) for c in answer)
+        assert s.voice_channel == "c1"
 
     def test_voice_leave(self) -> None:
         s = authed()

@@ -363,6 +363,43 @@ async def test_frames_sent_with_the_request_and_split_anywhere_are_read() -> Non
             raw.close()
 
 
+@pytest.mark.parametrize(
+    "then",
+    [b"\x00garbage that is no frame\r\n", Frame(Opcode.TEXT, b"unmasked").serialize(mask=False)],
+    ids=["garbage", "unmasked-frame"],
+)
+async def test_bytes_after_the_request_that_are_no_frame_drop_it_without_an_error(
+    then: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request and, in the same write, what cannot be read as a client's frame: websockets
+    fails the connection (its end of stream goes first), so the edge answers nothing and drops
+    it, quietly: no 101 written after the end of stream, no traceback in the log."""
+    caplog.set_level("WARNING")
+    async with _server() as s:
+        raw = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", s.port))
+        try:
+            await asyncio.to_thread(raw.sendall, _upgrade_request(s.port) + then)
+            await s.until(lambda: bool(s.sockets) and s.sockets[0].lost)
+            raw.settimeout(5)
+            assert await asyncio.to_thread(_read_to_end, raw) == b""
+            assert s.sockets[0].events == ["close"]
+            await asyncio.sleep(0.05)  # a fatal-error callback would be logged by now
+            assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
+        finally:
+            raw.close()
+
+
+def _read_to_end(raw: socket.socket) -> bytes:
+    """Everything the server wrote before it closed (a reset counts as the end)."""
+    got = b""
+    try:
+        while chunk := raw.recv(4096):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    return got
+
+
 class Echo(Recorder):
     """Answers every text message with itself, as the edge answers a heartbeat."""
 
