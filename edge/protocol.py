@@ -154,7 +154,12 @@ FAST_FRAMES: dict[str, ClientFrame] = {
 
 
 class FrameError(ValueError):
-    """A frame that is not a valid client frame; answered with `bad_frame`."""
+    """A frame that is not a valid client frame; answered with `bad_frame`. `frame_type`: its
+    `type` when that was one of the contract's (the fault is in its other fields), else ""."""
+
+    def __init__(self, message: str, frame_type: str = "") -> None:
+        super().__init__(message)
+        self.frame_type = frame_type
 
 
 def parse_client_frame(raw: str | bytes) -> ClientFrame:
@@ -165,7 +170,8 @@ def parse_client_frame(raw: str | bytes) -> ClientFrame:
     try:
         return CLIENT_FRAME.validate_json(raw)
     except ValidationError as e:
-        raise FrameError(_describe(e)) from None
+        loc = e.errors(include_url=False, include_context=False, include_input=False)[0]["loc"]
+        raise FrameError(_describe(e), str(loc[0]) if len(loc) > 1 else "") from None
     except UnicodeDecodeError:
         raise FrameError("frame is not valid UTF-8") from None
 

@@ -354,7 +354,10 @@ class Session:
         except p.FrameError as e:
             self.last_frame_type = "invalid"
             if not self.authenticated:
-                return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
+                # An identify whose token is refused before it is checked (not a string, too
+                # long, something beside it) is a refused token like any other: `bad token`.
+                reason = BAD_TOKEN if e.frame_type == "identify" else "the first frame must be identify"
+                return [Close(p.CLOSE_AUTH, reason)]
             return [Reply(frames.error("bad_frame", str(e)))]
         if not self.authenticated:
             if isinstance(frame, p.IdentifyFrame):

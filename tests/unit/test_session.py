@@ -180,6 +180,27 @@ class TestIdentify:
         assert is_close(s.receive(first, T0), 4001)
         assert not s.authenticated
 
+    @pytest.mark.parametrize(
+        "first",
+        [
+            frame(type="identify", token=token(), userId="u2"),
+            frame(type="identify"),
+            frame(type="identify", token=5),
+            frame(type="identify", token="x" * 5000),
+        ],
+        ids=["a-field-beside-it", "no-token", "not-a-string", "over-4096"],
+    )
+    def test_an_identify_that_cannot_be_read_is_a_refused_token(self, first: str) -> None:
+        """protocol.md: every refused token closes 4001 `bad token`; before, an identify whose token
+        failed the frame's own checks closed as if it were no identify."""
+        assert Session(secret=SECRET, now=T0).receive(first, T0) == [Close(4001, "bad token")]
+
+    @pytest.mark.parametrize("first", [frame(type="heartbeat"), "not json", frame(type="nope")])
+    def test_a_first_frame_that_is_no_identify_says_so(self, first: str) -> None:
+        assert Session(secret=SECRET, now=T0).receive(first, T0) == [
+            Close(4001, "the first frame must be identify")
+        ]
+
     def test_identify_timeout(self) -> None:
         s = Session(secret=SECRET, now=T0)
         assert s.deadline() == T0 + 10
