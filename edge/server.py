@@ -161,6 +161,10 @@ class EdgeSocket(Socket):
         self.end_handshake()
         self.edge._closed(self)
 
+    def on_control(self) -> None:
+        if self.conn is not None:
+            self.edge._control(self.conn)
+
     def on_slow(self) -> None:
         # Not inside the transport's write that noticed it: aborted in a step of its own.
         asyncio.get_running_loop().call_soon(self.edge._too_slow, self)
@@ -558,6 +562,17 @@ class Edge:
         self.metrics.inc("frames_in_total", type=kind)
         if commands or not ws.greeted:
             self._begin(ws, conn, commands)
+
+    def _control(self, conn: Conn) -> None:
+        """A ping or pong: liveness and the flood bucket (`Session.control`). Its only command is
+        the flood's close, carried out here (not queued behind a command the socket is busy
+        with: a flood of pings is read even while its frames wait)."""
+        if conn.went_at is not None:
+            return
+        for cmd in conn.session.control(time.time()):
+            if isinstance(cmd, Close):
+                self.metrics.inc("closes_total", code=str(cmd.code))
+                conn.ws.close(cmd.code, cmd.reason)
 
     def _begin(self, ws: EdgeSocket, conn: Conn, commands: list[Command]) -> None:
         ws.busy = True

@@ -339,10 +339,7 @@ class Session:
         """One frame from the client."""
         self.last_frame_at = now
         self.last_frame_type = ""
-        if self.bucket.level(now) >= self.bucket.burst:
-            self.refused_in_a_row = 0  # calmed down for long enough to refill: forgiven
-        if not self.bucket.take(now):
-            self.refused_in_a_row += 1
+        if not self._admitted(now):
             if self.refused_in_a_row >= self.limits.flood_close_after:
                 return [Close(p.CLOSE_POLICY, "sustained flood")]
             if self.refused_in_a_row == 1 or self.refused_in_a_row % 20 == 0:
@@ -364,6 +361,27 @@ class Session:
                 return self._identify(frame.token, now)
             return [Close(p.CLOSE_AUTH, "the first frame must be identify")]
         return self._dispatch(frame, now)
+
+    def control(self, now: float) -> list[Command]:
+        """A ping or pong from the client (websockets has answered a ping already). It is a frame:
+        it keeps the socket alive (protocol.md: "any frame refreshes the socket's liveness"; a
+        client relying on its library's keepalive pings was closed 4000 after 90 s) and it is
+        charged to the socket's bucket like any other, so a flood of pings is closed with 1008
+        too (it was answered without limit). Over the limit it is still answered: no error frame
+        goes back for a control frame, only the close once the flood is sustained."""
+        self.last_frame_at = now
+        if self._admitted(now) or self.refused_in_a_row < self.limits.flood_close_after:
+            return []
+        return [Close(p.CLOSE_POLICY, "sustained flood")]
+
+    def _admitted(self, now: float) -> bool:
+        """Take a frame's place from the bucket; False (and one more refusal in a row) if none."""
+        if self.bucket.level(now) >= self.bucket.burst:
+            self.refused_in_a_row = 0  # calmed down for long enough to refill: forgiven
+        if self.bucket.take(now):
+            return True
+        self.refused_in_a_row += 1
+        return False
 
     def _dispatch(self, frame: p.ClientFrame, now: float) -> list[Command]:
         user, sid = self.user_id, self.socket_id

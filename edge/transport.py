@@ -150,6 +150,9 @@ class Socket(asyncio.Protocol):
     def on_close(self) -> None:
         """The connection is gone (also when it never opened); called once."""
 
+    def on_control(self) -> None:
+        """A ping or pong arrived on the open socket (a ping is answered already)."""
+
     def on_slow(self) -> None:
         """More than `write_limit` bytes wait unsent to this client."""
 
@@ -359,6 +362,8 @@ class Socket(asyncio.Protocol):
                 opcode = event.opcode
                 if opcode is Opcode.TEXT or opcode is Opcode.BINARY or opcode is Opcode.CONT:
                     self._frame(event)
+                elif (opcode is Opcode.PING or opcode is Opcode.PONG) and self.protocol.state is OPEN:
+                    self.on_control()
             else:
                 self._handshake(cast(Request, event))  # a server receives no Response
 

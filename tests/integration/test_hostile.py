@@ -139,6 +139,35 @@ async def test_flood_is_rate_limited_then_closed_1008(cluster: Cluster, edge: Ed
     await bystander.close()
 
 
+async def test_a_ping_flood_is_closed_1008_and_pings_keep_a_quiet_socket_alive(
+    cluster: Cluster, ids: Ids
+) -> None:
+    """Pings are frames: charged to the socket's bucket (a flood of them was answered without
+    limit) and proof of life (a client whose library pings for it, sending no heartbeat, was
+    closed 4000 at the liveness timeout)."""
+    quick = Edge(cluster.edge_config(limits=Limits(socket_timeout_s=2.0)))
+    await quick.start()
+    try:
+        flooder = await Client.connect(ws_url(quick), cluster.token(ids("pinger")))
+        pinging = await Client.connect(ws_url(quick), cluster.token(ids("keepalive")))
+        for _ in range(400):
+            try:
+                await flooder.ws.ping()
+            except websockets.ConnectionClosed:
+                break
+        assert await flooder.closed(5) == 1008
+        # Twice the liveness timeout with nothing but a ping every 0.5 s: still open.
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            await asyncio.wait_for(await pinging.ws.ping(), patience(5))
+            await asyncio.sleep(0.5)
+        assert pinging.close_code is None
+        await pinging.roundtrip()
+        await pinging.close()
+    finally:
+        await quick.stop()
+
+
 async def test_sockets_per_account_closed_4029_never_reaching_an_actor(
     cluster: Cluster, edge: Edge, ids: Ids
 ) -> None:

@@ -463,6 +463,27 @@ class TestRateLimit:
         assert sum(len(errors(r)) for r in replies) <= 6
         assert is_close(s.receive(hb, T0), 1008)
 
+    def test_pings_share_the_bucket_and_a_ping_flood_is_closed_1008(self) -> None:
+        """A ping or pong is a frame: charged like any (a ping flood was answered without limit)."""
+        s = authed()
+        assert [s.control(T0) for _ in range(59)] == [[]] * 59  # the burst, less the identify
+        assert all(s.control(T0) == [] for _ in range(99)), "answered, never an error frame"
+        assert s.control(T0) == [Close(1008, "sustained flood")]
+        # Pings spend what frames would use: a heartbeat now is refused too.
+        t = authed()
+        for _ in range(59):
+            t.control(T0)
+        assert errors(t.receive(frame(type="heartbeat"), T0)) == ["rate_limited"]
+
+    def test_a_ping_keeps_the_socket_alive(self) -> None:
+        """protocol.md: any frame refreshes the socket's liveness (a client whose library pings
+        for it, sending no heartbeat, was closed 4000 after 90 s)."""
+        s = authed(Limits(socket_timeout_s=90))
+        assert s.deadline() == T0 + 90
+        s.control(T0 + 60)
+        assert s.deadline() == T0 + 150
+        assert s.expired(T0 + 120) is None
+
     def test_refill_at_the_configured_rate(self) -> None:
         s = authed(Limits(rate_per_s=20, rate_burst=60))
         for _ in range(59):  # identify took one

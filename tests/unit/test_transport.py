@@ -58,6 +58,9 @@ class Recorder(Socket):
     def on_close(self) -> None:
         self.events.append("close")
 
+    def on_control(self) -> None:
+        self.events.append("control")
+
     def on_slow(self) -> None:
         self.events.append("slow")
         self.abort()
@@ -114,13 +117,25 @@ async def test_a_socket_opens_hands_over_text_and_binary_in_order_and_answers_pi
         await asyncio.wait_for(pong, 5)
         await s.until(lambda: len(sock.messages) == 2)
         assert sock.messages == ["héllo", b"\x00\x01"]
-        assert sock.events == ["request /ws/presence?v=1", "open"]
+        assert sock.events == ["request /ws/presence?v=1", "open", "control"]
         assert sock.request is None  # dropped once open: a socket keeps no headers
         assert sock.open and sock.remote_address is not None
         await c.close()
         await s.until(lambda: sock.lost)
         assert sock.events[-1] == "close" and sock.events.count("close") == 1
         assert sock.closed_by_client  # its close frame: it was there to end it
+
+
+async def test_pings_and_pongs_are_told_to_the_socket_and_pings_answered() -> None:
+    async with _server() as s:
+        c = await _client(s, ping_interval=None)
+        sock = s.sockets[0]
+        await asyncio.wait_for(await c.ping(b"one"), 5)  # answered by websockets' pong
+        await c.pong(b"unsolicited")
+        await c.send("after")
+        await s.until(lambda: sock.messages == ["after"])
+        assert sock.events == ["request /ws", "open", "control", "control"]
+        await c.close()
 
 
 @pytest.mark.parametrize("how", ["reset", "end of stream"])
