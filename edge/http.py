@@ -300,12 +300,14 @@ class InternalApi:
         router = self.edge.router
         # A draining edge says 503 at once, so that the balancer sends it nobody new.
         ok = router.healthy() and not self.edge.draining
+        # No socket count: this answer needs no token, and a count that moves when an invisible
+        # account connects would tell whoever can reach the port what `invisible` hides (the
+        # count is in the token-guarded /metrics, `presence_open_connections`).
         body = {
             "ok": ok,
             "draining": self.edge.draining,
             "edge": self.edge.edge_id,
             "shards": router.map.shard_count if router.map else 0,
-            "sockets": len(self.edge.conns),
         }
         return json_response(None, 200 if ok else 503, body)
 

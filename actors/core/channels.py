@@ -71,8 +71,37 @@ class ChannelState:
         ch = self.channels.get(channel_id)
         if ch is None:
             self.channels[channel_id] = Channel(channel_id, server_id)
-        else:
-            ch.server_id = server_id
+        elif ch.server_id != server_id:
+            ch.server_id = server_id  # the channel moved to another server (or its went)
+            self._keep_members_only(ch)
+
+    def member_left(self, user_id: str) -> None:
+        """`user_id` left some server (its relations were replaced): out of the voice rosters and
+        the typing of channels whose server it is no longer a member of."""
+        for ch in self.channels.values():
+            if user_id in ch.typing or any(m.user_id == user_id for m in ch.voice.values()):
+                self._keep_members_only(ch)
+
+    def _keep_members_only(self, ch: Channel) -> None:
+        """Membership is re-checked for what a channel says about others, not only for who hears
+        it: a roster or a typing frame naming an account outside the server would tell its
+        subscribers about an outsider (that it exists, when it goes). Before, an account removed
+        from the server stayed in the roster, and its departure was announced by it."""
+        gone = [s for s, m in ch.voice.items() if not self._member(ch, m.user_id)]
+        for socket_id in gone:
+            del ch.voice[socket_id]
+        for user_id in [u for u in ch.typing if not self._member(ch, u)]:
+            del ch.typing[user_id]
+        if gone:
+            self._to_subscribers(ch, self._roster_frame(ch))
+
+    def _member(self, ch: Channel, user_id: str) -> bool:
+        """Whether `user_id` is a member of the channel's server; an account whose relations are
+        not loaded counts as none (what a channel tells is only ever about known members)."""
+        if ch.server_id is None:
+            return False
+        rel = self.relations.get(user_id)
+        return rel is not None and ch.server_id in rel.servers
 
     def allowed(self, channel_id: str, user_id: str) -> bool:
         """Whether `user_id` is a member of the channel's server (False for a channel the store
@@ -180,6 +209,8 @@ class ChannelState:
             for user_id, t in ch.typing.items():
                 if t.held and now < t.expires_at and now - t.broadcast_at >= self.typing_refresh_s:
                     t.broadcast_at, t.held = now, False
+                    if not self._member(ch, user_id):
+                        continue  # no longer a member: its typing is not re-broadcast
                     frame = frames.typing(channel_id, user_id)
                     self._to_subscribers(ch, frame, exclude_user=user_id)
             for user_id in [

@@ -298,6 +298,16 @@ class ShardState:
                 self.outbox.add(OnlineCount(user_id, old.servers - rel.servers, False))
             if rel.servers - old.servers:
                 self.outbox.add(OnlineCount(user_id, rel.servers - old.servers, True))
+        if acc is not None and old.last_seen_visibility != rel.last_seen_visibility:
+            # Changed outside the websocket (the host application's UPDATE, `presence load`):
+            # the account's sockets keep their own setting for the reader's side of the
+            # reciprocal `nobody` rule (their queries carry it), so they are told, as after a
+            # `settings.update`. Untold, a socket open before the change kept reading everybody's
+            # last-seen while its own was hidden.
+            acc.visibility_at = max(acc.visibility_at, now)
+            self._tell_self(acc, frames.settings_note(rel.last_seen_visibility, now))
+        if old.servers - rel.servers:
+            self.channels.member_left(user_id)
 
     def _reclassify(self, target: str, changed_user: str | None) -> None:
         """Decide again what the target's watchers see, after the relations of `changed_user` (of

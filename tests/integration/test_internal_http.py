@@ -18,7 +18,8 @@ import pytest
 
 from edge.server import Edge
 
-from .conftest import INTERNAL_TOKEN, Cluster, Ids
+from .conftest import INTERNAL_TOKEN, Cluster, Ids, ws_url
+from .wsclient import Client, of_type
 
 pytestmark = pytest.mark.integration
 
@@ -139,6 +140,20 @@ async def test_an_edge_given_no_token_is_still_closed(tokenless_edge: Edge) -> N
         status, _, body = await request(port, "GET", path)
         assert status == 401, (path, body)
     assert (await request(port, "GET", "/healthz"))[0] == 200
+
+
+async def test_healthz_without_a_token_tells_nothing_about_sockets(
+    tokenless_edge: Edge, cluster: Cluster, ids: Ids
+) -> None:
+    """`/healthz` needs no token: its answer must not move when an account connects (an
+    invisible one's socket count was a side channel for whoever reaches the port)."""
+    port = tokenless_edge.internal_port
+    before = (await request(port, "GET", "/healthz"))[2]
+    c = await Client.connect(ws_url(tokenless_edge), cluster.token(ids("hidden")))
+    await c.request({"type": "presence.update", "status": "invisible"}, of_type("presence.self"))
+    after = (await request(port, "GET", "/healthz"))[2]
+    assert after == before and b"sockets" not in after
+    await c.close()
 
 
 @pytest.mark.parametrize("path", [*ROUTES, "/healthz", "/admin"])

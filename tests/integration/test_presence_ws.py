@@ -276,6 +276,62 @@ async def test_new_friendship_takes_effect_for_existing_subscription(
     await e.close()
 
 
+async def test_an_account_removed_from_a_server_leaves_its_voice_rosters(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """A voice roster names members only: after bob is removed from the server, a subscriber's
+    roster no longer names him, a fresh subscribe does not, and his going tells nobody anything
+    (before, the roster kept him and announced his disconnect to every subscriber)."""
+    alice, bob, carol, *_ = await social(conn, ids)
+    channel = ids("c")
+    a = await connect(cluster, edge, alice)
+    await a.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+    b = await connect(cluster, edge, bob)
+    await b.send({"type": "voice.join", "channelId": channel})
+    await a.expect(lambda f: f.get("type") == "voice.roster" and f["userIds"] == [bob])
+    await load(conn, {"servers": [{"id": ids("g"), "members": [alice, carol], "channels": [channel]}]})
+    await a.expect(lambda f: f.get("type") == "voice.roster" and f["userIds"] == [], timeout=10)
+    c = await connect(cluster, edge, carol)
+    fresh = await c.request({"type": "channel.subscribe", "channelId": channel}, of_type("voice.roster"))
+    assert fresh["userIds"] == []
+    await b.close()
+    # A marker after bob's departure on the same road: carol joins; nothing came in between.
+    await c.send({"type": "voice.join", "channelId": channel})
+    await a.expect(lambda f: f.get("type") == "voice.roster" and f["userIds"] == [carol])
+    assert [f["userIds"] for f in a.log if f.get("type") == "voice.roster"] == [[], [bob], [], [carol]]
+    for x in (a, c):
+        await x.close()
+
+
+async def test_a_readers_own_nobody_set_by_the_host_reaches_its_open_socket(
+    cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
+) -> None:
+    """The reciprocal `nobody` rule for a reader whose setting changed outside the websocket (the
+    host application's UPDATE): its open socket's queries stop showing last-seen (before, the
+    socket kept reading everybody's while its own was hidden)."""
+    alice, bob, *_ = await social(conn, ids)
+    b = await connect(cluster, edge, bob)
+    await b.close()
+    a = await connect(cluster, edge, alice)
+
+    async def bob_seen_at() -> object:
+        """The `lastSeenAt` of alice's query answer about bob (alice watches nobody: the only
+        `presence.changed` about him she gets is that answer)."""
+        answer = await a.request({"type": "presence.query", "userIds": [bob]}, changed(bob, "offline"))
+        return answer.get("lastSeenAt")
+
+    async def shown() -> bool:
+        return await bob_seen_at() is not None
+
+    async def hidden() -> bool:
+        return await bob_seen_at() is None
+
+    await eventually(shown, timeout=10)  # bob's departure has reached his shard
+    await load(conn, {"users": [{"id": alice, "lastSeenVisibility": "nobody"}]})
+    await eventually(hidden, timeout=10)
+    await a.close()
+
+
 async def _query_is_silent(c: Client, user: str) -> bool:
     c.frames.clear()
     await c.send({"type": "presence.query", "userIds": [user]})

@@ -134,6 +134,43 @@ class TestMembership:
         assert ch.c.typing_start("c1", "ben", T0) is False
         assert ch.c.voice_join("c1", "ben", "b2", "e1") is False
 
+    def test_a_member_who_leaves_the_server_leaves_its_rosters_and_typing(self, ch: Chan) -> None:
+        """What a channel tells is only ever about members: a roster still naming an account
+        removed from the server told its subscribers that the outsider exists, and when it went."""
+        assert ch.c.subscribe("c1", "cy", "c1s", "e1")
+        assert ch.c.voice_join("c1", "ann", "a1", "e1") and ch.c.voice_join("c1", "ben", "b1", "e2")
+        assert ch.c.typing_start("c1", "ben", T0)
+        ch.frames()
+        ch.relations["ben"] = member_of()
+        ch.c.member_left("ben")
+        assert ch.to("c1s") == [roster(["ann"])]
+        assert ch.c.roster("c1") == ["ann"] and ch.c.typing_users("c1", T0) == []
+        # Its socket going later tells nobody anything.
+        ch.c.drop_socket("b1", ["c1"])
+        assert ch.frames() == []
+        # Leaving a server whose channels it is in no roster of changes nothing.
+        ch.relations["ann"] = member_of("g1")
+        ch.c.member_left("ann")
+        assert ch.frames() == [] and ch.c.roster("c1") == ["ann"]
+
+    def test_a_channel_moved_to_another_server_keeps_only_its_members(self, ch: Chan) -> None:
+        assert ch.c.subscribe("c1", "ann", "a1", "e1")
+        assert ch.c.voice_join("c1", "ben", "b1", "e1") and ch.c.voice_join("c1", "ann", "a2", "e1")
+        ch.frames()
+        ch.c.load_channel("c1", "g2")  # ann is in g2, ben is not
+        assert ch.to("a1") == [roster(["ann"])]
+        ch.c.load_channel("c1", "g2")  # the same server again: nothing to tell
+        assert ch.frames() == []
+
+    def test_a_held_repeat_of_a_typist_who_left_is_not_re_broadcast(self, ch: Chan) -> None:
+        assert ch.c.subscribe("c1", "cy", "c1s", "e1")
+        assert ch.c.typing_start("c1", "ben", T0)
+        assert ch.c.typing_start("c1", "ben", T0 + 1)  # held: too soon to re-broadcast
+        ch.frames()
+        ch.relations["ben"] = member_of()  # left, its relations replaced without the channels told
+        ch.c.sweep(T0 + 8)  # the throttle allows the held repeat now
+        assert ch.frames() == []
+
 
 # ---------------------------------------------------------------------------- typing
 
@@ -503,10 +540,16 @@ class RosterMachine(RuleBasedStateMachine):
         servers = self.relations[user].servers ^ {"g1"}
         self.relations[user] = member_of(*servers)
         if "g1" not in servers:
+            self.c.member_left(user)  # as the shard does when it replaces relations
             for s, (u, _) in SOCKS.items():
                 if u == user:
                     self.last.pop(s, None)  # it hears nothing more; what it knew is stale
+            self.voice = [s for s in self.voice if SOCKS[s][0] != user]  # out of the roster
         self._drain()
+
+    @invariant()
+    def the_roster_names_members_only(self) -> None:
+        assert all("g1" in self.relations[u].servers for u in self.c.roster("c1"))
 
     @invariant()
     def roster_is_the_models(self) -> None:

@@ -1086,6 +1086,35 @@ class TestSettingsAndFocus:
         assert INTERNAL_SETTINGS.startswith("_"), "the edge forwards no frame whose type starts with _"
         assert frames_to(effects, "b1") == []
 
+    def test_a_setting_changed_outside_the_websocket_is_told_to_the_accounts_sockets(self) -> None:
+        """The host application's UPDATE (or `presence load`) reaches the shard as reloaded
+        relations: the account's sockets are told, as after a `settings.update`, since their
+        queries carry the reader's own setting (the reciprocal `nobody` rule). Untold, a socket
+        open before the change read everybody's last-seen while its own was hidden. Nothing is
+        persisted: the database said so."""
+        w = pair_world()
+        w.s.connect("alice", "a1", "e1", w.now)
+        w.drain()
+        w.s.set_relations("alice", rel(friends={"dave"}, servers={"g1"}, vis="nobody"), w.at(5))
+        effects = w.drain()
+        told = {"type": INTERNAL_SETTINGS, "lastSeenVisibility": "nobody", "at": w.now}
+        assert frames_to(effects, "a1") == [told]
+        assert of_type(effects, PersistVisibility) == []
+        # The same relations again, or an account not connected here: nothing.
+        w.s.set_relations("alice", rel(friends={"dave"}, servers={"g1"}, vis="nobody"), w.at(1))
+        w.s.set_relations("bob", rel(servers={"g1"}, vis="nobody"), w.now)
+        assert w.drain() == []
+
+    def test_leaving_a_server_leaves_the_voice_rosters_of_its_channels(self) -> None:
+        w = pair_world()
+        w.s.channels.load_channel("c1", "g1")
+        assert w.s.channels.subscribe("c1", "alice", "a1", "e1")
+        assert w.s.channels.voice_join("c1", "bob", "b1", "e1")
+        w.drain()
+        w.s.set_relations("bob", rel(servers=set()), w.at(1))
+        assert frames_to(w.drain(), "a1") == [{"type": "voice.roster", "channelId": "c1", "userIds": []}]
+        assert w.s.channels.roster("c1") == []
+
     @pytest.mark.parametrize("bad", ["", "all", "Friends", "public"])
     def test_unknown_visibility_raises(self, bad: str) -> None:
         w = pair_world()
