@@ -121,6 +121,13 @@ class Settings(BaseSettings):
     max_opening: int = Field(default=128, ge=1)
     max_opening_queued: int = Field(default=4_096, ge=0)
     opening_queue_s: float = Field(default=5.0, ge=0)
+    # The places of the gate are shared between addresses: while a connection from an address
+    # holding fewer than `opening_share_per_ip` waits, an address holding more gives up a place
+    # it has held idle (no identify sent) for `opening_idle_evict_s`; freed places go to addresses
+    # under their share first. 0 turns the rule off. Behind a proxy (`client_ip_header`) the gate
+    # sees one address, and the rule does nothing.
+    opening_share_per_ip: int = Field(default=16, ge=0)
+    opening_idle_evict_s: float = Field(default=2.0, ge=0)
     # The public port's listen backlog: connections the kernel completes before the edge accepts
     # them (capped by net.core.somaxconn). In a reconnect storm websockets' default, 100,
     # overflows (a client whose handshake the kernel dropped waits out its whole try, 10 s); 1,024

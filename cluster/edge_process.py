@@ -81,6 +81,8 @@ def edge_config(
             max_opening=settings.max_opening,
             max_opening_queued=settings.max_opening_queued,
             opening_queue_s=settings.opening_queue_s,
+            opening_share_per_ip=settings.opening_share_per_ip,
+            opening_idle_evict_s=settings.opening_idle_evict_s,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             token_max_ttl_s=settings.token_max_ttl_s,
         ),

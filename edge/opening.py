@@ -21,11 +21,20 @@ handshake steps in the loop's queue. With the gate:
 
 The edge serves as many openings a second as before, without thrashing; what the bound costs a
 client is the wait in line, which it would otherwise have spent inside a slower handshake.
+
+The places are shared fairly between client addresses. Each address has a `share` of them; it
+may hold more while nobody else waits (one address behind a NAT reconnecting after a drain). But
+once a connection from an address under its share waits, an address over its share gives up a
+place it holds *idle*: a connection that has sent no identify (nor a token in its upgrade) for
+`evict_after_s` is dropped, and the waiting one takes the place. Places that come free go to
+addresses under their share first. Before, a few addresses holding idle connections (400 from 4
+addresses, each under its own cap of 100) kept every other client of the edge from connecting.
+A connection that has identified is never dropped for another: it is waiting on its shard.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -55,19 +64,85 @@ class OpeningGate(Generic[T]):
     limit: int
     queue_max: int
     queue_s: float
+    # Places one address may hold while another waits (0: no such rule), and how long a place
+    # must have been held idle before it is given up for a waiting address.
+    share: int = 0
+    evict_after_s: float = 2.0
     active: set[T] = field(default_factory=set)
-    # Waiting connections, oldest first, with the time each arrived.
+    # Waiting connections, oldest first, with the time each arrived (expiry reads this order).
     waiting: OrderedDict[T, float] = field(default_factory=OrderedDict)
+    # The address of each connection in the gate, the places each address holds, its waiting
+    # connections in arrival order (the addresses in the order they are served), and the places
+    # held idle (no identify yet), oldest first per address.
+    _source: dict[T, str] = field(default_factory=dict)
+    _held: Counter[str] = field(default_factory=Counter)
+    _lines: OrderedDict[str, deque[T]] = field(default_factory=OrderedDict)
+    _idle: dict[str, OrderedDict[T, float]] = field(default_factory=dict)
+    # Places given up by `make_room` whose `leave` has not come yet: not counted as held.
+    _giving_up: set[T] = field(default_factory=set)
 
-    def enter(self, conn: T, now: float) -> Entry:
-        """A connection was accepted."""
+    def enter(self, conn: T, now: float, source: str = "") -> Entry:
+        """A connection from `source` (its client address) was accepted."""
         if len(self.active) < self.limit:  # then nobody waits: a place that comes free is taken
-            self.active.add(conn)
+            self._open(conn, source, now)
             return Entry.GO
         if len(self.waiting) >= self.queue_max:
             return Entry.REFUSE
         self.waiting[conn] = now
+        self._source[conn] = source
+        line = self._lines.get(source)
+        if line is None:
+            line = self._lines[source] = deque()
+        line.append(conn)
         return Entry.WAIT
+
+    def progressed(self, conn: T) -> None:
+        """`conn` sent its identify (or a token with its upgrade): it is working, not idle, and is
+        never dropped to make room."""
+        source = self._source.get(conn)
+        if source is not None and conn in self.active:
+            idle = self._idle.get(source)
+            if idle is not None:
+                idle.pop(conn, None)
+
+    def make_room(self, now: float, source: str | None = None) -> list[T]:
+        """Idle places to drop so that addresses under their share get theirs: for each
+        connection waiting from such an address (from `source` only, when given: the one that
+        just arrived), the oldest place held idle for `evict_after_s` by the address holding the
+        most over its share. The caller drops them; their `leave` admits the waiting ones. Called
+        at each arrival that waits and once a second (a place becomes old enough meanwhile)."""
+        if not self.share or not self.waiting:
+            return []
+        # Addresses over their share, with how many places each may still give up (those over
+        # the share and idle long enough, oldest first).
+        spare: dict[str, list[T]] = {}
+        leaving = Counter(self._source[c] for c in self._giving_up)
+        for other, held in self._held.items():
+            n = held - leaving[other]
+            idle = self._idle.get(other)
+            if n > self.share and idle:
+                old = [c for c, since in idle.items() if now - since >= self.evict_after_s]
+                if old:
+                    spare[other] = old[: n - self.share]
+        if not spare:
+            return []
+        wanting: list[str] = []
+        for waiting_source, line in self._lines.items():
+            if (source is None or waiting_source == source) and self._held[waiting_source] < self.share:
+                wanting.extend([waiting_source] * len(line))
+        victims: list[T] = []
+        given: Counter[str] = Counter()
+        for claimant in wanting:
+            donors = [o for o, conns in spare.items() if o != claimant and given[o] < len(conns)]
+            if not donors:
+                break
+            donor = max(donors, key=lambda o: self._held[o] - leaving[o] - given[o])
+            victims.append(spare[donor][given[donor]])
+            given[donor] += 1
+        for conn in victims:
+            self.progressed(conn)  # given up once: not picked again before its `leave`
+            self._giving_up.add(conn)
+        return victims
 
     def has_place(self) -> bool:
         """A connection arriving now would open at once."""
@@ -80,8 +155,21 @@ class OpeningGate(Generic[T]):
     def leave(self, conn: T, now: float) -> Turns[T]:
         """`conn` is open (authenticated) or gone; harmless to repeat. The next in line get its
         place, those that waited too long are dropped."""
-        self.active.discard(conn)
-        self.waiting.pop(conn, None)
+        if conn in self.active:
+            self.active.discard(conn)
+            self._giving_up.discard(conn)
+            source = self._source.pop(conn)
+            self._held[source] -= 1
+            if not self._held[source]:
+                del self._held[source]
+            idle = self._idle.get(source)
+            if idle is not None:
+                idle.pop(conn, None)
+                if not idle:
+                    del self._idle[source]
+        elif conn in self.waiting:
+            del self.waiting[conn]
+            self._unline(conn, self._source.pop(conn))
         return self._admit(now)
 
     def expire(self, now: float) -> Turns[T]:
@@ -92,20 +180,53 @@ class OpeningGate(Generic[T]):
         """Everything waiting, taken out (the edge is stopping: drop them)."""
         out = list(self.waiting)
         self.waiting.clear()
+        self._lines.clear()
+        for conn in out:
+            del self._source[conn]
         return out
+
+    def _open(self, conn: T, source: str, now: float) -> None:
+        self.active.add(conn)
+        self._source[conn] = source
+        self._held[source] += 1
+        self._idle.setdefault(source, OrderedDict())[conn] = now
+
+    def _unline(self, conn: T, source: str) -> None:
+        line = self._lines[source]
+        if line[0] == conn:
+            line.popleft()
+        else:
+            line.remove(conn)
+        if not line:
+            del self._lines[source]
+
+    def _next_source(self) -> str:
+        """Whose waiting connection takes a place: the first address in turn under its share,
+        else the first in turn."""
+        for source in self._lines:
+            if not self.share or self._held[source] < self.share:
+                return source
+        return next(iter(self._lines))
 
     def _admit(self, now: float) -> Turns[T]:
         turns: Turns[T] = Turns()
         horizon = now - self.queue_s
         while self.waiting:
             conn, since = next(iter(self.waiting.items()))
-            if since < horizon:
-                self.waiting.popitem(last=False)
-                turns.expired.append(conn)
-            elif len(self.active) < self.limit:
-                self.waiting.popitem(last=False)
-                self.active.add(conn)
-                turns.admitted.append((conn, now - since))
-            else:
+            if since >= horizon:
                 break
+            self.waiting.popitem(last=False)
+            self._unline(conn, self._source.pop(conn))
+            turns.expired.append(conn)
+        while self.waiting and len(self.active) < self.limit:
+            source = self._next_source()
+            line = self._lines[source]
+            conn = line.popleft()
+            del self._lines[source]
+            if line:
+                self._lines[source] = line  # to the back: the addresses take turns
+            since = self.waiting.pop(conn)
+            del self._source[conn]
+            self._open(conn, source, now)
+            turns.admitted.append((conn, now - since))
         return turns

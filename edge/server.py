@@ -269,7 +269,11 @@ class Edge:
         self.deadlines: Deadlines[str] = Deadlines()
         self.admission = Admission(config.limits)
         self.opening: OpeningGate[EdgeSocket] = OpeningGate(
-            config.limits.max_opening, config.limits.max_opening_queued, config.limits.opening_queue_s
+            config.limits.max_opening,
+            config.limits.max_opening_queued,
+            config.limits.opening_queue_s,
+            share=config.limits.opening_share_per_ip,
+            evict_after_s=config.limits.opening_idle_evict_s,
         )
         self._socket_class: type[EdgeSocket] = type(
             "EdgeConnection", (EdgeSocket,), {"__slots__": (), "edge": self}
@@ -481,15 +485,24 @@ class Edge:
 
     def opening_begin(self, ws: EdgeSocket) -> None:
         """A connection was accepted: open it now, let it wait its turn unread, or drop it."""
-        match self.opening.enter(ws, time.monotonic()):
+        now = time.monotonic()
+        source = ws.handshake_ip or ""
+        match self.opening.enter(ws, now, source):
             case Entry.GO:
                 pass
             case Entry.WAIT:
                 ws.hold()
                 self.metrics.inc("opening_waited_total")
+                # An address under its share waits: one holding more gives up an idle place.
+                self._make_room(self.opening.make_room(now, source))
             case Entry.REFUSE:
                 self.metrics.inc("opening_refused_total")
                 ws.abort()
+
+    def _make_room(self, idle: list[EdgeSocket]) -> None:
+        for ws in idle:
+            self.metrics.inc("opening_evicted_total")
+            ws.abort()
 
     def opening_end(self, ws: EdgeSocket) -> None:
         """`ws` is authenticated or gone: its place goes to the next in line."""
@@ -575,6 +588,10 @@ class Edge:
                 conn.ws.close(cmd.code, cmd.reason)
 
     def _begin(self, ws: EdgeSocket, conn: Conn, commands: list[Command]) -> None:
+        if not ws.greeted and ws.gated:
+            # Its identify (or its upgrade's token) is being carried out: it is working on its
+            # opening, not holding a place idle, and is never dropped to make room.
+            self.opening.progressed(ws)
         ws.busy = True
         ws.pause()
         task = asyncio.create_task(self._serve(ws, conn, commands))
@@ -961,6 +978,7 @@ class Edge:
             self.cut_off.observe(self.router.healthy(), now)
             self.admission.sweep(now)
             self._take_turns(self.opening.expire(time.monotonic()))
+            self._make_room(self.opening.make_room(time.monotonic()))
             self.metrics.set("opening_active", len(self.opening.active))
             self.metrics.set("opening_queued", len(self.opening.waiting))
 

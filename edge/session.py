@@ -108,6 +108,10 @@ class Limits:
     max_opening: int = 128
     max_opening_queued: int = 4_096
     opening_queue_s: float = 5.0
+    # While a connection from an address under this share of the places waits, an address over
+    # it gives up a place held idle (no identify yet) for `opening_idle_evict_s` (edge/opening.py).
+    opening_share_per_ip: int = 16
+    opening_idle_evict_s: float = 2.0
     # Tokens whose `exp` lies further ahead than this are refused (4001) like expired ones.
     token_max_ttl_s: float = 24 * 3600
 

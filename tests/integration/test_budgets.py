@@ -291,6 +291,60 @@ async def test_connections_still_opening_are_capped_per_address(cluster: Cluster
         await narrow.stop()
 
 
+async def test_idle_connections_from_a_few_addresses_do_not_keep_a_client_out(
+    cluster: Cluster, ids: Ids
+) -> None:
+    """edge/opening.py's shares: two addresses hold every place of the gate with upgraded sockets
+    that never identify (each under its own per-address cap); a client from a third address
+    waits, the address holding more than its share gives up its oldest idle place, and the client
+    opens. Before, it waited until it was dropped (or until the idle ones' identify timeout)."""
+    gated = Edge(
+        cluster.edge_config(
+            limits=Limits(
+                max_opening=4,
+                opening_queue_s=8.0,
+                opening_share_per_ip=1,
+                opening_idle_evict_s=0.5,
+                identify_timeout_s=60.0,
+            )
+        )
+    )
+    await gated.start()
+    held: list[socket.socket] = []
+    try:
+        for address in ("127.0.1.1", "127.0.1.1", "127.0.1.2", "127.0.1.2"):
+            held.append(await asyncio.to_thread(_upgraded_from, address, gated.ws_port))
+        await eventually(lambda: len(gated.opening.active) == 4)
+        started = time.monotonic()
+        client = await Client.connect(ws_url(gated), cluster.token(ids("outsider-of-the-attack")))
+        assert client.ready is not None and client.ready["type"] == "ready"
+        assert time.monotonic() - started < 8.0, "opened before its wait in line ran out"
+        assert gated.metrics.counters.get(("opening_evicted_total", ()), 0) >= 1
+        await client.close()
+    finally:
+        for sock in held:
+            sock.close()
+        await gated.stop()
+
+
+def _upgraded_from(address: str, port: int) -> socket.socket:
+    """A connection from `address` past the upgrade (101 read), that then says nothing."""
+    sock = socket.socket()
+    sock.bind((address, 0))
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    key = "dGhlIHNhbXBsZSBub25jZQ=="
+    sock.sendall(
+        f"GET /ws/presence HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    return sock
+
+
 async def test_connections_past_the_opening_gate_wait_their_turn_then_open(
     cluster: Cluster, ids: Ids
 ) -> None:

@@ -3,6 +3,12 @@ rest wait in arrival order for a bounded time and number, and nothing is lost or
 
 from __future__ import annotations
 
+from collections import Counter
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from edge.opening import Entry, OpeningGate
 
 
@@ -84,3 +90,154 @@ def test_full_says_whether_a_newcomer_would_be_refused() -> None:
     assert not g.full()  # the line has room
     g.enter("b", 0.0)
     assert g.full() and g.enter("c", 0.0) is Entry.REFUSE
+
+
+# ---------------------------------------------------------------------------- shares per address
+
+
+def shared(limit: int = 4, share: int = 1, evict_after_s: float = 2.0) -> OpeningGate[str]:
+    return OpeningGate(limit, 100, 5.0, share=share, evict_after_s=evict_after_s)
+
+
+def test_an_address_over_its_share_gives_up_an_idle_place_to_one_that_waits() -> None:
+    """Four addresses' idle connections (sent nothing, or no identify) used to hold every place
+    and keep every other client out."""
+    g = shared()
+    for conn in ("x1", "x2", "x3", "x4"):
+        assert g.enter(conn, 0.0, "attacker") is Entry.GO  # nobody else waits: it may take them all
+    assert g.enter("me", 1.0, "client") is Entry.WAIT
+    assert g.make_room(1.0, "client") == [], "held idle for less than evict_after_s"
+    assert g.make_room(2.5) == ["x1"]  # the oldest idle place, one for the one waiting
+    turns = g.leave("x1", 2.5)  # the edge dropped it
+    assert turns.admitted == [("me", 1.5)] and "me" in g.active
+
+
+def test_freed_places_go_to_addresses_under_their_share_first() -> None:
+    g = shared(limit=2)
+    g.enter("x1", 0.0, "heavy")
+    g.enter("x2", 0.0, "heavy")
+    g.enter("x3", 1.0, "heavy")  # waits, first in line
+    g.enter("me", 2.0, "light")  # waits, second in line but under its share
+    assert [c for c, _ in g.leave("x2", 3.0).admitted] == ["me"]
+    assert [c for c, _ in g.leave("x1", 3.0).admitted] == ["x3"], "nobody under its share waits"
+
+
+def test_a_connection_that_identified_is_never_dropped_for_another() -> None:
+    g = shared(limit=2)
+    g.enter("x1", 0.0, "heavy")
+    g.enter("x2", 0.0, "heavy")
+    g.progressed("x1")
+    g.progressed("x2")
+    g.enter("me", 1.0, "light")
+    assert g.make_room(60.0) == []
+
+
+def test_no_room_is_made_for_an_address_at_its_share_nor_by_one_within_it() -> None:
+    g = shared(limit=3, share=2)
+    g.enter("a1", 0.0, "a")
+    g.enter("a2", 0.0, "a")
+    g.enter("b1", 0.0, "b")
+    g.enter("b2", 1.0, "b")  # b holds 1 of its 2: under its share, but nobody is over theirs
+    assert g.make_room(9.0) == []
+    g.enter("a3", 1.0, "a")  # a at its share waits too: it makes no room for itself
+    assert g.make_room(9.0) == []
+
+
+def test_without_a_share_nothing_is_ever_dropped() -> None:
+    g = OpeningGate[str](1, 10, 5.0)
+    g.enter("x", 0.0, "a")
+    g.enter("y", 0.0, "b")
+    assert g.make_room(60.0) == []
+
+
+def test_a_place_given_up_is_not_picked_twice() -> None:
+    g = shared(limit=2)
+    g.enter("x1", 0.0, "heavy")
+    g.enter("x2", 0.0, "heavy")
+    g.enter("me", 5.0, "light")
+    g.enter("you", 5.0, "other")
+    assert g.make_room(5.0, "light") == ["x1"]
+    assert g.make_room(5.0) == [], "x2 is the heavy address's share: it keeps it"
+
+
+SOURCES = ["a", "b", "c"]
+
+
+class GateMachine(RuleBasedStateMachine):
+    """Entries, leaves, identifies and evictions from three addresses in any order: the gate never
+    holds more than its limit, counts every place once, and only ever gives up idle places of
+    addresses over their share, for an address under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g: OpeningGate[int] = OpeningGate(4, 6, 5.0, share=1, evict_after_s=2.0)
+        self.now = 0.0
+        self.next_id = 0
+        self.where: dict[int, str] = {}  # every connection still in the gate, by address
+        self.working: set[int] = set()
+
+    @rule(source=st.sampled_from(SOURCES), dt=st.sampled_from([0.0, 0.5, 3.0]))
+    def arrive(self, source: str, dt: float) -> None:
+        self.now += dt
+        conn, self.next_id = self.next_id, self.next_id + 1
+        held_before = sum(1 for c in self.g.active if self.where[c] == source)
+        entry = self.g.enter(conn, self.now, source)
+        if entry is not Entry.REFUSE:
+            self.where[conn] = source
+        if entry is Entry.WAIT:
+            self._make_room(self.g.make_room(self.now, source), source if held_before < 1 else None)
+
+    @rule()
+    def housekeeping(self) -> None:
+        self._make_room(self.g.make_room(self.now), None)
+
+    def _make_room(self, victims: list[int], claimant: str | None) -> None:
+        held = Counter(self.where[c] for c in self.g.active)
+        for victim in victims:
+            donor = self.where[victim]
+            assert held[donor] > 1, "taken from an address over its share"
+            assert donor != claimant and victim not in self.working and victim in self.g.active
+            held[donor] -= 1
+        for victim in victims:
+            self._gone(victim)
+
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        if self.where:
+            self._gone(data.draw(st.sampled_from(sorted(self.where))))
+
+    @rule(data=st.data())
+    def identify(self, data: st.DataObject) -> None:
+        active = sorted(self.g.active)
+        if active:
+            conn = data.draw(st.sampled_from(active))
+            self.g.progressed(conn)
+            self.working.add(conn)
+
+    @rule()
+    def tick(self) -> None:
+        self.now += 1.0
+        for conn in self.g.expire(self.now).expired:
+            del self.where[conn]
+
+    def _gone(self, conn: int) -> None:
+        turns = self.g.leave(conn, self.now)
+        del self.where[conn]
+        self.working.discard(conn)
+        for c in turns.expired:
+            del self.where[c]
+
+    @invariant()
+    def places_are_counted_once(self) -> None:
+        g = self.g
+        assert len(g.active) <= g.limit
+        assert not (g.active & set(g.waiting))
+        assert g.active | set(g.waiting) == set(self.where)
+        assert g._held == Counter(self.where[c] for c in g.active)
+        assert sum(len(line) for line in g._lines.values()) == len(g.waiting)
+        if len(g.active) < g.limit:
+            assert not g.waiting, "a free place while somebody waits"
+
+
+GateMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestGateMachine = GateMachine.TestCase
