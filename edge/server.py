@@ -533,7 +533,9 @@ class Edge:
             response = self.demo.handle(request)
             if response is not None:
                 return response
-        return json_response(None, 404, {"error": f"nothing at {path}; websockets connect to {WS_PATH}"})
+        # The path is not repeated back (as on the internal port): a body that echoes what a
+        # stranger sent is a reflection for someone else's use.
+        return json_response(None, 404, {"error": f"nothing here; websockets connect to {WS_PATH}"})
 
     # ------------------------------------------------------------------ one socket
     #

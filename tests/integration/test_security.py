@@ -199,10 +199,11 @@ async def test_demo_is_off_on_a_non_loopback_public_host(cluster: Cluster) -> No
     e = Edge(cluster.edge_config(demo=True, ws_host="0.0.0.0"))
     await e.start()
     try:
-        for path in ("/", "/demo/token?user=demo:ada", "/demo/token?user=ada", "/demo/config"):
+        for path in ("/", "/demo/token?user=demo:ada", "/demo/token?user=ada", "/demo/config", "/<b>x</b>"):
             status, body = await _http(e.ws_port, path)
             assert status == 404, (path, body)
             assert b'"token"' not in body
+            assert b"<b>" not in body and b"demo" not in body, "the path is not echoed back"
     finally:
         await e.stop()
 
