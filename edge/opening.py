@@ -126,10 +126,15 @@ class OpeningGate(Generic[T]):
                     spare[other] = old[: n - self.share]
         if not spare:
             return []
+        # The claimants in turn, no more of them than there are places to give (a storm's line
+        # may hold thousands).
+        room = sum(len(conns) for conns in spare.values())
         wanting: list[str] = []
         for waiting_source, line in self._lines.items():
+            if len(wanting) >= room:
+                break
             if (source is None or waiting_source == source) and self._held[waiting_source] < self.share:
-                wanting.extend([waiting_source] * len(line))
+                wanting.extend([waiting_source] * min(len(line), room - len(wanting)))
         victims: list[T] = []
         given: Counter[str] = Counter()
         for claimant in wanting:
