@@ -72,7 +72,7 @@ class ChannelState:
         if ch is None:
             self.channels[channel_id] = Channel(channel_id, server_id)
         elif ch.server_id != server_id:
-            ch.server_id = server_id  # the channel moved to another server (or its went)
+            ch.server_id = server_id  # the channel moved to another server (or its server went)
             self._keep_members_only(ch)
 
     def member_left(self, user_id: str) -> None:
