@@ -131,6 +131,8 @@ WATCH_S = 1.0
 # Why `watch` stopped an edge.
 LOST_RAY = "lost Ray"
 CUT_OFF = "cut off"
+# A drain asked for over the internal API (`presence drain`), not by a signal.
+DRAINED = "drained"
 
 
 def join_ray(
@@ -281,7 +283,8 @@ async def serve_edge(
     ray_lost_s: float = 5.0,
     cut_off_s: float | None = None,
 ) -> str | None:
-    """Serve until Ctrl-C, a drain, or `watch` says the edge must go (returns why then)."""
+    """Serve until Ctrl-C, a drain, or `watch` says the edge must go (returns why then: DRAINED
+    for a drain asked for over the internal API, None for a signal's)."""
     edge = Edge(config)
     await edge.start()
     announce(edge)
@@ -289,7 +292,11 @@ async def serve_edge(
     loop = asyncio.get_running_loop()
     watching = asyncio.create_task(watch(edge, stop, raylet_ok, ray_lost_s, cut_off_s))
 
+    signalled = False
+
     def terminate() -> None:
+        nonlocal signalled
+        signalled = True
         # The first SIGTERM drains (protocol.md "Drain and resume"); a second one stops at once.
         if edge.draining:
             print("second SIGTERM: stopping at once", flush=True)
@@ -306,6 +313,8 @@ async def serve_edge(
     drained.cancel()
     stopped.cancel()
     why = watching.result() if watching.done() else None
+    if why is None and edge.drained.is_set() and not signalled and not stop.is_set():
+        why = DRAINED
     watching.cancel()
     print("\nstopping: closing sockets …", flush=True)
     if why == LOST_RAY:  # departures cannot land: do not wait for them long
@@ -362,4 +371,4 @@ def edge(settings: Settings) -> int:
     if why == LOST_RAY:
         os._exit(LOST_RAY_EXIT)  # Ray's client, its raylet gone, can hang in ray.shutdown
     clients.shutdown()
-    return 0 if why is None else LOST_RAY_EXIT
+    return 0 if why in (None, DRAINED) else LOST_RAY_EXIT

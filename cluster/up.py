@@ -29,6 +29,7 @@ from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings, redact_url
 from cluster.edge_process import (
+    DRAINED,
     edge_config,
     install_loop,
     join_ray,
@@ -312,6 +313,8 @@ def _serve(
         stack.enter_context(_cleanup("the actor pool (draining last-seen first)", drain))
         api_token = new_internal_token(settings)
 
+        banner = [True]  # the whole banner once; a new edge after a drain says one line
+
         def announce(edge: Edge) -> None:
             host = "127.0.0.1" if settings.ws_host in ("0.0.0.0", "::") else settings.ws_host
             ws_url = f"ws://{host}:{edge.ws_port}/ws/presence"
@@ -330,6 +333,9 @@ def _serve(
                     os.environ.get("RAY_AUTH_TOKEN_PATH"),
                 ),
             )
+            if not banner[0]:
+                print(f"edge {edge.edge_id} is up: {ws_url} (internal {internal_url})", flush=True)
+                return
             print("presence is up", flush=True)
             print(f"  websocket   {ws_url}", flush=True)
             print(
@@ -353,5 +359,12 @@ def _serve(
         # Joined to a cluster, the head's edge exits when its raylet goes (its supervisor starts
         # it again); it never drains on its own when cut off: stopping would stop the pool.
         probe = raylet_probe() if settings.ray_address else None
-        asyncio.run(serve_edge(config, announce, probe, settings.ray_lost_s))
+        while asyncio.run(serve_edge(config, announce, probe, settings.ray_lost_s)) == DRAINED:
+            if settings.ray_address:
+                break  # the head of a cluster: its supervisor starts it again, on the code installed now
+            # On one machine `presence drain` drains this edge, not the service: the pool, the
+            # stores and any other edge go on, and a new edge takes the ports (before, the end of
+            # the drain stopped everything, and another edge's clients were dropped with it).
+            print("edge drained; starting a new edge on its ports (Ctrl-C stops everything)", flush=True)
+            banner[0] = False
     return 0

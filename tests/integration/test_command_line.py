@@ -152,6 +152,7 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
         for k, v in os.environ.items()
         if k not in ("PRESENCE_DATABASE_URL", "PRESENCE_REDIS_URL", "RAY_ADDRESS", "PRESENCE_INTERNAL_TOKEN")
     }
+    env |= {"PRESENCE_DRAIN_GRACE_S": "0.2", "PRESENCE_DRAIN_WINDOW_S": "0.2"}  # `presence drain` below
     log = (tmp_path / "up.log").open("w+")
     started = time.monotonic()
     up = subprocess.Popen(
@@ -263,6 +264,23 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
         rows = [line for line in cli("status").splitlines() if line.strip()[:1].isdigit()]
         assert [r.split()[0] for r in rows] == ["0", "1", "2"], rows
         assert sum(int(r.split()[2]) for r in rows) == 4096, rows  # shard, node, slots, ...
+
+        # `presence drain` drains the edge, not the service: a new edge takes its place in the
+        # same `presence up` (before, the end of the drain stopped the pool, the stores and Ray,
+        # and another edge's clients with them).
+        assert "draining" in cli("drain")
+        wait_until(
+            lambda: "starting a new edge" in up_log() and up_log().rstrip().endswith(")"),
+            60,
+            interval=0.2,
+            what="a new edge after the drain",
+            explain=up_log,
+        )
+        assert up.poll() is None, up_log()
+        new_internal = re.findall(r"\(internal (http://127\.0\.0\.1:\d+)\)", up_log())[-1]
+        with urllib.request.urlopen(f"{new_internal}/healthz", timeout=5) as r:
+            assert json.loads(r.read())["ok"] is True
+        assert "postgres: ok" in cli("status") and cli("token", "alice").strip()
 
         bad = subprocess.run(
             [*presence(), "load", str(tmp_path / "missing.json"), "--data-dir", str(data_dir)],
