@@ -146,7 +146,9 @@ def strict_unquote(text: str) -> str:
 def strict_query(query: str) -> dict[str, str]:
     """The first value of each parameter, decoded strictly (`strict_unquote`)."""
     try:
-        pairs = parse_qs(query, errors="strict", max_num_fields=32)
+        # Blank values kept: `serverId=` is a bad id (400), not a missing one (which `active`
+        # reads as "the whole cluster").
+        pairs = parse_qs(query, keep_blank_values=True, errors="strict", max_num_fields=32)
     except UnicodeDecodeError:
         raise BadEncoding("not valid percent-encoded UTF-8") from None
     except ValueError:
@@ -220,7 +222,12 @@ class InternalApi:
         self.host_names = allowed_host_names(internal_host, allowed_hosts)
 
     def _authorized(self, request: HttpRequest) -> bool:
-        scheme, _, given = (request.headers.get("Authorization") or "").partition(" ")
+        # One header exactly: two raised websockets' MultipleValuesError (no answer, and a
+        # traceback in the log for each such request, from anybody who reaches the port).
+        values = request.headers.get_all("Authorization")
+        if len(values) != 1:
+            return False
+        scheme, _, given = values[0].partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token)
 
     def _host_allowed(self, request: HttpRequest) -> bool:

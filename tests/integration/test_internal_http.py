@@ -126,6 +126,29 @@ async def test_every_route_but_healthz_needs_the_token(edge: Edge, path: str) ->
     assert status == 200
 
 
+async def test_two_authorization_headers_are_401_not_a_dropped_connection(
+    edge: Edge, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two headers raised inside the parser: no answer at all, and a traceback in the log for
+    every such request (a log flood for anyone who reaches the port)."""
+    caplog.set_level("ERROR")
+    port = edge.internal_port
+    head = f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+    twice = f"Authorization: {AUTH}\r\nAuthorization: {AUTH}\r\n\r\n"
+    status, _, body = await raw(port, (head + twice).encode())
+    assert status == 401, body
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+@pytest.mark.parametrize("route", ["online", "active?hours=24&"])
+async def test_a_blank_server_id_is_400_not_the_whole_cluster(edge: Edge, route: str) -> None:
+    """`active?serverId=` used to answer the count of every account (the blank value was dropped,
+    as if no server had been named)."""
+    path = f"/api/v1/internal/presence/{route}{'?' if '?' not in route else ''}serverId="
+    status, _, body = await request(edge.internal_port, "GET", path, {"Authorization": AUTH})
+    assert status == 400, body
+
+
 @pytest.fixture
 async def tokenless_edge(cluster: Cluster) -> AsyncIterator[Edge]:
     e = Edge(cluster.edge_config(internal_token=None))
