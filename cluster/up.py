@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import sys
@@ -181,11 +182,45 @@ def up(settings: Settings) -> int:
         return 130
 
 
+LOCK_FILE = "presence-up.lock"
+
+
+class DataDirTaken(Exception):
+    """Another `presence up` runs from this data directory."""
+
+
+def _hold(data_dir: Path) -> None:
+    """One `presence up` per data directory, for this process's life (the lock goes with it, even
+    killed). A second one used to take the first one's PostgreSQL over, kill its Redis as a
+    leftover and replace its token, then stop both stores on its way out."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DataDirTaken(
+            f"a service is already running from {data_dir} (pid {holder}); stop it first, or give "
+            "this one another --data-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held_locks.append(fd)  # kept open (and locked) until the process ends
+
+
+_held_locks: list[int] = []
+
+
 def _up(settings: Settings) -> int:
     if settings.database_url is None or settings.redis_url is None:
         from cluster.embedded import EmbeddedPostgres, EmbeddedRedis
     data_dir = settings.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _hold(data_dir)
+    except (OSError, DataDirTaken) as e:
+        print(f"presence: {e}", file=sys.stderr, flush=True)
+        return 2
     settings.data_dir = data_dir
     print(f"presence: starting in {data_dir}", flush=True)
     demo, no_demo = demo_mode(settings)

@@ -281,6 +281,20 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
         with urllib.request.urlopen(f"{new_internal}/healthz", timeout=5) as r:
             assert json.loads(r.read())["ok"] is True
         assert "postgres: ok" in cli("status") and cli("token", "alice").strip()
+        # A second `presence up` on the same data directory is refused at once, and the first
+        # one is left as it was (the second used to take over its PostgreSQL, kill its Redis
+        # and replace its token).
+        second = subprocess.run(
+            [*presence(), "up", "--ws-port", "0", "--internal-port", "0", "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=patience(30),
+            env=env,
+        )
+        assert second.returncode == 2 and f"already running from {data_dir} (pid {up.pid})" in second.stderr
+        assert "Traceback" not in second.stderr + second.stdout
+        assert "postgres: ok" in cli("status") and "redis: ok" in cli("status")
+        assert stat.S_IMODE((data_dir / "presence-up.lock").stat().st_mode) == 0o600
 
         bad = subprocess.run(
             [*presence(), "load", str(tmp_path / "missing.json"), "--data-dir", str(data_dir)],
