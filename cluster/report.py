@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +21,7 @@ from actors import clients
 from actors.core.activity import REPORT_WINDOWS_H, window_start
 from actors.counts import CountReader
 from cluster.config import Settings
-from cluster.runtime import cluster_info_or_exit
+from cluster.runtime import cluster_info_or_exit, ray_reachable_or_exit
 
 REPORT_SCHEMA = 1
 STORED_SQL = """
@@ -75,7 +76,7 @@ async def _pending() -> dict[str, Any]:
     return {"shards": shards, "flusher": flusher}
 
 
-async def gather(database_url: str, redis_url: str | None) -> dict[str, Any]:
+async def gather(database_url: str, redis_url: str | None, ray: bool = True) -> dict[str, Any]:
     reader = CountReader(redis_url)
     now = time.time()
     try:
@@ -85,7 +86,7 @@ async def gather(database_url: str, redis_url: str | None) -> dict[str, Any]:
     return {
         "schema": REPORT_SCHEMA,
         "stored": await _stored(database_url),
-        "pending_writes": await _pending(),
+        "pending_writes": await _pending() if ray else {"shards": None, "flusher": None},
         "active": {f"{h:g}h": n for h, n in zip(REPORT_WINDOWS_H, active, strict=True)},
     }
 
@@ -115,10 +116,18 @@ def render(report: dict[str, Any]) -> str:
 
 def report(settings: Settings, as_json: bool = False) -> int:
     info = cluster_info_or_exit(settings)
-    clients.connect(info.ray_address, info.ray_namespace)
     try:
-        result = asyncio.run(gather(info.database_url, info.redis_url))
-    finally:
-        clients.shutdown()
+        ray_reachable_or_exit(info.ray_address, "report")
+    except SystemExit as away:
+        # The parts Ray holds are unavailable; the stores' are still reported (joining a Ray
+        # that is away retried for minutes, and the report never came).
+        print(away, file=sys.stderr, flush=True)
+        result = asyncio.run(gather(info.database_url, info.redis_url, ray=False))
+    else:
+        clients.connect(info.ray_address, info.ray_namespace)
+        try:
+            result = asyncio.run(gather(info.database_url, info.redis_url))
+        finally:
+            clients.shutdown()
     print(json.dumps(result, indent=2) if as_json else render(result))
     return 0

@@ -28,7 +28,7 @@ from actors import clients
 from actors.core import placement
 from actors.core.contract import EDGE_REGISTER_EVERY_S
 from cluster.config import Settings
-from cluster.runtime import cluster_info_or_exit
+from cluster.runtime import cluster_info_or_exit, ray_reachable_or_exit
 from cluster.scale import MAIL_POLL_S, MAIL_WAIT_S, RETIRE_DRAIN_S, Shard
 
 RESTART_WAIT_S = 120.0
@@ -316,6 +316,7 @@ async def _until_answers(call: Callable[[], Awaitable[Any]], ok: Callable[[Any],
 
 def cmd_rollout(settings: Settings) -> int:
     info = cluster_info_or_exit(settings)
+    ray_reachable_or_exit(info.ray_address, "rollout")
     clients.connect(info.ray_address, info.ray_namespace)
     try:
         summary = asyncio.run(rollout(progress=lambda line: print(f"  {line}", flush=True)))
