@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +112,9 @@ def cmd_token(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     ttl = args.ttl if args.ttl is not None else settings.token_ttl_s
+    if ttl <= 0:
+        print("presence token: --ttl must be a positive number of seconds", file=sys.stderr)
+        return 2
     if ttl > settings.token_max_ttl_s:
         print(
             f"presence token: --ttl may be at most {settings.token_max_ttl_s} seconds "
@@ -321,7 +325,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     warn_unknown_settings()
-    return int(args.fn(args))
+    try:
+        code = int(args.fn(args))
+        sys.stdout.flush()  # here, where a reader gone is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # The reader went (`presence status | head`): what is left to print goes nowhere, as
+        # with any Unix tool, instead of a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -49,9 +49,10 @@ class Settings(BaseSettings):
 
     # Both ports listen on this machine only unless told otherwise (protocol.md "Safe defaults").
     ws_host: str = "127.0.0.1"
-    ws_port: int = 8765
+    # 0: a free port, chosen when listening. Past 65535 a port was taken modulo 65536, silently.
+    ws_port: int = Field(default=8765, ge=0, le=65535)
     internal_host: str = "127.0.0.1"
-    internal_port: int = 8766
+    internal_port: int = Field(default=8766, ge=0, le=65535)
     # Bearer token every internal API request but GET /healthz must carry (401 otherwise). Unset:
     # `presence up` generates one into `<data_dir>/internal-token` (0600), which our commands,
     # pages and `presence edge` read; an edge whose internal host is not a loopback address
@@ -61,7 +62,7 @@ class Settings(BaseSettings):
     # balancer uses for it). Besides these only its own address (and `localhost` on loopback):
     # any other Host is 403, so no web page can reach it through DNS rebinding.
     internal_allowed_hosts: str | None = None
-    shards: int = 4
+    shards: int = Field(default=4, ge=1)
     # Placement (docs/architecture.md "Placement"): `presence up` joining a cluster waits until
     # this many nodes may carry shards (0: 1 + the worker_ips of ~/ray_bootstrap_config.yaml,
     # which `ray up` writes on the head; without it, no wait), at most placement_wait_s.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import version as dist_version
@@ -53,6 +54,48 @@ def test_every_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SettingsError) as e:
         load_settings()
     assert "PRESENCE_TOKEN_TTL_S" in str(e.value) and "PRESENCE_SHARDS" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("PRESENCE_WS_PORT", "70000"), ("PRESENCE_INTERNAL_PORT", "-1"), ("PRESENCE_SHARDS", "0")],
+)
+def test_out_of_range_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """A port past 65535 was taken modulo 65536 (70000 listened on 4464) and `--shards 0` started
+    every server before a traceback: an operator's pass."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert str(e.value).startswith(f"{name}='{value}': ")
+
+
+@pytest.mark.parametrize("ttl", ["0", "-5"])
+def test_a_token_that_would_be_born_expired_is_refused(
+    ttl: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["token", "alice", "--ttl", ttl, "--data-dir", str(tmp_path)]) == 2
+    assert "--ttl must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
+    """`presence status | head -6`: what the reader did not take goes nowhere, quietly (an
+    operator's pass saw a BrokenPipeError traceback). Here the reader is gone before the first
+    write."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "cluster.cli", "config", "--data-dir", str(tmp_path)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+            timeout=60,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
 
 
 def test_the_command_exits_2_with_one_line(tmp_path: Path) -> None:
