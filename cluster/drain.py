@@ -13,6 +13,7 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ class DrainRefused(RuntimeError):
     """The edge could not be asked to drain; the message says why, in one line."""
 
 
+class DrainUsage(DrainRefused):
+    """Nothing was asked: no URL to ask (exit 2, as for the other commands' usage errors)."""
+
+
 def wait_gone(
     base_url: str,
     edge_id: str | None,
@@ -108,10 +113,18 @@ def wait_gone(
 
 def edge_url(settings: Settings, edge: str | None) -> str:
     if edge:
+        try:
+            parts = urllib.parse.urlsplit(edge)
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # "http://[::1": not even a URL
+            usable = False
+        if not usable:
+            # Before: "did not answer (ValueError)", as if something had been tried.
+            raise DrainUsage(f"--edge {edge!r} is not an edge's internal URL (http://HOST:PORT)")
         return edge.rstrip("/")
     info = read_info(settings.data_dir)
     if info is None or not info.internal_url:
-        raise DrainRefused(
+        raise DrainUsage(
             f"no running service found in {settings.data_dir}: pass --edge http://HOST:PORT "
             "(an edge's internal URL) or the --data-dir of `presence up`"
         )
@@ -124,13 +137,16 @@ def drain(settings: Settings, edge: str | None, wait: bool) -> int:
         answer = request_drain(url, internal_token(settings))
     except DrainRefused as e:
         print(f"presence drain: {e}", file=sys.stderr)
-        return 1
-    print(
-        f"edge {answer.get('edge')} at {url} draining: /healthz answers 503 now; its "
-        f"{answer.get('sockets')} sockets are closed with 1012 over {answer.get('windowS')} s "
-        f"after {answer.get('graceS')} s, and their accounts may resume for {answer.get('resumeS')} s",
-        flush=True,
-    )
+        return 2 if isinstance(e, DrainUsage) else 1
+    if answer.get("alreadyDraining"):
+        print(f"edge {answer.get('edge')} at {url} was already draining", flush=True)
+    else:
+        print(
+            f"edge {answer.get('edge')} at {url} draining: /healthz answers 503 now; its "
+            f"{answer.get('sockets')} sockets are closed with 1012 over {answer.get('windowS')} s "
+            f"after {answer.get('graceS')} s, and their accounts may resume for {answer.get('resumeS')} s",
+            flush=True,
+        )
     if not wait:
         return 0
     budget = float(answer.get("graceS") or 0) + float(answer.get("windowS") or 0) + 60.0

@@ -288,6 +288,7 @@ class InternalApi:
     def drain(self) -> Response:
         """Start this edge's drain (once; asking again answers the same)."""
         edge = self.edge
+        already = edge.draining
         edge.drain()
         cfg = edge.config
         return json_response(
@@ -296,6 +297,7 @@ class InternalApi:
             {
                 "edge": edge.edge_id,
                 "draining": True,
+                "alreadyDraining": already,
                 "sockets": len(edge.conns),
                 "graceS": cfg.drain_grace_s,
                 "windowS": cfg.drain_window_s,

@@ -113,8 +113,8 @@ async def test_drain_answers_503_before_any_socket_closes(
         assert await a.closed(timeout=10) == 1012
         assert await late.closed(timeout=10) == 1012
         await asyncio.wait_for(d.drained.wait(), patience(15))
-        status, _ = await get(d, "/api/v1/internal/edge/drain")  # asking again changes nothing
-        assert status == 200
+        status, body = await get(d, "/api/v1/internal/edge/drain")  # asking again changes nothing
+        assert status == 200 and body["alreadyDraining"] is True  # and says so
 
 
 async def test_drained_account_back_on_another_edge_within_resume_s_tells_nobody(
