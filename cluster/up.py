@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,6 +176,9 @@ def up(settings: Settings) -> int:
     if refuse_insecure(settings):
         return 2
     stop_like_ctrl_c_on_sigterm()
+    # Ours even when inherited ignored (`presence up &` from a script): an operator's `kill -INT`
+    # during the start-up was lost, the service came up anyway and was killed 150 s later.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _up(settings)
     except KeyboardInterrupt:

@@ -79,6 +79,7 @@ def signal_up_when(
     data_dir: Path,
     ready: Callable[[Path, str], bool],
     send: Callable[[subprocess.Popen[bytes]], None],
+    sigint_ignored: bool = False,
 ) -> None:
     """Start `presence up` (a process group of its own), `send` it a signal once `ready(data
     directory, its output so far)`, and check that it stopped everything it had started."""
@@ -90,6 +91,8 @@ def signal_up_when(
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
+        # As a shell without job control starts `presence up &`: SIGINT ignored.
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )
 
     def up_ready() -> bool:
@@ -106,6 +109,7 @@ def signal_up_when(
     output = log_path.read_text()
     assert code in (0, 130), output  # 0 only if it got all the way up before the signal landed
     assert "stopping PostgreSQL" in output, output
+    assert "did not stop within" not in output, output  # stopped by the signal, not killed after
     wait_until(
         lambda: not processes_using(data_dir),
         15,
@@ -125,6 +129,19 @@ def test_sigterm_during_start_up_stops_what_was_started(tmp_path: Path, data_dir
         data_dir,
         lambda data_dir, _: (data_dir / "pg" / "postmaster.pid").exists(),
         lambda up: up.send_signal(signal.SIGTERM),
+    )
+
+
+def test_sigint_during_start_up_stops_it_even_when_inherited_ignored(tmp_path: Path, data_dir: Path) -> None:
+    """`presence up &` from a script inherits SIGINT ignored; `kill -INT` during its start-up was
+    lost in the process doing the starting, the service came up anyway, and the supervisor killed
+    it 150 s later (an operator's pass). SIGINT is ours: it stops `presence up` like Ctrl-C."""
+    signal_up_when(
+        tmp_path,
+        data_dir,
+        lambda _, output: "starting Ray" in output,
+        lambda up: up.send_signal(signal.SIGINT),
+        sigint_ignored=True,
     )
 
 
