@@ -142,12 +142,15 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     try:
-        data = json.loads(Path(args.file).read_text())
+        data = json.loads(Path(args.file).read_text(), object_pairs_hook=_no_repeated_keys)
     except OSError as e:
         print(f"presence load: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
     except ValueError as e:
         print(f"presence load: {args.file} is not valid JSON: {e}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"presence load: {args.file} is nested too deeply to be a graph", file=sys.stderr)
         return 2
 
     async def run() -> dict[str, int]:
@@ -163,8 +166,26 @@ def cmd_load(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"presence load: {e}", file=sys.stderr)
         return 2
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        # The database away, or refusing us: one line (it was a traceback), nothing loaded.
+        print(
+            f"presence load: PostgreSQL did not take the load ({type(e).__name__}: {e}); nothing was loaded",
+            file=sys.stderr,
+        )
+        return 1
     print("loaded: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object naming a key twice: refused (`json` keeps the last one, and the first list
+    of, say, `users` was dropped without a word)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        seen[key] = value
+    return seen
 
 
 def cmd_status(args: argparse.Namespace) -> int:
