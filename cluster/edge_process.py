@@ -133,6 +133,8 @@ LOST_RAY = "lost Ray"
 CUT_OFF = "cut off"
 # A drain asked for over the internal API (`presence drain`), not by a signal.
 DRAINED = "drained"
+# A port it was given is taken (or not its to take): said in one line, exit 2.
+CANNOT_LISTEN = "cannot listen"
 
 
 def join_ray(
@@ -286,7 +288,18 @@ async def serve_edge(
     """Serve until Ctrl-C, a drain, or `watch` says the edge must go (returns why then: DRAINED
     for a drain asked for over the internal API, None for a signal's)."""
     edge = Edge(config)
-    await edge.start()
+    try:
+        await edge.start()
+    except OSError as e:
+        # Before: a traceback, after every server had been started.
+        print(
+            f"presence: cannot listen on the websocket port {config.ws_host}:{config.ws_port} or the "
+            f"internal one {config.internal_host}:{config.internal_port}: {e.strerror or e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        await edge.stop()
+        return CANNOT_LISTEN
     announce(edge)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -371,4 +384,6 @@ def edge(settings: Settings) -> int:
     if why == LOST_RAY:
         os._exit(LOST_RAY_EXIT)  # Ray's client, its raylet gone, can hang in ray.shutdown
     clients.shutdown()
+    if why == CANNOT_LISTEN:
+        return 2
     return 0 if why in (None, DRAINED) else LOST_RAY_EXIT

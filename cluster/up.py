@@ -31,6 +31,7 @@ from actors.presence import ShardConfig
 from cluster import db
 from cluster.config import Settings, redact_url
 from cluster.edge_process import (
+    CANNOT_LISTEN,
     DRAINED,
     edge_config,
     install_loop,
@@ -398,7 +399,7 @@ def _serve(
         # Joined to a cluster, the head's edge exits when its raylet goes (its supervisor starts
         # it again); it never drains on its own when cut off: stopping would stop the pool.
         probe = raylet_probe() if settings.ray_address else None
-        while asyncio.run(serve_edge(config, announce, probe, settings.ray_lost_s)) == DRAINED:
+        while (why := asyncio.run(serve_edge(config, announce, probe, settings.ray_lost_s))) == DRAINED:
             if settings.ray_address:
                 break  # the head of a cluster: its supervisor starts it again, on the code installed now
             # On one machine `presence drain` drains this edge, not the service: the pool, the
@@ -406,4 +407,6 @@ def _serve(
             # the drain stopped everything, and another edge's clients were dropped with it).
             print("edge drained; starting a new edge on its ports (Ctrl-C stops everything)", flush=True)
             banner[0] = False
+        if why == CANNOT_LISTEN:
+            return 2
     return 0

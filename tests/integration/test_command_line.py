@@ -312,6 +312,18 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
         assert "Traceback" not in second.stderr + second.stdout
         assert "postgres: ok" in cli("status") and "redis: ok" in cli("status")
         assert stat.S_IMODE((data_dir / "presence-up.lock").stat().st_mode) == 0o600
+        # One more edge on a port that is taken (the running edge's): one line, exit 2 (it was
+        # a traceback once everything had started).
+        taken = re.findall(r"ws://127\.0\.0\.1:(\d+)/ws/presence", up_log())[-1]
+        clash = subprocess.run(
+            [*presence(), "edge", "--ws-port", taken, "--internal-port", "0", "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=patience(90),
+            env=env,
+        )
+        assert clash.returncode == 2 and "cannot listen on the websocket port" in clash.stderr, clash.stderr
+        assert "Traceback" not in clash.stderr + clash.stdout
 
         bad = subprocess.run(
             [*presence(), "load", str(tmp_path / "missing.json"), "--data-dir", str(data_dir)],
