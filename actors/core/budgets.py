@@ -209,6 +209,10 @@ class Spending:
             self.buckets[(user_id, kind)] = bucket
         return bucket.take(now, n)
 
+    def refill(self, user_id: str, kind: str) -> None:
+        """The account's `kind` budget full again (a bucket that is not kept is a full one)."""
+        self.buckets.pop((user_id, kind), None)
+
     def level(self, user_id: str, kind: str, now: float) -> float:
         bucket = self.buckets.get((user_id, kind))
         return self.allowances[kind].burst if bucket is None else bucket.level(now)

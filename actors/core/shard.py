@@ -541,6 +541,11 @@ class ShardState:
                 taken = next((h for h in acc.held if not h.idle), acc.held[0])
                 acc.held.remove(taken)
                 idle = idle or taken.idle
+                # It watches its ids again first: a drain the server started must not cost the
+                # client its lookups (two tabs of 1,000 subscriptions each, moved by a deploy,
+                # were refused theirs until the budget refilled). Only a server's close holds a
+                # place, so no client can refill its budget this way.
+                self.spending.refill(user_id, "lookups")
                 self._watch_holds(acc)
                 self._held_changed(acc)
             acc.sockets[socket_id] = Socket(socket_id, edge_id, idle=idle, connected_at=now)

@@ -145,6 +145,37 @@ async def test_drained_account_back_on_another_edge_within_resume_s_tells_nobody
         assert status == 200 and view["status"] == "online" and view["sockets"] == 1
 
 
+async def test_drained_tabs_resubscribe_without_their_lookup_budget_refusing_them(
+    cluster: Cluster, edge: Edge, ids: Ids
+) -> None:
+    """Two tabs of one account, 1,000 subscriptions each (the lookup budget's whole burst), moved
+    by a drain: each subscribes again on the edge it reaches. Before, both were `rate_limited`
+    for the minute the budget took to refill: a drain nobody was to notice cost the client."""
+    user = ids("tabs")
+    watched = [f"{user[-6:]}{i}" for i in range(1_000)]  # short: 1,000 of them fit one frame
+    async with draining_edge(cluster) as d:
+        tabs = [await connect(cluster, d, user) for _ in range(2)]
+        for tab in tabs:
+            sync = await tab.request(
+                {"type": "presence.subscribe", "userIds": watched}, of_type("presence.sync"), timeout=10
+            )
+            assert sync["users"] == []  # none of them exists: still named, still charged
+        status, _ = await get(d, "/api/v1/internal/edge/drain")
+        assert status == 200
+        for tab in tabs:
+            assert await tab.closed(timeout=10) == 1012
+        for _ in range(2):
+            back = await connect(cluster, edge, user)
+            answer = await back.request(
+                {"type": "presence.subscribe", "userIds": watched},
+                lambda f: f.get("type") in ("presence.sync", "error"),
+                timeout=10,
+            )
+            assert answer["type"] == "presence.sync", answer
+            await back.close()
+        await asyncio.wait_for(d.drained.wait(), patience(15))
+
+
 async def test_drained_account_not_back_departs_at_its_close_time(
     cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
 ) -> None:

@@ -394,3 +394,25 @@ def test_held_places_go_to_redis_and_come_back_as_they_were() -> None:
     assert decode(encode(places)) == places
     assert decode(encode(())) == ()
     assert key(slot_of("alice")) == f"presence:held:{slot_of('alice')}"
+
+
+class TestResumeRefill:
+    """A socket that resumed watches its ids again first: taking a held place fills the account's
+    lookup budget again (`ShardState.connect`). Before, two tabs of 1,000 subscriptions each,
+    moved by a deploy, were refused theirs until the budget refilled (an attacker's pass)."""
+
+    def test_a_resumed_account_resubscribes_with_its_budget_full(self) -> None:
+        w = watched_world(sockets=2)
+        assert w.s.spend("alice", "lookups", 2_000, w.now)  # its tabs' subscriptions, before
+        for i in range(2):
+            w.s.disconnect("alice", f"a{i}", w.now, resume_s=RESUME)
+        for i in range(2):
+            w.s.connect("alice", f"r{i}", "e3", w.at(1))
+        assert w.s.spend("alice", "lookups", 1_000, w.now) and w.s.spend("alice", "lookups", 1_000, w.now)
+        assert not w.s.spend("alice", "lookups", 1, w.now), "a full budget, not more"
+
+    def test_a_new_socket_without_a_held_place_refills_nothing(self) -> None:
+        w = watched_world()
+        assert w.s.spend("alice", "lookups", 2_000, w.now)
+        w.s.connect("alice", "new", "e3", w.at(1))  # no place held: a new tab
+        assert not w.s.spend("alice", "lookups", 100, w.now)
