@@ -277,14 +277,14 @@ def redact_url(url: str) -> str:
     """The URL with its password (if any) replaced by `<redacted>`."""
     try:
         parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if parts.port is not None:  # raises for a port that is no number, or out of range
+            host = f"{host}:{parts.port}"
     except ValueError:
-        return REDACTED
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+        return REDACTED  # not a URL to show a part of (a traceback once, for a bad port)
     return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
 
 

@@ -135,6 +135,9 @@ def test_unknown_names_warn_on_stderr(
         ("redis://:hunter2@r:6379/0", f"redis://:{REDACTED}@r:6379/0"),
         ("redis://r:6379/0", "redis://r:6379/0"),
         ("postgresql://u@db/p", "postgresql://u@db/p"),
+        # A port that is no port: nothing shown, and no traceback (an operator's pass).
+        ("postgresql://u:S3cretPW@127.0.0.1:notaport/db", REDACTED),
+        ("redis://:pw@127.0.0.1:99999999/0", REDACTED),
     ],
 )
 def test_url_passwords_are_redacted(url: str, shown: str) -> None:
