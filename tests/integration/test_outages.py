@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 import websockets
 
-from actors.clients import DirectoryClient, FlushClient, ShardClient
+from actors.clients import ActorDied, DirectoryClient, FlushClient, ShardClient
 from actors.core.slots import slot_of
 from edge.server import Edge
 from tests.timing import patience
@@ -179,8 +179,18 @@ async def test_flush_actor_killed_with_departures_pending(
     # it is back, by design (actors/lazy_start.py); the departures meant for it then waited at
     # the edge instead (a loaded suite, twice on 2026-12-05: "clean-up incomplete", a shard's
     # start failing on its pool). This test is about running shards.
+    # One an earlier test killed may still be restarting: Ray answers ActorUnavailableError for
+    # it meanwhile (once in a full suite, 2026-12-05), so the wait is for all of them to answer.
     _, _, count = await DirectoryClient().get_map()
-    await asyncio.gather(*(ShardClient(i).stats(30) for i in range(count)))
+
+    async def all_running() -> bool:
+        try:
+            await asyncio.gather(*(ShardClient(i).stats(30) for i in range(count)))
+        except ActorDied:  # Ray's ActorUnavailableError while it restarts
+            return False
+        return True
+
+    await eventually(all_running, timeout=60, interval=0.5)
     await conn.close()
     pg.stop()  # departures pile up in the FlushActor and, unacknowledged, in the shards
     try:
