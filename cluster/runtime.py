@@ -6,6 +6,7 @@ variables still win over it, so a real deployment needs no file at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -14,6 +15,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 from cluster.config import Settings
 
@@ -125,8 +127,8 @@ def remove_internal_token(settings: Settings) -> None:
 
 def running_settings(settings: Settings) -> tuple[Settings, frozenset[str]]:
     """`settings` with what the service running from this data directory uses in place of what
-    the environment leaves unset (its database and Redis URLs, Ray's address, the token secret
-    and the internal token it made), and the names of the settings taken from it."""
+    the environment leaves unset (its database and Redis URLs, Ray's address, its two ports, the
+    token secret and the internal token it made), and the names of the settings taken from it."""
     info = read_info(settings.data_dir)
     if info is None:
         return settings, frozenset()
@@ -137,6 +139,13 @@ def running_settings(settings: Settings) -> tuple[Settings, frozenset[str]]:
         used["redis_url"] = info.redis_url
     if not settings.ray_address and info.ray_address:
         used["ray_address"] = info.ray_address
+    # The ports it listens on (given on its command line, or chosen by it for 0): `presence
+    # config` showed the defaults instead.
+    for name, url in (("ws_port", info.ws_url), ("internal_port", info.internal_url)):
+        with contextlib.suppress(ValueError):
+            port = urlsplit(url).port
+            if port is not None and name not in settings.model_fields_set:
+                used[name] = port
     for name, file in (("token_secret", SECRET_FILE), ("internal_token", INTERNAL_TOKEN_FILE)):
         if not getattr(settings, name) and (settings.data_dir / file).exists():
             used[name] = (settings.data_dir / file).read_text().strip()

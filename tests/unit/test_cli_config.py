@@ -162,3 +162,31 @@ def test_config_prints_every_setting_with_secrets_redacted(
     text = capsys.readouterr().out
     assert "hunter2" not in text
     assert "PRESENCE_SHARDS" in text and "7" in text
+
+
+def test_config_shows_the_ports_the_running_service_listens_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`presence up --ws-port 48765 --internal-port 48766`: `presence config` showed 8765 and
+    8766, the defaults (an operator's pass). A port set in the environment still wins."""
+    from cluster.runtime import ClusterInfo, running_settings, write_info
+
+    write_info(
+        tmp_path,
+        ClusterInfo(
+            "postgresql://x",
+            None,
+            "127.0.0.1:1",
+            "ns",
+            "ws://127.0.0.1:48765/ws/presence",
+            "http://127.0.0.1:48766",
+            1,
+        ),
+    )
+    for name in ("PRESENCE_WS_PORT", "PRESENCE_INTERNAL_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    used, names = running_settings(load_settings(data_dir=tmp_path))
+    assert (used.ws_port, used.internal_port) == (48765, 48766) and {"ws_port", "internal_port"} <= names
+    monkeypatch.setenv("PRESENCE_WS_PORT", "9000")
+    used, names = running_settings(load_settings(data_dir=tmp_path))
+    assert used.ws_port == 9000 and "ws_port" not in names
