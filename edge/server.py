@@ -421,8 +421,7 @@ class Edge:
         if handing_over and self._cut_off_since is None:  # cut off: the shards would not answer
             await asyncio.wait(handing_over, timeout=HANDOVER_BEFORE_CLOSE_S)
         for conn in closing:
-            self.metrics.inc("closes_total", code=str(p.CLOSE_SERVICE_RESTART))
-            conn.ws.close(p.CLOSE_SERVICE_RESTART, "service restart; reconnect")
+            self._close(conn, p.CLOSE_SERVICE_RESTART, "service restart; reconnect")
 
     async def _departed(self, timeout: float) -> int:
         """Wait (at most `timeout`) until every socket is gone and its departure handed to the
@@ -586,8 +585,12 @@ class Edge:
             return
         for cmd in conn.session.control(time.time()):
             if isinstance(cmd, Close):
-                self.metrics.inc("closes_total", code=str(cmd.code))
-                conn.ws.close(cmd.code, cmd.reason)
+                self._close(conn, cmd.code, cmd.reason)
+
+    def _close(self, conn: Conn, code: int, reason: str) -> None:
+        """Close the socket with `code`, counted by code in `presence_closes_total`."""
+        self.metrics.inc("closes_total", code=str(code))
+        conn.ws.close(code, reason)
 
     def _begin(self, ws: EdgeSocket, conn: Conn, commands: list[Command]) -> None:
         if not ws.greeted and ws.gated:
@@ -692,10 +695,9 @@ class Edge:
                 self.metrics.inc("replies_total", type=str(frame.get("type")))
                 self._send(conn, text if text is not None else frames.text(frame))
             case Close(code=code, reason=reason):
-                self.metrics.inc("closes_total", code=str(code))
                 # What the client still sends is dropped (edge/transport.py), so a flooding
                 # client's answering close frame is read, not stuck behind its frames.
-                conn.ws.close(code, reason)
+                self._close(conn, code, reason)
                 return False
             case ops.Connect():
                 connected = await self.router.to_user(cmd.user_id, cmd)
@@ -974,13 +976,13 @@ class Edge:
                     if close.code == p.CLOSE_SILENT:
                         # Per the contract, a silent socket departs when it was last heard.
                         conn.went(conn.session.last_frame_at)
-                    self.metrics.inc("closes_total", code=str(close.code))
-                    conn.ws.close(close.code, close.reason)
+                    self._close(conn, close.code, close.reason)
             self.metrics.set("open_connections", len(self.conns))
             self.cut_off.observe(self.router.healthy(), now)
             self.admission.sweep(now)
-            self._take_turns(self.opening.expire(time.monotonic()))
-            self._make_room(self.opening.make_room(time.monotonic()))
+            gate_now = time.monotonic()
+            self._take_turns(self.opening.expire(gate_now))
+            self._make_room(self.opening.make_room(gate_now))
             self.metrics.set("opening_active", len(self.opening.active))
             self.metrics.set("opening_queued", len(self.opening.waiting))
 
