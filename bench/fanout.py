@@ -996,7 +996,7 @@ def _print_per_edge_targets(met: dict[str, Any], fast: dict[str, Any], bare: dic
     )
     if bare is not None:
         worst = met["worst_second"]
-        bare_worst = max((sec["p99"] for sec in bare["latency_ms_by_second"]), default=math.nan)
+        bare_worst = targets.worst_second_p99(bare)
         print(
             f"target p99 ≤ {TARGET_P99_RATIO:g}x the bare server's, in every second too: ours "
             f"{fast['latency_ms']['p99']:.1f} ms (worst second {worst['p99'] if worst else math.nan:.1f} ms, "

@@ -240,8 +240,7 @@ def _fanout_against_bare(
 ) -> list[Verdict]:
     """The fastest window's p99 and CPU per delivery, each against the bare broadcast's in the same run."""
     fast_p99, bare_p99 = fast["latency_ms"]["p99"], bare["latency_ms"]["p99"]
-    seconds = fast.get("latency_ms_by_second") or []
-    worst = max((s["p99"] for s in seconds), default=math.nan)
+    worst = worst_second_p99(fast)
     complete = fast["delivered_fraction"] >= FANOUT_COMPLETE and bare["delivered_fraction"] >= FANOUT_COMPLETE
     ours_us, bare_us = fast["cpu_us_per_delivery"]["total"], bare["cpu_us_per_delivery"]["total"]
     return [
@@ -272,10 +271,15 @@ def _fanout_against_bare(
     ]
 
 
+def worst_second_p99(window: Mapping[str, Any]) -> float:
+    """The highest p99 of a fan-out window's seconds (NaN for a window without any)."""
+    return max((s["p99"] for s in window.get("latency_ms_by_second") or []), default=math.nan)
+
+
 def _beside_the_fanout_p99(r: Mapping[str, Any], bare: Mapping[str, Any], bare_p99: float) -> str:
     """What the same clause gives the baselines of the run (bench/profiles/README.md, "The relay
     floor"): the bare server's own worst second against its p99, and the relay floor's p99."""
-    worst = max((s["p99"] for s in bare.get("latency_ms_by_second") or []), default=math.nan)
+    worst = worst_second_p99(bare)
     text = f"; the bare server's own worst second {_ratio(worst, bare_p99):.2f}x its p99"
     relay = r.get("relay")
     if relay:
