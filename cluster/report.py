@@ -21,7 +21,7 @@ from actors import clients
 from actors.core.activity import REPORT_WINDOWS_H, window_start
 from actors.counts import CountReader
 from cluster.config import Settings
-from cluster.runtime import cluster_info_or_exit, ray_reachable_or_exit
+from cluster.runtime import cluster_info_or_exit, ray_unreachable
 
 REPORT_SCHEMA = 1
 STORED_SQL = """
@@ -116,9 +116,8 @@ def render(report: dict[str, Any]) -> str:
 
 def report(settings: Settings, as_json: bool = False) -> int:
     info = cluster_info_or_exit(settings)
-    try:
-        ray_reachable_or_exit(info.ray_address, "report")
-    except SystemExit as away:
+    away = ray_unreachable(info.ray_address, "report")
+    if away is not None:
         # The parts Ray holds are unavailable; the stores' are still reported (joining a Ray
         # that is away retried for minutes, and the report never came).
         print(away, file=sys.stderr, flush=True)

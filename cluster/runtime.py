@@ -164,20 +164,28 @@ def database_url(settings: Settings) -> str:
     return info.database_url
 
 
-def ray_reachable_or_exit(address: str, command: str, timeout_s: float = 3.0) -> None:
-    """Fail in seconds, with one line, when Ray's GCS does not answer: joining a Ray that is away
-    retries for a minute or more (`presence status` hung 95 s while the head was down)."""
+def ray_unreachable(address: str, command: str, timeout_s: float = 3.0) -> str | None:
+    """Within seconds, the one line saying Ray's GCS does not answer, or None when it does:
+    joining a Ray that is away retries for a minute or more (`presence status` hung 95 s while
+    the head was down)."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():  # "auto" and the like: Ray finds it itself
-        return
+        return None
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
+            return None
     except OSError as e:
-        raise SystemExit(
+        return (
             f"presence {command}: Ray is not reachable at {address} ({e.strerror or e}); "
             "is the head down? (docs/operations.md, failures: the Ray head node dies)"
-        ) from None
+        )
+
+
+def ray_reachable_or_exit(address: str, command: str, timeout_s: float = 3.0) -> None:
+    """`ray_unreachable`'s line as the command's exit."""
+    away = ray_unreachable(address, command, timeout_s)
+    if away is not None:
+        raise SystemExit(away)
 
 
 def cluster_info_or_exit(settings: Settings) -> ClusterInfo:
