@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import frames
-from .audience import NO_RELATIONS, Relations
+from .audience import Relations
 from .budgets import Spending
 from .effects import Outbox
 from .loaded import Loaded, NotLoaded
@@ -109,12 +109,9 @@ class ChannelState:
         the store was away, and membership cannot be told; a refusal would tell a member it is
         not one (and its client would not try again), where `UNAVAILABLE` is tried again."""
         ch = self.channels[channel_id]
-        if ch.server_id is None:
-            return False
-        relations = self.relations.get(user_id)
-        if relations is None:
+        if ch.server_id is not None and user_id not in self.relations:
             raise NotLoaded("relations", user_id)
-        return ch.server_id in relations.servers
+        return self._member(ch, user_id)
 
     # ------------------------------------------------------------------ operations
 
@@ -251,12 +248,7 @@ class ChannelState:
     def _to_subscribers(self, ch: Channel, frame: frames.Frame, exclude_user: str | None = None) -> None:
         recipients: dict[str, list[str]] = {}
         for socket_id, m in ch.subscribers.items():
-            if m.user_id == exclude_user:
-                continue
-            if (
-                ch.server_id is None
-                or ch.server_id not in self.relations.get(m.user_id, NO_RELATIONS).servers
-            ):
+            if m.user_id == exclude_user or not self._member(ch, m.user_id):
                 continue
             recipients.setdefault(m.edge_id, []).append(socket_id)
         self.outbox.deliver(recipients, frame)
