@@ -11,6 +11,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -131,16 +132,29 @@ async def answering(call: Callable[[], Awaitable[object]]) -> bool:
     return True
 
 
-async def no_pending_last_seen() -> bool:
+@dataclass(frozen=True)
+class Pending:
+    """The departures not yet in PostgreSQL: per shard, and in the FlushActor. True when there are
+    none; its repr is what a failed wait prints (`eventually`'s last value), so that the failure
+    says where they wait and what the FlushActor last did."""
+
+    in_shards: list[int]
+    flush_pending_rows: int
+    flush_in_flight_rows: int
+    flush_consecutive_failures: int
+
+    def __bool__(self) -> bool:
+        return not any(self.in_shards) and not self.flush_pending_rows and not self.flush_in_flight_rows
+
+
+async def no_pending_last_seen() -> Pending:
     """No departure waits in a shard or in the FlushActor: every last-seen is in PostgreSQL."""
     from actors import clients
 
     _, _, count = await clients.DirectoryClient().get_map()
-    for i in range(count):
-        if (await clients.ShardClient(i).stats(timeout_s=5)).pending_last_seen:
-            return False
+    in_shards = [(await clients.ShardClient(i).stats(timeout_s=5)).pending_last_seen for i in range(count)]
     flush = await clients.flush_stats(5)
-    return not flush["pending_rows"] and not flush["in_flight_rows"]
+    return Pending(in_shards, flush["pending_rows"], flush["in_flight_rows"], flush["consecutive_failures"])
 
 
 def _get_json(url: str) -> Any:
