@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from actors.metric_help import HELP
@@ -31,11 +32,21 @@ def _key(name: str, labels: dict[str, str]) -> Key:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, counters: Iterable[str] = ()) -> None:
+        """`counters`: the unlabelled counters this process may count, exported at 0 until they
+        move (a series that appears only at its first event makes `rate()` and an alert on "above
+        0" blind to it until then)."""
         self.counters: dict[Key, float] = defaultdict(float)
         self.summaries: dict[Key, list[float]] = {}
         self.gauges: dict[Key, float] = {}
         self.histograms: dict[Key, list[float]] = {}
+        for name in counters:
+            self.declare(name)
+
+    def declare(self, name: str, **labels: str) -> None:
+        """Export the counter `name{labels}` from now on, at 0 if it has not moved: for a labelled
+        one once its label value is known (a shard's index, a loop's name)."""
+        self.counters[_key(name, labels)] += 0
 
     def inc(self, name: str, n: float = 1, **labels: str) -> None:
         self.counters[_key(name, labels)] += n

@@ -51,6 +51,22 @@ from actors.store import AudienceEvents, ShardStore
 
 log = logging.getLogger("presence.shard")
 
+# The unlabelled counters of a shard, exported at 0 from its start; tests/unit/test_metrics.py
+# checks the list against the code.
+COUNTERS = (
+    "checkpoint_rows_total",
+    "deliveries_total",
+    "last_seen_acked_total",
+    "last_seen_flush_failures_total",
+    "mail_dropped_total",
+    "shard_edges_forgotten_total",
+    "shard_held_write_failures_total",
+    "shard_ops_unavailable_total",
+    "shard_preload_failures_total",
+    "slots_exported_total",
+    "slots_imported_total",
+)
+
 FlushWrite = Callable[[list[tuple[str, float]]], Awaitable[None]]
 
 # Saving last-seen (to the FlushActor) and chosen statuses (to PostgreSQL) is retried until it
@@ -142,7 +158,7 @@ class PresenceShard:
         # drop it: the batch would then apply without it (a member's subscribe refused).
         self._users_in_use: Counter[str] = Counter()
         self._channels_in_use: Counter[str] = Counter()
-        self.metrics = Metrics()
+        self.metrics = Metrics(COUNTERS)
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
         # Held places (actors/held.py): the latest of each account's, waiting to be written.
         self.held = HeldStore(config.redis_url) if config.redis_url else None
@@ -211,6 +227,8 @@ class PresenceShard:
         await self.store.stop()
 
     async def _forever(self, loop: Callable[[], Awaitable[None]]) -> None:
+        self.metrics.declare("shard_errors_total", loop=loop.__name__)
+
         def failed(e: Exception) -> None:
             log.error(
                 "shard %s: %s failed; restarting it", self.config.shard_index, loop.__name__, exc_info=e

@@ -564,6 +564,8 @@ class Router:
 
     async def _pull_loop(self, shard: int) -> None:
         inbox = self.inboxes.setdefault(shard, Inbox())
+        for counter in ("edge_call_errors_total", "edge_shard_restarts_total", "edge_pull_failures_total"):
+            self.metrics.declare(counter, shard=str(shard))
 
         async def pull() -> Mail | None:
             """The next mail, or None once there is none to collect any more."""

@@ -75,6 +75,27 @@ HANDOVER_BEFORE_CLOSE_S = 1.0
 
 log = logging.getLogger("presence.edge")
 
+# The unlabelled counters of an edge process (this module and the router), exported at 0 from its
+# start; tests/unit/test_metrics.py checks the list against the code.
+COUNTERS = (
+    "connections_total",
+    "edge_departure_retries_total",
+    "edge_moved_total",
+    "edge_reregister_undone_total",
+    "edge_reregistered_ops_total",
+    "frames_out_total",
+    "handshakes_refused_total",
+    "held_overflows_total",
+    "opening_evicted_total",
+    "opening_expired_total",
+    "opening_refused_total",
+    "opening_waited_total",
+    "repeats_dropped_total",
+    "resync_frames_total",
+    "resync_watches_total",
+    "slow_clients_closed_total",
+)
+
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
 # A registration that failed is tried again after 0.25 s, doubling up to EDGE_REGISTER_EVERY_S
@@ -242,7 +263,7 @@ class Edge:
     def __init__(self, config: EdgeConfig) -> None:
         self.config = config
         self.edge_id = "edge-" + secrets.token_hex(6)
-        self.metrics = Metrics()
+        self.metrics = Metrics(COUNTERS)
         self.directory = DirectoryClient()
         self.router = Router(
             self.edge_id,

@@ -7,8 +7,10 @@ line feed), and one sample per line. The output is checked with a small strict p
 
 from __future__ import annotations
 
+import ast
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -276,3 +278,52 @@ def test_process_metrics_are_real() -> None:
     assert gauges["process_open_fds"] >= 3
     assert gauges["process_max_fds"] >= gauges["process_open_fds"]
     assert gauges["process_resident_memory_bytes"] > 1_000_000
+
+
+def test_declared_counters_are_exported_at_zero_until_they_move() -> None:
+    m = Metrics(["things_total"])
+    m.declare("errors_total", shard="3")
+    text = render([({"edge": "e1"}, m.snapshot())])
+    assert 'presence_things_total{edge="e1"} 0.0' in text
+    assert 'presence_errors_total{shard="3",edge="e1"} 0.0' in text
+    m.inc("things_total", 2)
+    m.declare("things_total")  # declaring again does not reset it
+    assert ("things_total", [], 2.0) in m.snapshot()["counters"]
+
+
+def _unlabelled_counters(paths: list[Path]) -> set[str]:
+    """The names of the counters these modules count without a label: `metrics.inc("x")`,
+    `metrics.inc("x", n=...)` and `Metrics.key("x")`."""
+    found: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("inc", "key")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and node.args[0].value.endswith("_total")
+                and all(k.arg == "n" for k in node.keywords)
+            ):
+                found.add(node.args[0].value)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("process", "sources"),
+    [("edge.server", ["edge"]), ("actors.presence", ["actors/presence.py"])],
+)
+def test_each_process_declares_exactly_the_unlabelled_counters_it_counts(
+    process: str, sources: list[str]
+) -> None:
+    import importlib
+
+    from actors.metric_help import HELP
+
+    root = Path(__file__).resolve().parents[2]
+    paths = [p for s in sources for p in ((root / s).rglob("*.py") if (root / s).is_dir() else [root / s])]
+    declared = importlib.import_module(process).COUNTERS
+    assert set(declared) == _unlabelled_counters(paths)
+    assert not [name for name in declared if name not in HELP]
