@@ -16,13 +16,13 @@ parser drops any request with a body before a hook could answer it.
 Guarded (protocol.md "Internal HTTP"), in this order: a `Host` that names neither the internal
 address (the one the connection arrived on, the configured one, `localhost` on loopback) nor an
 allowed host (`PRESENCE_INTERNAL_ALLOWED_HOSTS`) is 403, so a web page cannot read the port through
-DNS rebinding; a method other than GET is 405, with or without a body; every request but
-`GET /healthz` must carry `Authorization: Bearer <token>` (else 401, compared in constant time:
-the token is `PRESENCE_INTERNAL_TOKEN` or the one `presence up` generated into the data
-directory, and an edge given none makes up its own, so the port is never open); ids in paths and
-query strings are percent-decoded strictly and obey the id rule (else 400); errors are a short
-JSON message, never an exception's text (which may carry a traceback, a pid, an address or a
-path: those go to the edge's log).
+DNS rebinding; a method other than GET is 405, with or without a body (to HEAD without content:
+edge/http_server.py); every request but `GET /healthz` must carry `Authorization: Bearer
+<token>` (else 401, compared in constant time: the token is `PRESENCE_INTERNAL_TOKEN` or the one
+`presence up` generated into the data directory, and an edge given none makes up its own, so the
+port is never open); ids in paths and query strings are percent-decoded strictly and obey the id
+rule (else 400); errors are a short JSON message, never an exception's text (which may carry a
+traceback, a pid, an address or a path: those go to the edge's log).
 """
 
 from __future__ import annotations

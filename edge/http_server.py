@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import http
 import logging
 import re
@@ -173,6 +174,10 @@ class HttpServer:
                 return
             else:
                 answer = await self.handler(request)
+                if request.method == "HEAD":
+                    # Never content in an answer to HEAD (RFC 9110 9.3.2), whatever its status: a
+                    # client reads none, and on a kept connection would take it for the next answer.
+                    answer = dataclasses.replace(answer, body=b"")
             writer.write(answer.serialize())
             await writer.drain()
             await self._linger(reader, writer)

@@ -95,6 +95,15 @@ async def test_every_method_but_get_is_405_with_or_without_a_body(
     assert error_of(answer)
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/nowhere"])
+async def test_head_is_405_without_content(edge: Edge, path: str) -> None:
+    """A HEAD answer has no content (RFC 9110): a client reads none after the head, and a second
+    answer on its connection would begin with the body's bytes."""
+    status, headers, body = await request(edge.internal_port, "HEAD", path, {"Authorization": AUTH})
+    assert status == 405 and headers["allow"] == "GET"
+    assert body == b""
+
+
 async def test_a_405_needs_no_token_and_no_route(edge: Edge) -> None:
     status, _, body = await request(edge.internal_port, "POST", "/nowhere", body=b"{}")
     assert status == 405 and error_of(body)
