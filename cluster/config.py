@@ -21,6 +21,8 @@ ENV_PREFIX = "PRESENCE_"
 # Settings whose values are secrets: shown as `<redacted>` by `presence config`. URLs in
 # REDACTED_URLS keep everything but their password.
 SECRET_SETTINGS = frozenset({"token_secret", "internal_token"})
+# The shortest token secret taken: the size of HS256's hash (RFC 7518 3.2).
+MIN_SECRET_BYTES = 32
 REDACTED_URLS = frozenset({"database_url", "redis_url"})
 REDACTED = "<redacted>"
 
@@ -198,6 +200,19 @@ class Settings(BaseSettings):
     # Logs of every process (edges, shards, FlushActor): level, and one JSON object a line.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
     log_json: bool = False
+
+    @field_validator("token_secret")
+    @classmethod
+    def _long_enough(cls, value: str | None) -> str | None:
+        # RFC 7518 3.2: an HS256 key MUST be at least as long as the hash. A shorter one can be
+        # searched for offline from any one token, and then signs tokens for every account.
+        if value and len(value.encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"an HS256 secret needs at least {MIN_SECRET_BYTES} bytes (RFC 7518 3.2), this one "
+                f"has {len(value.encode())}; make one with: "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -69,6 +69,24 @@ def test_out_of_range_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: 
     assert str(e.value).startswith(f"{name}='{value}': ")
 
 
+@pytest.mark.parametrize("secret", ["s3cret", "x" * 31, "é" * 15])
+def test_a_token_secret_shorter_than_hs256_wants_is_refused_without_showing_it(
+    monkeypatch: pytest.MonkeyPatch, secret: str
+) -> None:
+    """RFC 7518 3.2: at least 32 bytes (of UTF-8; 15 two-byte letters are 30). Before, a short
+    one was taken, and only PyJWT's warning said so, at the first token."""
+    monkeypatch.setenv("PRESENCE_TOKEN_SECRET", secret)
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert str(e.value).startswith(f"PRESENCE_TOKEN_SECRET={REDACTED}: ")
+    assert "at least 32 bytes" in str(e.value) and secret not in str(e.value)
+
+
+def test_a_token_secret_of_32_bytes_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRESENCE_TOKEN_SECRET", "x" * 32)
+    assert load_settings().token_secret == "x" * 32
+
+
 @pytest.mark.parametrize("ttl", ["0", "-5"])
 def test_a_token_that_would_be_born_expired_is_refused(
     ttl: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
