@@ -340,7 +340,7 @@ class PresenceShard:
     def apply_and_collect_now(
         self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
     ) -> tuple[str, list[object], MailChunk] | None:
-        """`apply_and_collect` without a turn of the event loop (`apply_now`); None: it would wait."""
+        """`apply_and_collect` without a turn of the event loop (`_apply_now`); None: it would wait."""
         self._acknowledge(edge_id, incarnation, acked_seq)
         results = self._apply_now(edge_id, ops)
         if results is None:

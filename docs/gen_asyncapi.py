@@ -136,7 +136,6 @@ CLOSE_CODES: list[tuple[int, str]] = [
     (p.CLOSE_TOO_BIG, "a frame over the size limit (16 KiB by default)"),
     (p.CLOSE_POLICY, "a sustained flood (100 refused frames in a row)"),
     (p.CLOSE_SILENT, "no frame for 90 s"),
-    (p.CLOSE_SLOW_CLIENT, "the client did not read its frames (its output queue filled up)"),
     (p.CLOSE_TOO_MANY_CONNECTIONS, "too many connections"),
     (p.CLOSE_UNAVAILABLE, "the account's shard stayed unreachable for 10 s; reconnect at once, to any edge"),
     (p.CLOSE_SERVICE_RESTART, "the edge is draining (service restart); reconnect at once, to any edge"),

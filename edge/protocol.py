@@ -279,7 +279,6 @@ CLOSE_AUTH = 4001
 CLOSE_SILENT = 4000  # no frame for socket_timeout_s
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
-CLOSE_SLOW_CLIENT = 4008  # the client did not read its frames and its send queue filled up
 CLOSE_TOO_MANY_CONNECTIONS = 4029
 # Closed by the server for its own reasons: the client reconnects at once, to any edge, and its
 # account keeps its presence meanwhile (protocol.md "Drain and resume").

@@ -596,8 +596,9 @@ class Router:
                 self.metrics.observe("edge_pull_items", len(items))
                 await self._check_incarnation(shard, incarnation)
             except Exception:
-                # Nothing starts a puller again until the map changes: one that ended here would
-                # leave every later change of this shard's accounts untold to this edge's watchers.
+                # The next look at the map (`refresh_map`, every few seconds) would start a puller
+                # that ended here again, but this shard's mail meanwhile would go untold to this
+                # edge's watchers: the puller logs the bug and pulls on.
                 self.metrics.inc("edge_pull_failures_total", shard=str(shard))
                 log.exception("shard %d: delivering its mail failed; pulling on", shard)
             if 0 < len(items) < PULL_BATCH and self.pull_gather_s > 0:

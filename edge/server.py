@@ -103,10 +103,10 @@ HELD_CAP = 1_000
 REGISTER_RETRY = Backoff(first_s=0.25, cap_s=EDGE_REGISTER_EVERY_S, floor=1.0)
 HEARTBEAT_ACK_TEXT = HEARTBEAT_ACK.text or ""
 HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
-# What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
 # Counters of the fan-out's hot loop (`Edge._deliver`), their keys made once.
 FRAMES_OUT = Metrics.key("frames_out_total")
 REPEATS_DROPPED = Metrics.key("repeats_dropped_total")
+# What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
 HEARTBEAT_COUNTS = (
     Metrics.key("frames_in_total", type="heartbeat"),
     Metrics.key("replies_total", type="heartbeat.ack"),
@@ -836,7 +836,8 @@ class Edge:
         self.metrics.inc("frames_out_total")
 
     def _ack_heartbeat(self, conn: Conn) -> None:
-        """What `_run` does for `HEARTBEAT_ACKED`, without building anything per frame."""
+        """What `_execute` and `_send` would do for a heartbeat's ack (`_message` answers
+        `HEARTBEAT_ACKED` here, before `_run`), without building anything per frame."""
         inc = self.metrics.inc_key
         inc(HEARTBEAT_COUNTS[0])
         inc(HEARTBEAT_COUNTS[1])
@@ -1008,13 +1009,13 @@ class Edge:
             self.metrics.set("opening_queued", len(self.opening.waiting))
 
     async def _register_loop(self, registered: bool) -> None:
-        """Registers every `EDGE_REGISTER_EVERY_S`; after a failure, again within a second. A
-        directory just replaced (the end of `presence rollout`) lists only the edges that
-        registered since, and a rollout begun soon after trusts its list once the directory is
-        one period old: an edge whose try failed as the directory went, and that waited a whole
-        period to try again, was not listed yet, and kept routing by its old map while a shard
-        it still sent slots to was replaced (tests/integration/test_rollout.py, its second test,
-        on a loaded machine)."""
+        """Registers every `EDGE_REGISTER_EVERY_S`; after a failure, again after `REGISTER_RETRY`
+        (0.25 s, doubling up to that period). A directory just replaced (the end of `presence
+        rollout`) lists only the edges that registered since, and a rollout begun soon after
+        trusts its list once the directory is one period old: an edge whose try failed as the
+        directory went, and that waited a whole period to try again, was not listed yet, and kept
+        routing by its old map while a shard it still sent slots to was replaced
+        (tests/integration/test_rollout.py, its second test, on a loaded machine)."""
         failures = 0
         while True:
             failures = 0 if registered else failures + 1

@@ -412,7 +412,7 @@ class Session:
                     ]
                 self.subscriptions.update(new)
                 # The sync answers every id of the frame, also ones subscribed before; the new
-                # ones are charged to the account's lookup budget first (`subscribe_refused`).
+                # ones are charged to the account's lookup budget first (a refusal: `budget_refused`).
                 charge = ops.Spend(user, "lookups", len(new)) if new else None
                 # Charged first: a watch registers state at the shards, which a refusal could not undo.
                 return [Charged(charge, ops.Watch(user, sid, tuple(dict.fromkeys(ids))), added=new)]

@@ -906,7 +906,7 @@ class ShardState:
         """`presence.query`: status and, where the visibility rule allows, last-seen.
 
         Targets outside the reader's audience are left out (silence). Accounts of targets in the
-        audience must be loaded; the shell loads them after `audience_of_query` says which.
+        audience must be loaded; the shell loads those `accounts_to_load_for_query` names.
         `reader_visibility` is the reader's own setting as its session knows it, so that a
         `settings.update` takes effect for the reader's very next query.
         """

@@ -15,7 +15,7 @@ test proving that it can fail.
    packages do, anywhere in the project (`actors`, `edge`, `cluster`, `bench`, `presence_client`).
 5. **The service never imports bench.** bench is a client of the service: it imports the service,
    never the reverse. `presence bench` is the one door from the command line into it, and it names
-   `bench.cli` as data (`cluster/cli.py` `EXTENSIONS`, loaded by `importlib` when that subcommand
+   `bench.cli` as data (`cluster/cli.py` `BENCH_RUNNER`, loaded by `importlib` when that subcommand
    runs), not as an import: see docs/architecture.md "Layers".
 """
 

@@ -1,6 +1,6 @@
 """The edge → shard operations (actors/core/ops.py): routing keys, what each needs loaded, their
 wire form, and that the shard shell dispatches every kind (no Ray, no PostgreSQL: the shell's
-state is filled by hand, as its `_preload` would)."""
+state is filled by hand, as its `_missing` and `_load` would)."""
 
 from __future__ import annotations
 
