@@ -32,6 +32,7 @@ from actors.core.contract import EDGE_REGISTER_EVERY_S, Address, Watching
 from actors.core.frames import (
     AudienceNote,
     ChosenNote,
+    Frame,
     SettingsNote,
     changed_about,
     internal_note,
@@ -185,6 +186,9 @@ class EdgeSocket(Socket):
     def on_control(self) -> None:
         if self.conn is not None:
             self.edge._control(self.conn)
+
+    def on_refused(self, code: int) -> None:
+        self.edge.metrics.inc("closes_total", code=str(code))
 
     def on_slow(self) -> None:
         # Not inside the transport's write that noticed it: aborted in a step of its own.
@@ -473,7 +477,7 @@ class Edge:
             if ws.conn is None:  # still in its upgrade
                 ws.abort()
         for conn in list(self.conns.values()):
-            conn.ws.close(1001)  # as websockets' `Server.close` closes its connections
+            self._close(conn, 1001, "")  # as websockets' `Server.close` closes its connections
         await self._departed(30.0)
         await self.internal_http.close()
         for t in self._tasks:
@@ -636,7 +640,7 @@ class Edge:
                 ws.end_handshake()
         except Exception:
             log.exception("closing %s: its frame failed", conn.session.socket_id)
-            ws.close(1011, "internal error")
+            self._close(conn, p.CLOSE_UNAVAILABLE, "internal error")
         finally:
             ws.busy = False
             if ws.lost:
@@ -705,7 +709,7 @@ class Edge:
             except ShardUnavailable as e:
                 log.warning("closing %s: %s", conn.session.socket_id, e)
                 conn.closed_by_server(time.time())
-                conn.ws.close(p.CLOSE_UNAVAILABLE, "presence is restarting; reconnect")
+                self._close(conn, p.CLOSE_UNAVAILABLE, "presence is restarting; reconnect")
                 return False
         return True
 
@@ -713,8 +717,7 @@ class Edge:
         s = conn.session
         match cmd:
             case Reply(frame=frame, text=text):
-                self.metrics.inc("replies_total", type=str(frame.get("type")))
-                self._send(conn, text if text is not None else frames.text(frame))
+                self._reply(conn, frame, text)
             case Close(code=code, reason=reason):
                 # What the client still sends is dropped (edge/transport.py), so a flooding
                 # client's answering close frame is read, not stuck behind its frames.
@@ -723,7 +726,7 @@ class Edge:
             case ops.Connect():
                 connected = await self.router.to_user(cmd.user_id, cmd)
                 conn.connected()
-                self._send(conn, frames.text(s.connected(connected).frame))
+                self._reply(conn, s.connected(connected).frame)
                 self._release(conn)
             case Charged():
                 return await self._charged(conn, cmd)
@@ -753,7 +756,7 @@ class Edge:
         charge, op = cmd.charge, cmd.op
         if isinstance(op, ops.Watch):
             if charge is not None and not await self.router.to_user(charge.user_id, charge):
-                self._send(conn, frames.text(s.budget_refused(cmd).frame))
+                self._reply(conn, s.budget_refused(cmd).frame)
                 return True
             conn.hold += 1
             try:
@@ -761,7 +764,7 @@ class Edge:
                 statuses = {shown.user_id: shown.status for answer in answers for shown in answer}
                 users = [Shown(u, statuses[u]) for u in op.targets if u in statuses]
                 s.synced(users)
-                self._send(conn, frames.text(frames.sync((u.user_id, u.status) for u in users)))
+                self._reply(conn, frames.sync((u.user_id, u.status) for u in users))
             finally:
                 self._release(conn)
             return True
@@ -786,7 +789,7 @@ class Edge:
             lookups = [] if isinstance(looked, BaseException) else looked
         if not charged:
             self.metrics.inc("edge_lookups_refused_total", discarded=str(cmd.together).lower())
-            self._send(conn, frames.text(s.budget_refused(cmd, time.time()).frame))
+            self._reply(conn, s.budget_refused(cmd, time.time()).frame)
             return True
         found = {a.user_id: a for part in lookups for a in part}
         answered: list[bytes] = []
@@ -796,6 +799,7 @@ class Edge:
                 answered.append(orjson.dumps(frames.changed(u, a.status, a.last_seen_at)))
         if send_batch(conn.ws, answered):  # the answers in one write
             self.metrics.inc("frames_out_total", n=len(answered))
+            self.metrics.inc("replies_total", n=len(answered), type="presence.changed")
         return True
 
     async def _cleanup(self, conn: Conn) -> None:
@@ -830,6 +834,11 @@ class Edge:
                 log.warning("clean-up of %s incomplete: %s", sid, result)
 
     # ------------------------------------------------------------------ frames out
+
+    def _reply(self, conn: Conn, frame: Frame, text: str | None = None) -> None:
+        """Send the answer to the socket's own frame, counted by type in `presence_replies_total`."""
+        self.metrics.inc("replies_total", type=str(frame.get("type")))
+        self._send(conn, text if text is not None else frames.text(frame))
 
     def _send(self, conn: Conn, payload: str) -> None:
         conn.ws.send_text(payload)

@@ -156,6 +156,10 @@ class Socket(asyncio.Protocol):
     def on_slow(self) -> None:
         """More than `write_limit` bytes wait unsent to this client."""
 
+    def on_refused(self, code: int) -> None:
+        """websockets itself closed the connection for what the client sent (1009 a frame too
+        big, 1002 a protocol error, 1007 text that is not UTF-8): the close frame is sent."""
+
     # ------------------------------------------------------------------ what others may call
 
     @property
@@ -316,9 +320,13 @@ class Socket(asyncio.Protocol):
                 self._corked(lambda: self._handshake(plain.request, plain.accept))
                 return
         protocol = self.protocol
+        closing = protocol.close_sent
         protocol.receive_data(data)
         events = protocol.events_received()
         self._corked(lambda: self._feed_events(events))
+        sent = protocol.close_sent
+        if closing is None and sent is not None and protocol.close_rcvd is None:
+            self.on_refused(sent.code)
 
     def _corked(self, handle: Callable[[], None]) -> None:
         """`handle()` what was read, its writes to this socket in one (`_cork`)."""

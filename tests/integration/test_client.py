@@ -142,6 +142,44 @@ async def test_metrics_cover_what_operators_watch(cluster: Cluster, edge: Edge, 
     assert kinds["presence_flush_write_seconds"] == "histogram"
 
 
+async def test_replies_and_closes_are_counted_whichever_road_they_take(
+    cluster: Cluster, edge: Edge, ids: Ids
+) -> None:
+    """`ready`, `presence.sync` and a query's answers leave the edge by roads of their own, and
+    websockets closes an oversized frame's socket itself: each is counted all the same (they were
+    not: an operator's pass, 2026-12-05)."""
+    import urllib.request
+
+    def counted() -> dict[str, float]:
+        with urllib.request.urlopen(internal_request(f"{internal_url(edge)}/metrics"), timeout=3) as r:
+            text = r.read().decode()
+        wanted = {
+            "ready": 'presence_replies_total{type="ready"',
+            "sync": 'presence_replies_total{type="presence.sync"',
+            "answers": 'presence_replies_total{type="presence.changed"',
+            "too big": 'presence_closes_total{code="1009"',
+        }
+        return {
+            name: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+            for name, prefix in wanted.items()
+        }
+
+    before = await asyncio.to_thread(counted)
+    user, other = ids("u"), ids("other")
+    c = await connect(cluster, edge, user)
+    await c.request(
+        {"type": "presence.subscribe", "userIds": [other]}, lambda f: f.get("type") == "presence.sync"
+    )
+    await c.request({"type": "presence.query", "userIds": [user]}, lambda f: f.get("userId") == user)
+    await c.send('{"type":"heartbeat"}'.ljust(16 * 1024 + 1))
+    assert await c.closed(5) == 1009
+    after = await asyncio.to_thread(counted)
+    assert after["ready"] - before["ready"] == 1
+    assert after["sync"] - before["sync"] == 1
+    assert after["answers"] - before["answers"] == 1
+    assert after["too big"] - before["too big"] == 1
+
+
 async def _has_flush(text: object) -> str | None:
     value = await text  # type: ignore[misc]
     # The flush-write histogram appears with the first write (the departure of the socket above).

@@ -65,6 +65,9 @@ class Recorder(Socket):
         self.events.append("slow")
         self.abort()
 
+    def on_refused(self, code: int) -> None:
+        self.events.append(f"refused {code}")
+
 
 class Server:
     def __init__(self, make: Callable[[], Recorder]) -> None:
@@ -138,6 +141,16 @@ async def test_pings_and_pongs_are_told_to_the_socket_and_pings_answered() -> No
         await c.close()
 
 
+async def test_a_client_that_closes_is_answered_and_nothing_is_told_refused() -> None:
+    async with _server() as s:
+        c = await _client(s)
+        sock = s.sockets[0]
+        await c.close(1000, "bye")
+        await s.until(lambda: sock.lost)
+        assert sock.closed_by_client
+        assert sock.events[1:] == ["open", "close"]
+
+
 @pytest.mark.parametrize("how", ["reset", "end of stream"])
 async def test_a_connection_that_ends_without_a_close_frame_was_not_closed_by_its_client(how: str) -> None:
     """A balancer's side closed (its FIN, or a reset answering a write): the edge cannot tell when
@@ -180,6 +193,7 @@ async def test_fragments_are_joined_and_a_message_too_big_closes_1009() -> None:
         with pytest.raises(ConnectionClosed):
             await _recv(c)
         assert c.close_code == 1009
+        assert sock.events.count("refused 1009") == 1  # told, for the edge's count of closes
 
 
 async def test_a_text_frame_that_is_not_utf8_closes_1007() -> None:
@@ -190,6 +204,7 @@ async def test_a_text_frame_that_is_not_utf8_closes_1007() -> None:
             await _recv(c)
         assert c.close_code == 1007
         assert s.sockets[0].messages == []
+        assert s.sockets[0].events.count("refused 1007") == 1
 
 
 async def test_messages_after_a_pause_wait_in_order_until_resume() -> None:
@@ -228,6 +243,7 @@ async def test_close_sends_the_code_and_reason_and_drops_what_arrives_after() ->
         await s.until(lambda: sock.lost)
         assert sock.closed_by_client  # it answered the close
         assert sock.messages == [] and sock.events.count("close") == 1
+        assert not [e for e in sock.events if e.startswith("refused")]  # its own close, not one
         assert not sock.send_text("gone") and not sock.write(prepare("gone"))
 
 
