@@ -112,12 +112,14 @@ def cmd_token(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     ttl = args.ttl if args.ttl is not None else settings.token_ttl_s
+    # The lifetime's source, as the operator named it: the flag, or the setting behind the default.
+    given = "--ttl" if args.ttl is not None else f"PRESENCE_TOKEN_TTL_S ({ttl})"
     if ttl <= 0:
-        print("presence token: --ttl must be a positive number of seconds", file=sys.stderr)
+        print(f"presence token: {given} must be a positive number of seconds", file=sys.stderr)
         return 2
     if ttl > settings.token_max_ttl_s:
         print(
-            f"presence token: --ttl may be at most {settings.token_max_ttl_s} seconds "
+            f"presence token: {given} may be at most {settings.token_max_ttl_s} seconds "
             "(PRESENCE_TOKEN_MAX_TTL_S); edges refuse longer-lived tokens",
             file=sys.stderr,
         )
@@ -328,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttl",
         type=int,
         default=None,
-        help="lifetime in seconds (default and at most 86400: PRESENCE_TOKEN_MAX_TTL_S)",
+        help="lifetime in seconds (default: PRESENCE_TOKEN_TTL_S, 86400; at most PRESENCE_TOKEN_MAX_TTL_S)",
     )
     p.set_defaults(fn=cmd_token)
 

@@ -159,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     targets = [Target(url, url.rstrip("/")) for url in args.edge]
     token = os.environ.get("PRESENCE_INTERNAL_TOKEN") or None
     if args.data_dir and not token:
-        token = (Path(args.data_dir) / INTERNAL_TOKEN_FILE).read_text().strip() or None
+        try:
+            token = (Path(args.data_dir) / INTERNAL_TOKEN_FILE).read_text().strip() or None
+        except OSError as e:
+            parser.error(
+                f"--data-dir: cannot read its {INTERNAL_TOKEN_FILE} ({e.strerror}): "
+                "is a presence up running there?"
+            )
     if args.cluster_file:
         path = Path(args.cluster_file)
         found = targets_of_cluster_file(path, args.internal_port)

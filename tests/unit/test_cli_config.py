@@ -95,6 +95,17 @@ def test_a_token_that_would_be_born_expired_is_refused(
     assert "--ttl must be a positive number of seconds" in capsys.readouterr().err
 
 
+def test_a_default_lifetime_over_the_maximum_names_the_setting_not_the_flag(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`PRESENCE_TOKEN_MAX_TTL_S=100 presence token a` said "--ttl may be at most 100" though no
+    --ttl was given: the default lifetime (PRESENCE_TOKEN_TTL_S) was over it."""
+    monkeypatch.setenv("PRESENCE_TOKEN_MAX_TTL_S", "100")
+    assert cli.main(["token", "alice", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "PRESENCE_TOKEN_TTL_S (86400) may be at most 100 seconds" in err and "--ttl" not in err
+
+
 def test_output_into_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
     """`presence status | head -6`: what the reader did not take goes nowhere, quietly (an
     operator's pass saw a BrokenPipeError traceback). Here the reader is gone before the first

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cluster.drain import DrainRefused, Health
 from cluster.rolling import Roll, Target, targets_of_cluster_file, token_from_env_file
 
@@ -181,3 +183,14 @@ def test_presence_drain_waits_through_a_time_out_until_the_edge_is_gone() -> Non
     slept: list[float] = []
     assert wait_gone("http://w1:8766", "e1", 60.0, probe=lambda _u: answers.pop(0), sleep=slept.append)
     assert not answers and len(slept) == 3
+
+
+def test_a_data_dir_without_its_token_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cluster import rolling
+
+    with pytest.raises(SystemExit) as e:
+        rolling.main(["--data-dir", str(tmp_path), "--edge", "http://127.0.0.1:1"])
+    assert e.value.code == 2
+    assert "--data-dir: cannot read its internal-token" in capsys.readouterr().err
