@@ -813,5 +813,7 @@ function detach(ws) {
   ws.onopen = null;
   ws.onmessage = null;
   ws.onclose = null;
-  ws.onerror = null;
+  // Not null: closing a socket that is still connecting makes the `ws` package emit "error", and
+  // an "error" nobody listens to ends a Node process ("Unhandled 'error' event").
+  ws.onerror = () => {};
 }

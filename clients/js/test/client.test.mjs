@@ -2,6 +2,9 @@
 // (tests/unit/test_js_client.py runs it from pytest; the real-service test is
 // clients/js/test/live.test.mjs, driven by tests/integration/test_clients_live.py.)
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import net from "node:net";
 import { test } from "node:test";
 
 import { PresenceClient, chunkIds, reconnectDelay, restartDelay } from "../src/index.js";
@@ -164,6 +167,78 @@ test("no ready within the connect timeout: dropped, backed off", async () => {
   await clock.advance(5_000);
   assert.equal(ws.closed.code, 4000);
   assert.equal(client.state, "reconnecting");
+});
+
+/**
+ * A FakeSocket that closes the way the `ws` package does: close() before the socket opened emits
+ * "error" (on the next tick); an "error" with no listener would end the process, so it is
+ * recorded in `unhandledErrors` instead.
+ */
+class WsLikeSocket extends FakeSocket {
+  unhandledErrors = 0;
+  isOpen = false;
+  open() {
+    this.isOpen = true;
+    super.open();
+  }
+  close(code, reason) {
+    super.close(code, reason);
+    if (this.isOpen) return;
+    process.nextTick(() => {
+      if (typeof this.onerror === "function") this.onerror({ message: "closed before the connection was established" });
+      else this.unhandledErrors += 1;
+    });
+  }
+}
+
+test("a socket closed while still connecting (connect timeout, close()) leaves an error listener: no unhandled error", async () => {
+  const { client, clock } = make({ WebSocket: WsLikeSocket, connectTimeoutMs: 5_000 });
+  client.connect();
+  await flush();
+  const first = FakeSocket.last(); // never opens
+  await clock.advance(5_000);
+  assert.equal(first.closed.code, 4000);
+  assert.equal(client.state, "reconnecting");
+  await clock.advance(1_000);
+  const second = FakeSocket.last();
+  assert.notEqual(second, first);
+  client.close(); // while the second one is still connecting
+  await flush();
+  assert.equal(client.state, "closed");
+  assert.deepEqual([first.unhandledErrors, second.unhandledErrors], [0, 0]);
+});
+
+// Debian's node-ws (what CI installs, and docs/clients.md's WebSocket on Node 20), when present.
+const WS_PATH = "/usr/share/nodejs/ws/index.js";
+const RealWebSocket = existsSync(WS_PATH) ? createRequire(import.meta.url)(WS_PATH) : null;
+
+test("with the ws package: a connect timeout and a close() while connecting end no process", { skip: RealWebSocket === null && "no ws package (apt-get install node-ws)" }, async () => {
+  const server = net.createServer(() => {}); // accepts, never answers the upgrade: stays connecting
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const url = `ws://127.0.0.1:${server.address().port}/ws/presence`;
+  const client = new PresenceClient({ url, token: "T", WebSocket: RealWebSocket, connectTimeoutMs: 50, random: () => 0 });
+  const states = [];
+  client.on("state", (state, info) => states.push([state, info.reason]));
+  try {
+    client.connect();
+    // An unhandled "error" would fail this test as an uncaught exception before the wait ends.
+    const deadline = Date.now() + 5_000;
+    while (!states.some(([state, reason]) => state === "reconnecting" && reason === "no ready within the connect timeout")) {
+      assert.ok(Date.now() < deadline, `no reconnect after the connect timeout: ${JSON.stringify(states)}`);
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    while (client.state !== "connecting") {
+      assert.ok(Date.now() < deadline, `no second attempt: ${JSON.stringify(states)}`);
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    client.close();
+    await flush(); // ws emits its "error" on the next tick
+    await flush();
+    assert.equal(client.state, "closed");
+  } finally {
+    client.close();
+    server.close();
+  }
 });
 
 test("backoff grows with full jitter and resets after a stable connection", async () => {
