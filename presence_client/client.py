@@ -20,6 +20,7 @@ import contextlib
 import inspect
 import json
 import logging
+import math
 import random as _random
 import time
 from collections import deque
@@ -50,6 +51,7 @@ from presence_client.picture import (
     QueryAnswer,
     Typing,
     chunk_ids,
+    malformed,
     merge_query,
     refusal,
 )
@@ -62,6 +64,16 @@ ConnectionState = Literal["idle", "connecting", "open", "reconnecting", "closed"
 CHOSEN = frozenset({"online", "idle", "dnd", "invisible"})
 VISIBILITY = frozenset({"everyone", "friends", "nobody"})
 CLOSE_DEAD = 4000  # the code this client records for a connection it gave up on
+
+
+def _interval_s(interval_ms: Any) -> float:
+    """ready's heartbeatIntervalMs in seconds; anything but a positive number (a server's mistake
+    must not end the connection's task) means the contract's 30 s, as in the JavaScript client."""
+    try:
+        ms = float(interval_ms)
+    except (TypeError, ValueError):
+        return 30.0
+    return ms / 1000 if math.isfinite(ms) and ms > 0 else 30.0
 
 
 @dataclass(frozen=True)
@@ -444,6 +456,14 @@ class PresenceClient:
         if self._probe is not None:
             self._probe.cancel()
             self._probe = None
+        # A frame of a known type that cannot be applied is dropped whole, before any window takes
+        # it: one bad frame must neither end the connection's task (the client would stay "open",
+        # deaf, never reconnecting) nor leave half of itself in the picture.
+        why = malformed(frame)
+        if why is not None:
+            log.warning("dropped a malformed %s frame: %s", frame.get("type"), why)
+            self._emit("error", PresenceError("malformed_frame", f"{frame.get('type')}: {why}"))
+            return
         kind = frame.get("type")
         if kind == "heartbeat.ack":
             self._hb_acked += 1
@@ -457,6 +477,13 @@ class PresenceClient:
             if w.start_after is not None and self._hb_acked >= w.start_after:
                 w.received.append(frame)
         self._emit("frame", frame)
+        try:
+            self._apply(kind, frame)
+        except Exception as e:  # whatever slipped past `malformed`: reported, and the client carries on
+            log.exception("could not apply a %s frame", kind)
+            self._emit("error", PresenceError("malformed_frame", f"{kind}: {e}"))
+
+    def _apply(self, kind: Any, frame: Frame) -> None:
         if kind in ("presence.sync", "presence.changed"):
             changes = self.picture.apply(frame)
             self._changed(changes)
@@ -480,7 +507,7 @@ class PresenceClient:
         self.user_id = str(frame.get("userId"))
         self.socket_id = str(frame.get("socketId"))
         self.status = str(frame.get("status"))
-        server_s = float(frame.get("heartbeatIntervalMs") or 30_000) / 1000
+        server_s = _interval_s(frame.get("heartbeatIntervalMs"))
         cap = self.heartbeat_interval_s
         self._heartbeat_s = max(0.05, min(cap, server_s) if cap else server_s)
         self._aux = [

@@ -22,6 +22,7 @@ __all__ = [
     "QueryAnswer",
     "Typing",
     "chunk_ids",
+    "malformed",
     "merge_query",
 ]
 
@@ -37,7 +38,8 @@ Frame = dict[str, Any]
 class PresenceError(Exception):
     """An error frame from the service, or a request that could not be answered: `code` is one
     of bad_frame, too_many_ids, rate_limited, not_allowed (the contract's), or not_connected,
-    disconnected, unauthorized (the client's)."""
+    disconnected, unauthorized, token, malformed_frame (the client's: a server frame that could
+    not be applied, dropped)."""
 
     def __init__(self, code: str, message: str = "") -> None:
         super().__init__(f"{code}: {message}" if message else code)
@@ -86,6 +88,38 @@ def chunk_ids(
     if current:
         chunks.append(current)
     return chunks
+
+
+def malformed(frame: Frame) -> str | None:
+    """Why a server frame of a known type cannot be applied, or None. The client drops such a
+    frame whole (the JavaScript client's `malformedFrame` has the same rules)."""
+
+    def strings(*names: str) -> bool:
+        return all(isinstance(frame.get(name), str) for name in names)
+
+    kind = frame.get("type")
+    if kind == "presence.sync":
+        users = frame.get("users")
+        if not isinstance(users, list):
+            return "users is not a list"
+        if not all(
+            isinstance(u, dict) and isinstance(u.get("userId"), str) and isinstance(u.get("status"), str)
+            for u in users
+        ):
+            return "a user without a string userId and status"
+    elif kind == "presence.changed":
+        return None if strings("userId", "status") else "userId or status not a string"
+    elif kind == "presence.self":
+        return None if strings("status") else "status not a string"
+    elif kind == "typing":
+        return None if strings("channelId", "userId") else "channelId or userId not a string"
+    elif kind == "voice.roster":
+        if not strings("channelId"):
+            return "channelId not a string"
+        user_ids = frame.get("userIds")
+        if not (isinstance(user_ids, list) and all(isinstance(u, str) for u in user_ids)):
+            return "userIds not a list of strings"
+    return None
 
 
 def refusal(received: Sequence[Frame]) -> Frame | None:

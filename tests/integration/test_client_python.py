@@ -276,3 +276,72 @@ async def test_outgoing_frames_are_paced(scripted: Any) -> None:
     # 5 at once, then 10 at 20/s: about half a second, never faster.
     assert arrivals[-1] - arrivals[0] >= 0.45
     await client.close()
+
+
+async def serve_requests(s: Scripted, ws: ServerConnection, n: int, sync: list[dict[str, Any]]) -> None:
+    """Answer as an edge would: heartbeats acknowledged, a subscribe with `sync`, a query with
+    each asked id offline."""
+    async for raw in ws:
+        frame = json.loads(raw)
+        s.received[n].append(frame)
+        if frame["type"] == "heartbeat":
+            await ws.send('{"type":"heartbeat.ack"}')
+        elif frame["type"] == "presence.subscribe":
+            await ws.send(json.dumps({"type": "presence.sync", "users": sync}))
+        elif frame["type"] == "presence.query":
+            for u in frame["userIds"]:
+                await ws.send(json.dumps({"type": "presence.changed", "userId": u, "status": "offline"}))
+
+
+async def test_a_malformed_frame_is_dropped_and_the_client_carries_on(scripted: Any) -> None:
+    """One frame of a known type that cannot be applied (users: [null], userIds: null) ended the
+    connection's task on the old client: its state stayed open, nothing reconnected, a query
+    never returned. It is dropped whole (nothing of it applied), reported, and the rest read."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        for bad in (
+            {"type": "presence.sync", "users": [{"userId": "a", "status": "online"}, None]},
+            {"type": "voice.roster", "channelId": "c1", "userIds": None},
+            {"type": "presence.changed", "userId": "a"},
+        ):
+            await ws.send(json.dumps(bad))
+        await ws.send(json.dumps({"type": "voice.roster", "channelId": "c1", "userIds": ["me"]}))
+        await serve_requests(s, ws, n, sync=[{"userId": "a", "status": "offline"}])
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    errors: list[str] = []
+    client.on("error", lambda e: errors.append(e.code))
+    await client.subscribe(["a"])  # remembered: subscribed on connect
+    client.subscribe_channel("c1")
+    client.connect()
+    async with asyncio.timeout(5):
+        await client.wait_synced()
+        answers = await client.query(["a"])
+    assert answers["a"].status == "offline"
+    assert errors == ["malformed_frame"] * 3
+    entry = client.get("a")
+    assert entry is not None and entry.status == "offline"
+    assert client.roster("c1") == ["me"] and client.state == "open" and s.count == 1
+    await client.close()
+
+
+async def test_a_ready_with_a_bad_heartbeat_interval_opens_with_the_contracts_30_s(scripted: Any) -> None:
+    """A non-numeric heartbeatIntervalMs raised in the old client's ready handling: its task
+    died, it stayed `connecting` for good."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        assert (await s.recv(ws, n))["type"] == "identify"
+        await ws.send(json.dumps({"type": "ready", "userId": "me", "socketId": "s", "status": "online",
+                                  "heartbeatIntervalMs": "soon"}))  # fmt: skip
+        await serve_requests(s, ws, n, sync=[])
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    client.connect()
+    async with asyncio.timeout(5):
+        await client.wait_open()
+        assert await client.query(["a"]) != {}
+    assert client._heartbeat_s == 30.0
+    await client.close()

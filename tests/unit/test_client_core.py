@@ -27,6 +27,7 @@ from presence_client.picture import (
     QueryAnswer,
     Typing,
     chunk_ids,
+    malformed,
     merge_query,
 )
 
@@ -121,6 +122,46 @@ def test_reconcile_of_a_refused_chunk_forgets_it() -> None:
     pic.set("a", "online")
     assert [c.user_id for c in pic.reconcile(["a"], [{"type": "error", "code": "rate_limited"}])] == ["a"]
     assert pic.entries == {}
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"type": "presence.sync", "users": [None]},
+        {"type": "presence.sync", "users": [{"userId": "a", "status": "online"}, {"userId": "b"}]},
+        {"type": "presence.sync", "users": None},
+        {"type": "presence.sync"},
+        {"type": "presence.changed", "userId": "a"},
+        {"type": "presence.changed", "userId": 7, "status": "online"},
+        {"type": "presence.self", "status": None},
+        {"type": "typing", "channelId": "c1"},
+        {"type": "voice.roster", "channelId": "c1"},
+        {"type": "voice.roster", "channelId": "c1", "userIds": None},
+        {"type": "voice.roster", "channelId": "c1", "userIds": ["a", None]},
+        {"type": "voice.roster", "userIds": []},
+    ],
+)
+def test_malformed_frames_of_known_types_are_told(frame: dict[str, Any]) -> None:
+    """Each of these ended the client's connection task (users: [null] in Picture.apply,
+    userIds: null in the roster); the client drops what `malformed` names, whole."""
+    assert malformed(frame) is not None
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"type": "presence.sync", "users": []},
+        {"type": "presence.sync", "users": [{"userId": "a", "status": "online", "new": 1}]},
+        {"type": "presence.changed", "userId": "a", "status": "offline", "lastSeenAt": "T"},
+        {"type": "presence.self", "status": "dnd"},
+        {"type": "typing", "channelId": "c1", "userId": "a"},
+        {"type": "voice.roster", "channelId": "c1", "userIds": []},
+        {"type": "heartbeat.ack"},
+        {"type": "something.newer", "users": None},  # unknown types are not this check's
+    ],
+)
+def test_well_formed_frames_pass(frame: dict[str, Any]) -> None:
+    assert malformed(frame) is None
 
 
 def test_frames_about_unwatched_accounts_are_ignored() -> None:

@@ -39,7 +39,10 @@ export class PresenceError extends Error {
   constructor(code, message) {
     super(message ? `${code}: ${message}` : code);
     this.name = "PresenceError";
-    this.code = code; // bad_frame | too_many_ids | rate_limited | not_allowed | not_connected | disconnected
+    // The service's: bad_frame | too_many_ids | rate_limited | not_allowed; the client's:
+    // not_connected | disconnected | unauthorized | token | connect | malformed_frame (a server
+    // frame that could not be applied, dropped).
+    this.code = code;
   }
 }
 
@@ -429,6 +432,14 @@ export class PresenceClient {
     this._probeAt = null;
     this._cancel(this._deadTimer);
     this._deadTimer = null;
+    // A frame of a known type that cannot be applied is dropped whole, before any window takes
+    // it: one bad frame must neither end the process (an exception in a `ws` handler does) nor
+    // leave half of itself in the picture.
+    const malformed = malformedFrame(frame);
+    if (malformed !== null) {
+      this._emit("error", new PresenceError("malformed_frame", `${frame.type}: ${malformed}`));
+      return;
+    }
     if (frame.type === "heartbeat.ack") {
       this._hbAcked += 1;
       for (const w of [...this._windows]) {
@@ -443,12 +454,21 @@ export class PresenceClient {
       if (w.startAfter !== null && this._hbAcked >= w.startAfter) w.received.push(frame);
     }
     this._emit("frame", frame);
+    try {
+      this._apply(frame);
+    } catch (e) {
+      // Whatever slipped past malformedFrame: reported, and the client carries on.
+      this._emit("error", new PresenceError("malformed_frame", `${frame.type}: ${e?.message ?? e}`));
+    }
+  }
+
+  _apply(frame) {
     switch (frame.type) {
       case "ready":
         this._onReady(frame);
         break;
       case "presence.sync":
-        for (const { userId, status } of frame.users ?? []) this._setPresence(userId, status, undefined);
+        for (const { userId, status } of frame.users) this._setPresence(userId, status, undefined);
         this._emit("sync", this);
         break;
       case "presence.changed":
@@ -481,7 +501,9 @@ export class PresenceClient {
     this.userId = frame.userId;
     this.socketId = frame.socketId;
     this.status = frame.status;
-    const server = Number(frame.heartbeatIntervalMs) || 30_000;
+    // Anything but a positive number means the contract's 30 s (as in presence_client).
+    const serverMs = Number(frame.heartbeatIntervalMs);
+    const server = Number.isFinite(serverMs) && serverMs > 0 ? serverMs : 30_000;
     const cap = this.options.heartbeatIntervalMs;
     this._heartbeatMs = Math.max(50, cap ? Math.min(cap, server) : server);
     this._beat();
@@ -806,6 +828,32 @@ export class PresenceClient {
       }
       this._armTypingLapse();
     });
+  }
+}
+
+const isString = (value) => typeof value === "string";
+const isObject = (value) => value !== null && typeof value === "object";
+
+/** Why a server frame of a known type cannot be applied, or null (presence_client's `malformed`). */
+function malformedFrame(frame) {
+  switch (frame.type) {
+    case "presence.sync":
+      if (!Array.isArray(frame.users)) return "users is not a list";
+      if (!frame.users.every((u) => isObject(u) && isString(u.userId) && isString(u.status))) {
+        return "a user without a string userId and status";
+      }
+      return null;
+    case "presence.changed":
+      return isString(frame.userId) && isString(frame.status) ? null : "userId or status not a string";
+    case "presence.self":
+      return isString(frame.status) ? null : "status not a string";
+    case "typing":
+      return isString(frame.channelId) && isString(frame.userId) ? null : "channelId or userId not a string";
+    case "voice.roster":
+      if (!isString(frame.channelId)) return "channelId not a string";
+      return Array.isArray(frame.userIds) && frame.userIds.every(isString) ? null : "userIds not a list of strings";
+    default:
+      return null;
   }
 }
 

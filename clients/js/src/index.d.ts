@@ -32,7 +32,9 @@ export type PresenceErrorCode =
   | "disconnected"
   | "unauthorized"
   | "token"
-  | "connect";
+  | "connect"
+  /** A server frame that could not be applied: dropped, the client carries on. */
+  | "malformed_frame";
 
 export declare class PresenceError extends Error {
   constructor(code: PresenceErrorCode, message?: string);

@@ -430,6 +430,51 @@ test("a refused resubscribe (budget spent) is retried later, and forgets what it
   client.close();
 });
 
+test("a malformed frame of a known type is dropped whole and reported; the client carries on", async () => {
+  const { client } = make();
+  const errors = [];
+  client.on("error", (e) => errors.push(e.code));
+  client.subscribeChannel("c1");
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  ws.take();
+  const subscribed = client.subscribe(["a", "b"]);
+  await flush();
+  // Each of these threw inside the message handler: under `ws`, an uncaught exception.
+  ws.push({ type: "presence.sync", users: [{ userId: "a", status: "online" }, null] });
+  ws.push({ type: "voice.roster", channelId: "c1" });
+  ws.push({ type: "voice.roster", channelId: "c1", userIds: null });
+  ws.push({ type: "presence.sync", users: 7 });
+  assert.deepEqual(errors, ["malformed_frame", "malformed_frame", "malformed_frame", "malformed_frame"]);
+  assert.equal(client.get("a"), undefined); // nothing half-applied
+  assert.deepEqual(client.roster("c1"), []);
+  // The frames after it are read as ever.
+  ackAll(ws, [{ type: "presence.sync", users: [{ userId: "a", status: "online" }, { userId: "b", status: "dnd" }] }]);
+  await subscribed;
+  ws.push({ type: "voice.roster", channelId: "c1", userIds: ["me"] });
+  assert.equal(client.state, "open");
+  assert.equal(client.get("b").status, "dnd");
+  assert.deepEqual(client.roster("c1"), ["me"]);
+  client.close();
+});
+
+test("a ready without a usable heartbeatIntervalMs: the contract's 30 s, as in presence_client", async () => {
+  for (const interval of [-5, "soon", null]) {
+    const { client, clock } = make();
+    client.connect();
+    await flush();
+    const ws = FakeSocket.last();
+    await ready(ws, "me", { heartbeatIntervalMs: interval });
+    await clock.advance(29_999);
+    assert.deepEqual(ws.types(), [], `${interval}`);
+    await clock.advance(1);
+    assert.deepEqual(ws.types(), ["heartbeat"], `${interval}`);
+    client.close();
+  }
+});
+
 test("query: <= 100 ids a frame, answers merged in the order asked, last-seen kept", async () => {
   const { client } = make();
   client.connect();
