@@ -152,6 +152,7 @@ class PresenceClient:
         self._pending_visibility: str | None = None
         self._typing_sent: dict[str, float] = {}
         self._last_seen_wanted: set[str] = set()
+        self._last_seen_task: asyncio.Task[None] | None = None  # gathering them (0.25 s)
         self._listeners: dict[str, list[Callable[..., Any]]] = {}
 
         self._task: asyncio.Task[None] | None = None
@@ -371,6 +372,8 @@ class PresenceClient:
         for task in self._aux:
             task.cancel()
         self._aux = []
+        # Cancelled with the rest: the ids it was gathering stay wanted, for the next socket.
+        self._last_seen_task = None
         if self._probe is not None:
             self._probe.cancel()
         for w in self._windows:
@@ -610,12 +613,16 @@ class PresenceClient:
             await self._resubscribe()
 
     def _want_last_seen(self, user_id: str) -> None:
+        # One gathering task at a time, as the JavaScript client's timer (not "the set just became
+        # non-empty": a task cancelled by a close left the set full, and nothing was asked again).
         self._last_seen_wanted.add(user_id)
-        if len(self._last_seen_wanted) == 1 and self._is_open():
-            self._aux.append(asyncio.create_task(self._ask_last_seen()))
+        if self._last_seen_task is None and self._is_open():
+            self._last_seen_task = asyncio.create_task(self._ask_last_seen())
+            self._aux.append(self._last_seen_task)
 
     async def _ask_last_seen(self) -> None:
         await asyncio.sleep(0.25)  # gather the ones that go together
+        self._last_seen_task = None
         ids = [u for u in self._last_seen_wanted if u in self.picture.watched]
         self._last_seen_wanted = set()
         if not ids:

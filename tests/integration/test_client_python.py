@@ -345,3 +345,38 @@ async def test_a_ready_with_a_bad_heartbeat_interval_opens_with_the_contracts_30
         assert await client.query(["a"]) != {}
     assert client._heartbeat_s == 30.0
     await client.close()
+
+
+async def test_last_seen_still_wanted_after_a_close_during_the_gathering_wait_is_asked_on_the_next_socket(
+    scripted: Any,
+) -> None:
+    """Two watched accounts go offline, and the socket closes within the 0.25 s the client gathers
+    them for one query. The old client kept them wanted but asked again only when the set went
+    from empty to one id: no last-seen query was ever sent again. (The JS client's timer does it.)"""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        if n == 1:
+            await serve_requests(s, ws, n, sync=[{"userId": u, "status": "offline"} for u in ("a", "b")])
+            return
+        async for raw in ws:
+            frame = json.loads(raw)
+            s.received[n].append(frame)
+            if frame["type"] == "presence.subscribe":
+                await ws.send(json.dumps({"type": "presence.sync", "users": [
+                    {"userId": "a", "status": "online"}, {"userId": "b", "status": "online"}]}))  # fmt: skip
+            elif frame["type"] == "heartbeat":
+                await ws.send('{"type":"heartbeat.ack"}')  # the sync is applied: both go away
+                for u in ("a", "b"):
+                    await ws.send(json.dumps({"type": "presence.changed", "userId": u, "status": "offline"}))
+                await ws.close(1012, "service restart; reconnect")
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", track_last_seen=True, backoff=BackoffPolicy(restart_window_s=0.05))
+    await client.subscribe(["a", "b"])
+    client.connect()
+    await until(lambda: s.count == 2 and any(f["type"] == "presence.query" for f in s.received[1]))
+    assert not any(f["type"] == "presence.query" for f in s.received[0])  # closed while gathering
+    (query,) = [f for f in s.received[1] if f["type"] == "presence.query"]
+    assert sorted(query["userIds"]) == ["a", "b"]
+    await client.close()
