@@ -24,7 +24,7 @@ import math
 import random as _random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -162,7 +162,7 @@ class PresenceClient:
         self._rejected = False
         self._opened = asyncio.Event()
         self._ws: ClientConnection | None = None
-        self._aux: list[asyncio.Task[Any]] = []
+        self._aux: set[asyncio.Task[Any]] = set()  # the current connection's tasks (_spawn)
         self._typing_handle: asyncio.TimerHandle | None = None
         self._reset_connection()
 
@@ -371,7 +371,7 @@ class PresenceClient:
     def _end_connection(self, error: PresenceError) -> None:
         for task in self._aux:
             task.cancel()
-        self._aux = []
+        self._aux = set()
         # Cancelled with the rest: the ids it was gathering stay wanted, for the next socket.
         self._last_seen_task = None
         if self._probe is not None:
@@ -384,6 +384,14 @@ class PresenceClient:
         self._ws = None
         self._queue.clear()
         self.synced = False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of the current connection, cancelled when it ends, and forgotten as soon as it is
+        done: a long connection starts one per last-seen query and resubscribe retry."""
+        task = asyncio.create_task(coro, name=name)
+        self._aux.add(task)
+        task.add_done_callback(self._aux.discard)
+        return task
 
     def _drop(self) -> None:
         """Give up on a socket that stopped answering: do not wait for its close handshake."""
@@ -513,10 +521,8 @@ class PresenceClient:
         server_s = _interval_s(frame.get("heartbeatIntervalMs"))
         cap = self.heartbeat_interval_s
         self._heartbeat_s = max(0.05, min(cap, server_s) if cap else server_s)
-        self._aux = [
-            asyncio.create_task(self._sender(self._ws), name="presence-client-send"),
-            asyncio.create_task(self._heartbeats(), name="presence-client-heartbeat"),
-        ]
+        self._spawn(self._sender(self._ws), "presence-client-send")
+        self._spawn(self._heartbeats(), "presence-client-heartbeat")
         self._set_state("open", user_id=self.user_id, socket_id=self.socket_id)
         # What belongs to the socket, restored: the account's choices are durable upstream, the
         # socket's own (idle, focus, voice, subscriptions) are not.
@@ -540,7 +546,7 @@ class PresenceClient:
         if self._voice is not None:
             self._send({"type": "voice.join", "channelId": self._voice})
         self._emit("ready", frame)
-        self._aux.append(asyncio.create_task(self._resubscribe(), name="presence-client-resubscribe"))
+        self._spawn(self._resubscribe(), "presence-client-resubscribe")
 
     # ------------------------------------------------------------------ presence
 
@@ -604,7 +610,7 @@ class PresenceClient:
             if refused.get("type") != "error":
                 self._emit("error", error)
             delay = reconnect_delay(1, True, self.backoff, self._random)
-            self._aux.append(asyncio.create_task(self._retry_resubscribe(delay)))
+            self._spawn(self._retry_resubscribe(delay), "presence-client-resubscribe-retry")
             raise error
 
     async def _retry_resubscribe(self, delay: float) -> None:
@@ -617,8 +623,7 @@ class PresenceClient:
         # non-empty": a task cancelled by a close left the set full, and nothing was asked again).
         self._last_seen_wanted.add(user_id)
         if self._last_seen_task is None and self._is_open():
-            self._last_seen_task = asyncio.create_task(self._ask_last_seen())
-            self._aux.append(self._last_seen_task)
+            self._last_seen_task = self._spawn(self._ask_last_seen(), "presence-client-last-seen")
 
     async def _ask_last_seen(self) -> None:
         await asyncio.sleep(0.25)  # gather the ones that go together

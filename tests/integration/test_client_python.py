@@ -380,3 +380,45 @@ async def test_last_seen_still_wanted_after_a_close_during_the_gathering_wait_is
     (query,) = [f for f in s.received[1] if f["type"] == "presence.query"]
     assert sorted(query["userIds"]) == ["a", "b"]
     await client.close()
+
+
+async def test_the_connections_finished_tasks_are_not_kept(scripted: Any) -> None:
+    """Each last-seen query (and resubscribe retry) runs in a task of the connection; the old
+    client kept every one until the connection ended, so a long one grew without bound."""
+    queries: list[dict[str, Any]] = []
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        async for raw in ws:
+            frame = json.loads(raw)
+            if frame["type"] == "presence.subscribe":
+                await ws.send(
+                    json.dumps({"type": "presence.sync", "users": [{"userId": "a", "status": "online"}]})
+                )
+            elif frame["type"] == "presence.query":
+                queries.append(frame)
+                seen = f"2026-12-02T08:4{len(queries)}:00.000Z"
+                answer = {"type": "presence.changed", "userId": "a", "status": "offline", "lastSeenAt": seen}
+                await ws.send(json.dumps(answer))
+            elif frame["type"] == "heartbeat":
+                await ws.send('{"type":"heartbeat.ack"}')
+                if len(queries) < 3:  # a request answered: a comes and goes again, to be asked again
+                    for status in ("online", "offline"):
+                        await ws.send(
+                            json.dumps({"type": "presence.changed", "userId": "a", "status": status})
+                        )
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", track_last_seen=True, backoff=FAST)
+    await client.subscribe(["a"])
+    client.connect()
+
+    def asked_three_times() -> bool:
+        entry = client.get("a")
+        return len(queries) == 3 and entry is not None and entry.last_seen_known
+
+    await until(asked_three_times)
+    # Left: the connection's sender and heartbeat, nothing finished.
+    await until(lambda: len(client._aux) == 2)
+    assert sorted(t.get_name() for t in client._aux) == ["presence-client-heartbeat", "presence-client-send"]
+    await client.close()
