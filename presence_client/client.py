@@ -160,7 +160,8 @@ class PresenceClient:
         self._attempt = 0
         self._url_index = 0
         self._rejected = False
-        self._opened = asyncio.Event()
+        self._state_changed = asyncio.Event()  # set (and replaced) at every change of state
+        self._close_error: PresenceError | None = None  # why it closed, for wait_open
         self._ws: ClientConnection | None = None
         self._aux: set[asyncio.Task[Any]] = set()  # the current connection's tasks (_spawn)
         self._typing_handle: asyncio.TimerHandle | None = None
@@ -191,10 +192,8 @@ class PresenceClient:
         if self.state == state and state != "reconnecting":
             return
         self.state = state
-        if state == "open":
-            self._opened.set()
-        else:
-            self._opened.clear()
+        changed, self._state_changed = self._state_changed, asyncio.Event()
+        changed.set()
         self._emit("state", state, info)
 
     def _changed(self, changes: Iterable[Change]) -> None:
@@ -231,12 +230,17 @@ class PresenceClient:
             return
         self._stopped = False
         self._attempt = 0
+        self._close_error = None
         self._task = asyncio.create_task(self._run(), name="presence-client")
 
     async def wait_open(self, timeout: float | None = 30.0) -> None:
-        """Wait until the socket is open (ready received)."""
+        """Wait until the socket is open (ready received). Raises PresenceError at once if the
+        client closes instead (a fixed token refused: `unauthorized`; close(): `disconnected`)."""
         async with asyncio.timeout(timeout):
-            await self._opened.wait()
+            while self.state != "open":
+                if self.state == "closed" and self._close_error is not None:
+                    raise self._close_error
+                await self._state_changed.wait()
 
     async def wait_synced(self, timeout: float | None = 30.0) -> None:
         """Wait until every remembered subscription is confirmed on the current socket."""
@@ -256,9 +260,12 @@ class PresenceClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._end_connection(PresenceError("disconnected", "closed by the application"))
+        error = PresenceError("disconnected", "closed by the application")
+        self._end_connection(error)
         if self._typing_handle is not None:
             self._typing_handle.cancel()
+        if self.state != "closed":
+            self._close_error = error
         self._set_state("closed", code=1000, reason="closed by the application")
 
     def _next_url(self) -> str:
@@ -286,12 +293,14 @@ class PresenceClient:
                 self._attempt = 0
             if code == 1000:
                 self._stopped = True
+                self._close_error = PresenceError("disconnected", "closed by the server (1000)")
                 self._set_state("closed", code=code, reason=reason)
                 return
             if code == 4001:
                 if isinstance(self._token, str):
                     self._stopped = True
-                    self._emit("error", PresenceError("unauthorized", "the token was refused (4001)"))
+                    self._close_error = PresenceError("unauthorized", "the token was refused (4001)")
+                    self._emit("error", self._close_error)
                     self._set_state("closed", code=code, reason=reason)
                     return
                 self._rejected = True  # the provider is told, so it fetches a fresh token

@@ -422,3 +422,21 @@ async def test_the_connections_finished_tasks_are_not_kept(scripted: Any) -> Non
     await until(lambda: len(client._aux) == 2)
     assert sorted(t.get_name() for t in client._aux) == ["presence-client-heartbeat", "presence-client-send"]
     await client.close()
+
+
+async def test_async_with_a_refused_token_raises_unauthorized_at_once(scripted: Any) -> None:
+    """The old client closed itself within a moment, but `async with` waited out wait_open's
+    30 s and raised TimeoutError, not why."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await s.recv(ws, n)
+        await ws.close(4001, "bad token")
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    async with asyncio.timeout(5):
+        with pytest.raises(PresenceError) as refused:
+            async with client:
+                pytest.fail("opened with a refused token")
+    assert refused.value.code == "unauthorized"
+    assert client.state == "closed" and s.count == 1
