@@ -216,7 +216,13 @@ class PresenceClient:
 
     async def __aenter__(self) -> PresenceClient:
         self.connect()
-        await self.wait_open()
+        try:
+            await self.wait_open()
+        except BaseException:
+            # Not open (a refused token, the timeout, a cancellation): __aexit__ will not be
+            # called, and nothing may go on reconnecting behind the failed `async with`.
+            await self.close()
+            raise
         return self
 
     async def __aexit__(

@@ -440,3 +440,24 @@ async def test_async_with_a_refused_token_raises_unauthorized_at_once(scripted: 
                 pytest.fail("opened with a refused token")
     assert refused.value.code == "unauthorized"
     assert client.state == "closed" and s.count == 1
+
+
+async def test_a_failed_async_with_leaves_nothing_reconnecting(scripted: Any) -> None:
+    """A server that never says ready: `async with` fails (here cancelled by the caller's
+    timeout; wait_open's own 30 s takes the same road). __aexit__ is not called then, and the old
+    client's task went on reconnecting for good."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await s.recv(ws, n)
+        await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST, connect_timeout_s=0.1)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5), client:
+                pytest.fail("opened without a ready")
+        assert client.state == "closed"
+        assert [t for t in asyncio.all_tasks() if t.get_name() == "presence-client"] == []
+    finally:
+        await client.close()
