@@ -148,7 +148,7 @@ class PresenceClient:
         self._idle = False
         self._focus: str | None = None
         self._voice: str | None = None
-        self._pending_status: str | None = None
+        self._pending_status: str | None = None  # online, dnd or invisible, chosen while disconnected
         self._pending_visibility: str | None = None
         self._typing_sent: dict[str, float] = {}
         self._last_seen_wanted: set[str] = set()
@@ -543,13 +543,13 @@ class PresenceClient:
         # socket's own (idle, focus, voice, subscriptions) are not.
         if self._pending_status is not None:
             self._send({"type": "presence.update", "status": self._pending_status})
-        elif self._idle:
-            self._send({"type": "presence.update", "status": "idle"})
-        elif self.status == "idle":
+        elif not self._idle and self.status == "idle":
             # A resumed place keeps the idle flag of the socket it replaces (protocol.md "Drain and
             # resume"), and an `online` sent just before the server closed that socket may never
             # have been read: this socket is awake, so it says so.
             self._send({"type": "presence.update", "status": "online"})
+        if self._idle:  # the socket's own flag, whatever the account chose: restored after the choice
+            self._send({"type": "presence.update", "status": "idle"})
         self._pending_status = None
         if self._pending_visibility is not None:
             self._send({"type": "settings.update", "lastSeenVisibility": self._pending_visibility})
@@ -677,7 +677,9 @@ class PresenceClient:
             raise ValueError(f"unknown status {status!r}")
         if status in ("idle", "online"):
             self._idle = status == "idle"
-        if not self._send({"type": "presence.update", "status": status}):
+        # Idle is not a choice of the account: the flag above restores it, and the pending choice
+        # (say invisible) stays.
+        if not self._send({"type": "presence.update", "status": status}) and status != "idle":
             self._pending_status = status
 
     def set_last_seen_visibility(self, visibility: str) -> None:

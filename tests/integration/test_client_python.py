@@ -461,3 +461,26 @@ async def test_a_failed_async_with_leaves_nothing_reconnecting(scripted: Any) ->
         assert [t for t in asyncio.all_tasks() if t.get_name() == "presence-client"] == []
     finally:
         await client.close()
+
+
+async def test_a_pending_status_and_the_idle_flag_are_both_restored(scripted: Any) -> None:
+    """Chosen while disconnected: invisible, then idle. The old client remembered only the last
+    frame (idle: invisible lost) and, with a pending dnd or invisible, did not restore idle."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        await serve_requests(s, ws, n, sync=[])
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    client.set_status("invisible")
+    client.set_status("idle")
+    client.connect()
+    async with asyncio.timeout(5):
+        await client.wait_open()
+        await client.query(["x"])  # answered after what was restored: the edge reads in order
+    assert [f for f in s.received[0] if f["type"] == "presence.update"] == [
+        {"type": "presence.update", "status": "invisible"},
+        {"type": "presence.update", "status": "idle"},
+    ]
+    await client.close()

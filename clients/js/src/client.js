@@ -124,7 +124,7 @@ export class PresenceClient {
     this._idle = false;
     this._focus = null;
     this._voice = null;
-    this._pendingStatus = null;
+    this._pendingStatus = null; // online, dnd or invisible, chosen while disconnected
     this._pendingVisibility = null;
 
     // The local picture.
@@ -511,10 +511,11 @@ export class PresenceClient {
     // What belongs to the socket, restored: the account's choices are durable upstream, the
     // socket's own (idle, focus, voice, subscriptions) are not.
     if (this._pendingStatus !== null) this._send({ type: "presence.update", status: this._pendingStatus });
-    else if (this._idle) this._send({ type: "presence.update", status: "idle" });
     // A resumed place keeps the idle flag of the socket it replaces, and an `online` sent just
     // before the server closed that socket may never have been read: this socket is awake.
-    else if (this.status === "idle") this._send({ type: "presence.update", status: "online" });
+    else if (!this._idle && this.status === "idle") this._send({ type: "presence.update", status: "online" });
+    // The idle flag is the socket's own, whatever the account chose: restored after the choice.
+    if (this._idle) this._send({ type: "presence.update", status: "idle" });
     this._pendingStatus = null;
     if (this._pendingVisibility !== null) {
       this._send({ type: "settings.update", lastSeenVisibility: this._pendingVisibility });
@@ -724,7 +725,9 @@ export class PresenceClient {
   setStatus(status) {
     if (!CHOSEN.has(status)) throw new RangeError(`unknown status ${JSON.stringify(status)}`);
     if (status === "idle" || status === "online") this._idle = status === "idle";
-    if (!this._send({ type: "presence.update", status })) this._pendingStatus = status;
+    // Idle is not a choice of the account: the flag above restores it, and the pending choice
+    // (say invisible) stays.
+    if (!this._send({ type: "presence.update", status }) && status !== "idle") this._pendingStatus = status;
   }
 
   /** Who may read this account's last-seen time: everyone, friends or nobody. */

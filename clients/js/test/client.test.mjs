@@ -614,6 +614,38 @@ test("channels, voice, idle and focus are restored on the new socket; rosters ke
   client.close();
 });
 
+test("a status chosen while disconnected and the socket's idle flag are both restored", async () => {
+  const { client, clock } = make();
+  client.connect();
+  await flush();
+  let ws = FakeSocket.last();
+  await ready(ws);
+  client.setStatus("idle");
+  await clock.advance(30_000);
+  ackAll(ws); // read by the edge
+  ws.drop(1001);
+  client.setStatus("dnd"); // while disconnected
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  assert.deepEqual(ws.take(), [
+    { type: "presence.update", status: "dnd" },
+    { type: "presence.update", status: "idle" },
+  ]);
+  // Idle chosen after a pending invisible does not replace it: invisible must hold.
+  ws.drop(1001);
+  client.setStatus("invisible");
+  client.setStatus("idle");
+  await clock.advance(2_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  assert.deepEqual(ws.take(), [
+    { type: "presence.update", status: "invisible" },
+    { type: "presence.update", status: "idle" },
+  ]);
+  client.close();
+});
+
 test("back from a drain to a resumed idle place while awake: says online (its last online may never have been read)", async () => {
   const { client, clock } = make();
   client.connect();
