@@ -378,6 +378,10 @@ class PresenceClient:
         self._probe: asyncio.TimerHandle | None = None
         self._hb_written = 0
         self._hb_acked = 0
+        self._hb_queued = 0
+        # type -> (frame, hb): the latest account choice (status, setting) queued on this socket,
+        # after `hb` heartbeats; the edge has read it once a heartbeat queued after it is answered.
+        self._unconfirmed: dict[str, tuple[Frame, int]] = {}
         self._windows: list[_Window] = []
         self._dropped = False
         self._heartbeat_s = 30.0
@@ -389,6 +393,17 @@ class PresenceClient:
         self._aux = set()
         # Cancelled with the rest: the ids it was gathering stay wanted, for the next socket.
         self._last_seen_task = None
+        # A choice still queued behind the pacing, or sent with no heartbeat after it answered, may
+        # never have been read (an invisible lost would show the account online): it is sent again
+        # after the next ready, as one made while disconnected is.
+        for frame, hb in self._unconfirmed.values():
+            if self._hb_acked > hb:
+                continue
+            if frame["type"] == "presence.update":
+                self._pending_status = frame["status"]
+            else:
+                self._pending_visibility = frame["lastSeenVisibility"]
+        self._unconfirmed = {}
         if self._probe is not None:
             self._probe.cancel()
         for w in self._windows:
@@ -422,8 +437,17 @@ class PresenceClient:
     def _send(self, frame: Frame, window: _Window | None = None) -> bool:
         if self._ws is None:
             return False
+        if frame["type"] == "heartbeat":
+            self._hb_queued += 1
         self._queue.append((frame, window))
         self._wake.set()
+        return True
+
+    def _send_choice(self, frame: Frame) -> bool:
+        """Send a choice of the account (a chosen status, a setting), kept until the edge read it."""
+        if not self._send(frame):
+            return False
+        self._unconfirmed[frame["type"]] = (frame, self._hb_queued)
         return True
 
     async def _sender(self, ws: ClientConnection) -> None:
@@ -542,7 +566,7 @@ class PresenceClient:
         # What belongs to the socket, restored: the account's choices are durable upstream, the
         # socket's own (idle, focus, voice, subscriptions) are not.
         if self._pending_status is not None:
-            self._send({"type": "presence.update", "status": self._pending_status})
+            self._send_choice({"type": "presence.update", "status": self._pending_status})
         elif not self._idle and self.status == "idle":
             # A resumed place keeps the idle flag of the socket it replaces (protocol.md "Drain and
             # resume"), and an `online` sent just before the server closed that socket may never
@@ -552,7 +576,7 @@ class PresenceClient:
             self._send({"type": "presence.update", "status": "idle"})
         self._pending_status = None
         if self._pending_visibility is not None:
-            self._send({"type": "settings.update", "lastSeenVisibility": self._pending_visibility})
+            self._send_choice({"type": "settings.update", "lastSeenVisibility": self._pending_visibility})
             self._pending_visibility = None
         if self._focus is not None:
             self._send({"type": "focus", "channelId": self._focus})
@@ -679,13 +703,15 @@ class PresenceClient:
             self._idle = status == "idle"
         # Idle is not a choice of the account: the flag above restores it, and the pending choice
         # (say invisible) stays.
-        if not self._send({"type": "presence.update", "status": status}) and status != "idle":
+        if status == "idle":
+            self._send({"type": "presence.update", "status": status})
+        elif not self._send_choice({"type": "presence.update", "status": status}):
             self._pending_status = status
 
     def set_last_seen_visibility(self, visibility: str) -> None:
         if visibility not in VISIBILITY:
             raise ValueError(f"unknown visibility {visibility!r}")
-        if not self._send({"type": "settings.update", "lastSeenVisibility": visibility}):
+        if not self._send_choice({"type": "settings.update", "lastSeenVisibility": visibility}):
             self._pending_visibility = visibility
 
     def set_focus(self, channel_id: str | None) -> None:

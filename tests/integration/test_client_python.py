@@ -484,3 +484,50 @@ async def test_a_pending_status_and_the_idle_flag_are_both_restored(scripted: An
         {"type": "presence.update", "status": "idle"},
     ]
     await client.close()
+
+
+async def test_choices_queued_or_unconfirmed_at_a_close_are_sent_again_after_the_next_ready(
+    scripted: Any,
+) -> None:
+    """invisible and a last-seen setting queued behind the client's pacing when a drain closes
+    the socket: the old client dropped the queue, and the account stayed online. Kept pending
+    now, and sent after the next ready; sent again after a close that came before any heartbeat
+    after them was answered; not after one that came after (read: durable upstream)."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n, interval_ms=30_000 if n == 0 else 100)
+        if n == 0:
+            for _ in range(3):
+                await s.recv(ws, n)  # the burst; the rest waits for the pacing
+        else:
+            while (await s.recv(ws, n))["type"] != "heartbeat":
+                pass
+            if n == 1:  # a close before the answer
+                await ws.close(1012, "service restart; reconnect")
+                return
+            await ws.send('{"type":"heartbeat.ack"}')
+            if n == 3:
+                await ws.wait_closed()
+                return
+        await ws.close(1012, "service restart; reconnect")
+
+    s = await scripted(script)
+    client = PresenceClient(
+        s.url, "T", rate_burst=3, rate_per_s=5, backoff=BackoffPolicy(restart_window_s=0.05)
+    )
+    client.connect()
+    await client.wait_open()
+    for channel in ("a", "b", "c"):
+        client.set_focus(channel)
+    client.set_status("invisible")
+    client.set_last_seen_visibility("nobody")
+    await until(lambda: s.count == 4 and any(f["type"] == "heartbeat" for f in s.received[3]))
+    choices = [
+        [f for f in frames if f["type"] in ("presence.update", "settings.update")] for frames in s.received
+    ]
+    restored = [
+        {"type": "presence.update", "status": "invisible"},
+        {"type": "settings.update", "lastSeenVisibility": "nobody"},
+    ]
+    assert choices == [[], restored, restored, []]
+    await client.close()

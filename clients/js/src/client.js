@@ -338,6 +338,10 @@ export class PresenceClient {
     this._probeAt = null;
     this._hbWritten = 0;
     this._hbAcked = 0;
+    this._hbQueued = 0;
+    // type -> {frame, hb}: the latest account choice (status, setting) queued on this socket,
+    // after `hb` heartbeats; the edge has read it once a heartbeat queued after it is answered.
+    this._unconfirmed = new Map();
     this._windows = new Set();
     this.synced = false;
   }
@@ -348,6 +352,14 @@ export class PresenceClient {
     }
     this._cancel(this._lastSeenTimer);
     this._lastSeenTimer = null;
+    // A choice still queued behind the pacing, or sent with no heartbeat after it answered, may
+    // never have been read (an invisible lost would show the account online): it is sent again
+    // after the next ready, as one made while disconnected is.
+    for (const { frame, hb } of this._unconfirmed.values()) {
+      if (this._hbAcked > hb) continue;
+      if (frame.type === "presence.update") this._pendingStatus = frame.status;
+      else this._pendingVisibility = frame.lastSeenVisibility;
+    }
     const windows = [...this._windows];
     this._ws = null;
     this._resetConnection();
@@ -363,8 +375,16 @@ export class PresenceClient {
   /** Queue a frame for the current socket, paced by a token bucket under the edge's limit. */
   _send(frame, window = null) {
     if (!this._isOpen()) return false;
+    if (frame.type === "heartbeat") this._hbQueued += 1;
     this._queue.push({ frame, window });
     this._pump();
+    return true;
+  }
+
+  /** Send a choice of the account (a chosen status, a setting), kept until the edge has read it. */
+  _sendChoice(frame) {
+    if (!this._send(frame)) return false;
+    this._unconfirmed.set(frame.type, { frame, hb: this._hbQueued });
     return true;
   }
 
@@ -510,7 +530,7 @@ export class PresenceClient {
     this._setState("open", { userId: frame.userId, socketId: frame.socketId });
     // What belongs to the socket, restored: the account's choices are durable upstream, the
     // socket's own (idle, focus, voice, subscriptions) are not.
-    if (this._pendingStatus !== null) this._send({ type: "presence.update", status: this._pendingStatus });
+    if (this._pendingStatus !== null) this._sendChoice({ type: "presence.update", status: this._pendingStatus });
     // A resumed place keeps the idle flag of the socket it replaces, and an `online` sent just
     // before the server closed that socket may never have been read: this socket is awake.
     else if (!this._idle && this.status === "idle") this._send({ type: "presence.update", status: "online" });
@@ -518,7 +538,7 @@ export class PresenceClient {
     if (this._idle) this._send({ type: "presence.update", status: "idle" });
     this._pendingStatus = null;
     if (this._pendingVisibility !== null) {
-      this._send({ type: "settings.update", lastSeenVisibility: this._pendingVisibility });
+      this._sendChoice({ type: "settings.update", lastSeenVisibility: this._pendingVisibility });
       this._pendingVisibility = null;
     }
     if (this._focus !== null) this._send({ type: "focus", channelId: this._focus });
@@ -727,13 +747,14 @@ export class PresenceClient {
     if (status === "idle" || status === "online") this._idle = status === "idle";
     // Idle is not a choice of the account: the flag above restores it, and the pending choice
     // (say invisible) stays.
-    if (!this._send({ type: "presence.update", status }) && status !== "idle") this._pendingStatus = status;
+    if (status === "idle") this._send({ type: "presence.update", status });
+    else if (!this._sendChoice({ type: "presence.update", status })) this._pendingStatus = status;
   }
 
   /** Who may read this account's last-seen time: everyone, friends or nobody. */
   setLastSeenVisibility(visibility) {
     if (!VISIBILITY.has(visibility)) throw new RangeError(`unknown visibility ${JSON.stringify(visibility)}`);
-    if (!this._send({ type: "settings.update", lastSeenVisibility: visibility })) {
+    if (!this._sendChoice({ type: "settings.update", lastSeenVisibility: visibility })) {
       this._pendingVisibility = visibility;
     }
   }

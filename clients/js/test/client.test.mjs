@@ -610,7 +610,51 @@ test("channels, voice, idle and focus are restored on the new socket; rosters ke
   await clock.advance(1_000);
   ws = FakeSocket.last();
   await ready(ws);
-  assert.deepEqual(ws.take().map((f) => f.type), ["focus", "channel.subscribe"]);
+  // Not idle any more, out of voice; `online` again because no heartbeat after it was answered.
+  assert.deepEqual(ws.take(), [
+    { type: "presence.update", status: "online" },
+    { type: "focus", channelId: "c1" },
+    { type: "channel.subscribe", channelId: "c1" },
+  ]);
+  client.close();
+});
+
+test("choices queued behind the pacing, or sent but not yet confirmed, at a close are sent again after the next ready", async () => {
+  const { client, clock } = make({ rateBurst: 2, ratePerSecond: 1 });
+  const choices = (frames) => frames.filter((f) => f.type === "presence.update" || f.type === "settings.update");
+  client.connect();
+  await flush();
+  let ws = FakeSocket.last();
+  await ready(ws);
+  client.setFocus("a");
+  client.setFocus("b"); // the burst
+  client.setStatus("invisible");
+  client.setLastSeenVisibility("nobody"); // both queued behind the pacing
+  assert.deepEqual(ws.types(), ["focus", "focus"]);
+  ws.drop(1012); // a drain: the queue never went out
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  const restored = [
+    { type: "presence.update", status: "invisible" },
+    { type: "settings.update", lastSeenVisibility: "nobody" },
+  ];
+  assert.deepEqual(choices(ws.take()), restored);
+  // Sent, but no heartbeat after them answered: the edge may not have read them.
+  ws.drop(1012);
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  assert.deepEqual(choices(ws.take()), restored);
+  // Read (a heartbeat queued after them answered): durable upstream, not sent again.
+  await clock.advance(30_000);
+  ackAll(ws);
+  ws.drop(1012);
+  await clock.advance(1_000);
+  ws = FakeSocket.last();
+  await ready(ws);
+  await clock.advance(5_000);
+  assert.deepEqual(choices(ws.take()), []);
   client.close();
 });
 
@@ -660,6 +704,8 @@ test("back from a drain to a resumed idle place while awake: says online (its la
   ws = FakeSocket.last();
   await ready(ws, "me", { status: "idle" }); // the held place it took was idle
   assert.deepEqual(ws.take(), [{ type: "presence.update", status: "online" }]);
+  await clock.advance(30_000);
+  ackAll(ws); // this time the edge read it
   ws.drop(1012);
   await clock.advance(1_000);
   ws = FakeSocket.last();
