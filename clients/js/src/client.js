@@ -145,6 +145,7 @@ export class PresenceClient {
     this._lastSeenTimer = null;
     this._lastSeenWanted = new Set();
     this._typingTimer = null;
+    this._syncWaiters = []; // subscribe() calls made while connecting: settled by the next resubscribe
     this._resetConnection();
   }
 
@@ -198,7 +199,9 @@ export class PresenceClient {
     this._stopped = true;
     this._gen += 1;
     const ws = this._ws;
-    this._endConnection(new PresenceError("disconnected", "closed by the application"));
+    const error = new PresenceError("disconnected", "closed by the application");
+    this._endConnection(error);
+    this._settleSyncWaiters(error);
     for (const handle of [...this._timers]) this._cancel(handle);
     this._reconnectTimer = null;
     this._typingTimer = null;
@@ -294,13 +297,16 @@ export class PresenceClient {
     if (lived >= this.options.stableAfterMs) this._attempt = 0;
     if (code === 1000) {
       this._stopped = true;
+      this._settleSyncWaiters(new PresenceError("disconnected", "closed by the server (1000)"));
       this._setState("closed", { code, reason });
       return;
     }
     if (code === 4001) {
       if (typeof this.options.token !== "function") {
         this._stopped = true;
-        this._emit("error", new PresenceError("unauthorized", "the token was refused (4001)"));
+        const error = new PresenceError("unauthorized", "the token was refused (4001)");
+        this._emit("error", error);
+        this._settleSyncWaiters(error);
         this._setState("closed", { code, reason });
         return;
       }
@@ -557,14 +563,32 @@ export class PresenceClient {
 
   // ------------------------------------------------------------------------------ presence
 
-  /** Watch these accounts (remembered across reconnects). Resolves once their sync is applied. */
+  /**
+   * Watch these accounts (remembered across reconnects). Resolves once their sync is applied:
+   * while connecting (say right after connect()), the sync after the socket opens. Before
+   * connect(), at once: they are subscribed on connect. Rejects with the refusal
+   * (rate_limited: retried later all the same), or disconnected / unauthorized when the client
+   * closes first.
+   */
   async subscribe(userIds) {
     const fresh = [...new Set(userIds)].filter((u) => !this._watched.has(u));
     if (this._watched.size + fresh.length > this.options.maxSubscriptions) {
       throw new PresenceError("too_many_ids", `at most ${this.options.maxSubscriptions} subscriptions`);
     }
     for (const u of fresh) this._watched.add(u);
-    if (fresh.length > 0 && this._isOpen()) await this._subscribeChunks(fresh);
+    if (fresh.length === 0) return;
+    if (this._isOpen()) await this._subscribeChunks(fresh);
+    else if (!this._stopped) await new Promise((resolve, reject) => this._syncWaiters.push({ resolve, reject }));
+  }
+
+  /** Resolve (error null) or reject the subscribe() calls waiting for the next resubscribe. */
+  _settleSyncWaiters(error) {
+    const waiters = this._syncWaiters;
+    this._syncWaiters = [];
+    for (const { resolve, reject } of waiters) {
+      if (error === null) resolve();
+      else reject(error);
+    }
   }
 
   /** Stop watching; their entries leave the picture. */
@@ -598,11 +622,15 @@ export class PresenceClient {
     const ids = [...this._watched];
     try {
       await this._subscribeChunks(ids);
-    } catch {
-      return; // the socket went; the next one starts over
+    } catch (e) {
+      // The socket went: the next one starts over, and the subscribe() calls waiting go on
+      // waiting. A refusal is theirs too (as for a subscribe() on an open socket).
+      if (e.code !== "disconnected" && e.code !== "not_connected") this._settleSyncWaiters(e);
+      return;
     }
     if (gen !== this._gen) return;
     this.synced = true;
+    this._settleSyncWaiters(null);
     this._emit("sync", this);
     if (this.options.trackLastSeen) {
       // Also the times already known: they may have moved while this client was away.

@@ -126,6 +126,13 @@ export declare class PresenceClient {
   connect(): void;
   close(): void;
 
+  /**
+   * Watch these accounts (remembered across reconnects). Resolves once their sync is applied;
+   * while connecting, once the sync after the socket opens is (so `await subscribe()` right
+   * after `connect()` finds the client open). Before `connect()`: at once. Rejects with the
+   * refusal (`rate_limited`, retried later all the same), or `disconnected` / `unauthorized`
+   * when the client closes first.
+   */
   subscribe(userIds: Iterable<string>): Promise<void>;
   unsubscribe(userIds: Iterable<string>): void;
   get(userId: string): PresenceEntry | undefined;

@@ -399,6 +399,51 @@ test("subscriptions are restored after a reconnect and the picture reconciled: n
   client.close();
 });
 
+test("subscribe right after connect() resolves once the sync after open is applied (docs/clients.md's example)", async () => {
+  const { client } = make();
+  client.subscribeChannel("c1");
+  client.connect();
+  let resolved = false;
+  const subscribed = client.subscribe(["bob"]).then(() => (resolved = true));
+  await flush();
+  assert.equal(resolved, false); // still connecting: nothing is applied yet
+  const ws = FakeSocket.last();
+  await ready(ws);
+  assert.deepEqual(ws.take().filter((f) => f.type === "presence.subscribe"), [{ type: "presence.subscribe", userIds: ["bob"] }]);
+  await flush();
+  assert.equal(resolved, false);
+  ws.push({ type: "presence.sync", users: [{ userId: "bob", status: "online" }] });
+  ws.push({ type: "heartbeat.ack" });
+  await subscribed;
+  assert.equal(client.state, "open");
+  assert.deepEqual(client.get("bob"), { status: "online", lastSeenAt: undefined });
+  assert.equal(client.typing("c1"), true); // the example's next line: sent
+  client.close();
+});
+
+test("subscribe while connecting: rejected by a refused resubscribe, by close(), by a refused token; at once before connect()", async () => {
+  const { client } = make();
+  await client.subscribe(["a"]); // not started: remembered, subscribed on connect
+  client.connect();
+  const refused = client.subscribe(["b"]);
+  await flush();
+  let ws = FakeSocket.last();
+  await ready(ws);
+  ackAll(ws, [{ type: "error", code: "rate_limited", message: "slow down" }]);
+  await assert.rejects(refused, { code: "rate_limited" });
+  ws.drop(1006);
+  const closed = client.subscribe(["c"]);
+  client.close();
+  await assert.rejects(closed, { code: "disconnected" });
+
+  const other = make();
+  other.client.connect();
+  await flush();
+  const unauthorized = other.client.subscribe(["a"]);
+  FakeSocket.last().drop(4001);
+  await assert.rejects(unauthorized, { code: "unauthorized" });
+});
+
 test("a refused resubscribe (budget spent) is retried later, and forgets what it cannot confirm", async () => {
   const { client, clock } = make();
   const errors = [];
