@@ -148,7 +148,9 @@ class PresenceClient:
         self._idle = False
         self._focus: str | None = None
         self._voice: str | None = None
-        self._pending_status: str | None = None  # online, dnd or invisible, chosen while disconnected
+        # online, dnd or invisible (a setting below), for the next ready: chosen while disconnected,
+        # or on a socket that closed before its edge surely read it (_end_connection)
+        self._pending_status: str | None = None
         self._pending_visibility: str | None = None
         self._typing_sent: dict[str, float] = {}
         self._last_seen_wanted: set[str] = set()

@@ -124,7 +124,9 @@ export class PresenceClient {
     this._idle = false;
     this._focus = null;
     this._voice = null;
-    this._pendingStatus = null; // online, dnd or invisible, chosen while disconnected
+    // online, dnd or invisible (a setting below), for the next ready: chosen while disconnected,
+    // or on a socket that closed before its edge surely read it (_endConnection).
+    this._pendingStatus = null;
     this._pendingVisibility = null;
 
     // The local picture.
