@@ -8,7 +8,10 @@
 
 An invite preview that hangs because presence is restarting is worse than one that omits the
 count, so every failure (refused, reset, timed out, a 4xx or 5xx, a body that is not what we
-expect) answers `None` rather than raising. Only the standard library: importing this costs a
+expect) answers `None` rather than raising. The two seconds bound the whole call, not each of
+its socket operations (a server sending its answer a byte at a time would otherwise hold the
+caller for as long as it likes). A redirect is not followed (it is `None`): urllib would carry
+the bearer token to whatever host it names. Only the standard library: importing this costs a
 caller nothing.
 
 When the edges require an internal token (`PRESENCE_INTERNAL_TOKEN`), pass it as `token=`; by
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,6 +37,17 @@ DEFAULT_TIMEOUT_S = 2.0
 TOKEN_ENV = "PRESENCE_INTERNAL_TOKEN"
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx is not an answer of the internal API: never followed (urllib would send the bearer
+    token on to the host it names), so it ends as an HTTPError, that is `None`."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 class PresenceClient:
     def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -40,12 +55,22 @@ class PresenceClient:
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
 
     def _get(self, path: str, **params: str) -> object:
+        """The answer's JSON within `timeout_s` of the call, else None. The request runs in a
+        daemon thread of its own, left behind if it overruns: its socket operations time out on
+        their own, and the caller has its `None` already."""
+        answer: list[object] = []
+        worker = threading.Thread(target=lambda: answer.append(self._fetch(path, params)), daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        return answer[0] if answer else None
+
+    def _fetch(self, path: str, params: dict[str, str]) -> object:
         url = f"{self.base_url}/api/v1/internal/presence/{path}?{urllib.parse.urlencode(params)}"
         request = urllib.request.Request(url)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
                 if response.status != 200:
                     return None
                 return json.loads(response.read(64 * 1024))

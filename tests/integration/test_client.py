@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import asyncpg
 import pytest
@@ -68,6 +69,80 @@ def test_server_that_never_answers_gives_none_within_two_seconds(black_hole: int
         result, took = timed(fn, *args)
         assert result is None
         assert 1.5 < took < 2.6, took
+
+
+@contextlib.contextmanager
+def one_answer_server(answer: Callable[[socket.socket], None]) -> Iterator[tuple[int, list[bytes]]]:
+    """A server that reads each request head, keeps it, and lets `answer` write to the socket."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    heads: list[bytes] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                head = b""
+                while b"\r\n\r\n" not in head and not stop.is_set():
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+                heads.append(head)
+                with contextlib.suppress(OSError):
+                    answer(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], heads
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_an_answer_sent_a_byte_at_a_time_gives_none_within_two_seconds() -> None:
+    """Each byte comes within the socket's timeout, so a per-operation bound never ran out: the
+    call took as long as the server liked (a review, 2026-12-05). The bound is the whole call's."""
+    body = b'{"online": 12}'
+
+    def trickle(conn: socket.socket) -> None:
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        for byte in body:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.5)  # the trickle's own pace: the scenario
+
+    with one_answer_server(trickle) as (port, _):
+        result, took = timed(PresenceClient(f"http://127.0.0.1:{port}").online_count, "g")
+    assert result is None
+    assert took < 2.6, took
+
+
+def test_a_redirect_is_not_followed_and_the_token_goes_nowhere_else() -> None:
+    with one_answer_server(
+        lambda conn: conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{"online": 7}')
+    ) as (
+        elsewhere,
+        seen_elsewhere,
+    ):
+        redirect = (
+            f"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{elsewhere}/steal\r\nContent-Length: 0\r\n\r\n"
+        ).encode()
+        with one_answer_server(lambda conn: conn.sendall(redirect)) as (port, seen):
+            client = PresenceClient(f"http://127.0.0.1:{port}", token="internal-secret-token")
+            assert client.online_count("g") is None
+        assert seen and b"Bearer internal-secret-token" in seen[0]  # the service itself got it
+    assert seen_elsewhere == [], "the redirect was followed"
 
 
 async def test_async_variants_against_a_black_hole(black_hole: int) -> None:
