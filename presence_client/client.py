@@ -175,9 +175,19 @@ class PresenceClient:
         """Listen: "state" (state, info), "ready" (frame), "change" (Change), "sync" (client)
         after any change of the picture, "self" (status), "typing" (channel_id, user_ids),
         "roster" (channel_id, user_ids), "error" (PresenceError), "frame" (every frame).
-        Returns a function that stops listening."""
-        self._listeners.setdefault(event, []).append(callback)
-        return lambda: self._listeners.get(event, []).remove(callback)
+        Returns a function that stops listening (calling it again does nothing, as in the
+        JavaScript client)."""
+        listeners = self._listeners.setdefault(event, [])
+        listeners.append(callback)
+        stopped = False
+
+        def stop() -> None:
+            nonlocal stopped
+            if not stopped:
+                stopped = True
+                listeners.remove(callback)
+
+        return stop
 
     def on_sync(self, callback: Callable[[PresenceClient], Any]) -> Callable[[], None]:
         """Phoenix style: called with the client after every change of the presence picture."""

@@ -531,3 +531,15 @@ async def test_choices_queued_or_unconfirmed_at_a_close_are_sent_again_after_the
     ]
     assert choices == [[], restored, restored, []]
     await client.close()
+
+
+async def test_stopping_a_listener_twice_does_nothing_the_second_time() -> None:
+    """As in the JavaScript client; it raised ValueError (a review, 2026-12-05)."""
+    client = PresenceClient("ws://127.0.0.1:9/ws/presence", "T")
+    heard: list[str] = []
+    stop = client.on("state", lambda state, info: heard.append(state))
+    client.on("state", lambda state, info: heard.append("other"))
+    stop()
+    stop()
+    client._emit("state", "open", {})
+    assert heard == ["other"]
