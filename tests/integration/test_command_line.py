@@ -286,15 +286,22 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
         # same `presence up` (before, the end of the drain stopped the pool, the stores and Ray,
         # and another edge's clients with them).
         assert "draining" in cli("drain")
+        # The new edge's line, after the drain's (which ends with a parenthesis of its own: waiting
+        # for the log to end with one raced the new edge's start, once in a full suite).
+        new_edge = re.compile(
+            r"starting a new edge.*?is up: \S+ \(internal (http://127\.0\.0\.1:\d+)\)", re.S
+        )
         wait_until(
-            lambda: "starting a new edge" in up_log() and up_log().rstrip().endswith(")"),
+            lambda: new_edge.search(up_log()) is not None,
             60,
             interval=0.2,
             what="a new edge after the drain",
             explain=up_log,
         )
         assert up.poll() is None, up_log()
-        new_internal = re.findall(r"\(internal (http://127\.0\.0\.1:\d+)\)", up_log())[-1]
+        found = new_edge.search(up_log())
+        assert found is not None
+        new_internal = found.group(1)
         with urllib.request.urlopen(f"{new_internal}/healthz", timeout=5) as r:
             assert json.loads(r.read())["ok"] is True
         assert "postgres: ok" in cli("status") and cli("token", "alice").strip()
