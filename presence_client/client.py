@@ -341,7 +341,13 @@ class PresenceClient:
         """One socket from connect to close: (close code or None, reason, seconds it was open)."""
         self._set_state("connecting", attempt=self._attempt)
         try:
-            token = await self._get_token()
+            # Under the connect timeout too: a provider that never answers would leave the client
+            # "connecting" for good instead of trying again.
+            async with asyncio.timeout(self.connect_timeout_s):
+                token = await self._get_token()
+        except TimeoutError:
+            self._emit("error", PresenceError("token", f"no token within {self.connect_timeout_s:g} s"))
+            return None, "token provider timed out", 0.0
         except Exception as e:
             self._emit("error", PresenceError("token", str(e)))
             return None, "token provider failed", 0.0

@@ -543,3 +543,29 @@ async def test_stopping_a_listener_twice_does_nothing_the_second_time() -> None:
     stop()
     client._emit("state", "open", {})
     assert heard == ["other"]
+
+
+async def test_a_token_provider_that_never_answers_is_given_up_on_and_asked_again(scripted: Any) -> None:
+    """The connect timeout covers the provider too: one that hung left the client "connecting"
+    for good (a review, 2026-12-05)."""
+    asked: list[TokenContext] = []
+
+    async def token(ctx: TokenContext) -> str:
+        asked.append(ctx)
+        if len(asked) == 1:
+            await asyncio.Event().wait()  # never answers
+        return "T2"
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, token, backoff=FAST, connect_timeout_s=0.3)
+    errors: list[str] = []
+    client.on("error", lambda e: errors.append(str(e)))
+    client.connect()
+    await until(lambda: client.state == "open")
+    assert len(asked) == 2 and [r[0]["token"] for r in s.received] == ["T2"]
+    assert errors == ["token: no token within 0.3 s"]
+    await client.close()

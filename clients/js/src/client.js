@@ -245,19 +245,33 @@ export class PresenceClient {
     this._setState("connecting", { attempt: this._attempt });
     let token = this.options.token;
     if (typeof token === "function") {
+      const provider = token;
+      const context = { attempt: this._attempt, rejected: this._rejected };
+      let timer = null;
       try {
-        token = await token({ attempt: this._attempt, rejected: this._rejected });
+        // Under the connect timeout too: a provider that never answers would leave the client
+        // "connecting" for good instead of trying again.
+        token = await new Promise((resolve, reject) => {
+          const ms = this.options.connectTimeoutMs;
+          timer = this._after(ms, () => reject(new Error(`no token within ${ms} ms`)));
+          Promise.resolve()
+            .then(() => provider(context))
+            .then(resolve, reject);
+        });
       } catch (e) {
         if (gen !== this._gen || this._stopped) return;
         this._emit("error", new PresenceError("token", String(e?.message ?? e)));
         this._scheduleReconnect({ code: null, reason: "token provider failed" });
         return;
+      } finally {
+        this._cancel(timer);
       }
       if (gen !== this._gen || this._stopped) return;
     }
-    const url = this._nextUrl();
+    let url;
     let ws;
     try {
+      url = this._nextUrl(); // a url function may throw: retried as a socket that could not open
       ws = new this._WebSocket(url);
     } catch (e) {
       this._emit("error", new PresenceError("connect", String(e?.message ?? e)));

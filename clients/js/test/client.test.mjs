@@ -337,6 +337,53 @@ test("close codes: 4029 and 1008 back off harder, 1000 stops, 4001 asks the prov
   assert.equal(FakeSocket.all.length, 4);
 });
 
+test("a token provider that never answers is given up on at the connect timeout and asked again", async () => {
+  let asked = 0;
+  const { client, clock, states } = make({
+    connectTimeoutMs: 1_000,
+    token: () => {
+      asked += 1;
+      return asked === 1 ? new Promise(() => {}) : "T2"; // the first never settles
+    },
+  });
+  const errors = [];
+  client.on("error", (e) => errors.push(e.message));
+  client.connect();
+  await flush();
+  assert.equal(FakeSocket.all.length, 0);
+  await clock.advance(1_000);
+  assert.deepEqual(errors, ["token: no token within 1000 ms"]);
+  assert.equal(states.at(-1)[0], "reconnecting");
+  await clock.advance(states.at(-1)[1].delayMs);
+  await flush();
+  const ws = FakeSocket.last();
+  ws.open();
+  assert.deepEqual(ws.take(), [{ type: "identify", token: "T2" }]);
+  client.close();
+});
+
+test("a url function that throws is retried like a socket that could not open", async () => {
+  let calls = 0;
+  const { client, clock, states } = make({
+    url: () => {
+      calls += 1;
+      if (calls === 1) throw new Error("no edge known yet");
+      return "ws://a/ws/presence";
+    },
+  });
+  const errors = [];
+  client.on("error", (e) => errors.push(e.code));
+  client.connect();
+  await flush();
+  assert.deepEqual(errors, ["connect"]);
+  assert.equal(states.at(-1)[0], "reconnecting");
+  await clock.advance(states.at(-1)[1].delayMs);
+  await flush();
+  await ready(FakeSocket.last());
+  assert.equal(client.state, "open");
+  client.close();
+});
+
 test("4001 with a fixed token stops: the same token would be refused again", async () => {
   const { client, clock } = make();
   const errors = [];
