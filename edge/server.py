@@ -96,6 +96,16 @@ COUNTERS = (
     "resync_watches_total",
     "slow_clients_closed_total",
 )
+# The edge's own close codes (edge/protocol.py), declared by code in `presence_closes_total`.
+CLOSE_CODES_COUNTED = (
+    p.CLOSE_AUTH,
+    p.CLOSE_SILENT,
+    p.CLOSE_POLICY,
+    p.CLOSE_TOO_BIG,
+    p.CLOSE_TOO_MANY_CONNECTIONS,
+    p.CLOSE_UNAVAILABLE,
+    p.CLOSE_SERVICE_RESTART,
+)
 
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
@@ -268,6 +278,10 @@ class Edge:
         self.config = config
         self.edge_id = "edge-" + secrets.token_hex(6)
         self.metrics = Metrics(COUNTERS)
+        # The close codes an operator alerts on, at 0 from the start: a series born at its first
+        # close would hide that close from rate() and increase().
+        for code in CLOSE_CODES_COUNTED:
+            self.metrics.declare("closes_total", code=str(code))
         self.directory = DirectoryClient()
         self.router = Router(
             self.edge_id,

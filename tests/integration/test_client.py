@@ -217,6 +217,16 @@ async def test_metrics_cover_what_operators_watch(cluster: Cluster, edge: Edge, 
     assert kinds["presence_flush_write_seconds"] == "histogram"
 
 
+async def test_a_new_edge_exports_its_own_close_codes_at_zero(cluster: Cluster) -> None:
+    """Before its first close of a kind, so that rate() and increase() see that first one."""
+    fresh = Edge(cluster.edge_config())  # not started: what it exports from its construction
+    counters = {
+        (name, tuple(map(tuple, labels))): v for name, labels, v in fresh.metrics.snapshot()["counters"]
+    }
+    for code in ("4000", "4001", "1008", "1009", "1011", "1012", "4029"):
+        assert counters[("closes_total", (("code", code),))] == 0, code
+
+
 async def test_replies_and_closes_are_counted_whichever_road_they_take(
     cluster: Cluster, edge: Edge, ids: Ids
 ) -> None:
