@@ -37,7 +37,8 @@ T = TypeVar("T")
 
 
 def step(label: str, fn: Callable[[], T]) -> T:
-    """Run one bring-up step with a progress line, so a slow start shows where it is."""
+    """Run one bring-up step with a progress line, so a slow start shows where it is. A stop
+    asked for during the step and lost on the way (`interrupt`) stops the start-up after it."""
     print(f"  {label} …", end="", flush=True)
     started = time.monotonic()
     try:
@@ -46,7 +47,27 @@ def step(label: str, fn: Callable[[], T]) -> T:
         print(" failed", flush=True)
         raise
     print(f" ok ({time.monotonic() - started:.1f} s)", flush=True)
+    raise_if_interrupted()
     return result
+
+
+_interrupted: list[int] = []
+
+
+def interrupt(signo: int, frame: object) -> None:
+    """SIGINT's and SIGTERM's handler while a process starts: `signal.default_int_handler`, but
+    remembered. The KeyboardInterrupt it raises lands wherever the process happens to be, and
+    where Python ignores exceptions it is lost: in an at-fork callback while Ray starts its
+    processes ("Exception ignored in: <function _releaseLock>"), the service came up anyway and
+    was killed 150 s later (once in a full suite). `raise_if_interrupted` raises it again."""
+    _interrupted.append(signo)
+    raise KeyboardInterrupt
+
+
+def raise_if_interrupted() -> None:
+    """A checkpoint of the start-up: KeyboardInterrupt if a stop was asked for (`interrupt`)."""
+    if _interrupted:
+        raise KeyboardInterrupt
 
 
 def edge_config(
@@ -112,7 +133,7 @@ def stop_like_ctrl_c_on_sigterm() -> None:
     moment, start-up included: every server started so far is stopped on the way out. Without
     this, a SIGTERM before the serving loop (which installs its own handler) killed the process
     outright and left the embedded PostgreSQL running."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def install_loop() -> None:

@@ -35,7 +35,9 @@ from cluster.edge_process import (
     DRAINED,
     edge_config,
     install_loop,
+    interrupt,
     join_ray,
+    raise_if_interrupted,
     raylet_probe,
     refuse_insecure,
     serve_edge,
@@ -179,7 +181,7 @@ def up(settings: Settings) -> int:
     stop_like_ctrl_c_on_sigterm()
     # Ours even when inherited ignored (`presence up &` from a script): an operator's `kill -INT`
     # during the start-up was lost, the service came up anyway and was killed 150 s later.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         return _up(settings)
     except KeyboardInterrupt:
@@ -394,6 +396,7 @@ def _serve(
             print(f"  tokens      presence token USER --data-dir {data_dir}", flush=True)
             print("Ctrl-C stops everything (pending last-seen writes are drained first).", flush=True)
 
+        raise_if_interrupted()  # a stop lost outside the steps: before the edge serves anybody
         install_loop()
         config = edge_config(settings, secret, redis_url, demo=demo, internal_token=api_token)
         # Joined to a cluster, the head's edge exits when its raylet goes (its supervisor starts
