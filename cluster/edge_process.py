@@ -309,6 +309,31 @@ async def serve_edge(
     """Serve until Ctrl-C, a drain, or `watch` says the edge must go (returns why then: DRAINED
     for a drain asked for over the internal API, None for a signal's)."""
     edge = Edge(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    serving = signalled = False
+
+    def terminate() -> None:
+        nonlocal signalled
+        signalled = True
+        # The first SIGTERM drains (protocol.md "Drain and resume"); a second one stops at once,
+        # and so does one before the edge serves (as during the rest of the start-up).
+        if not serving:
+            stop.set()
+        elif edge.draining:
+            print("second SIGTERM: stopping at once", flush=True)
+            stop.set()
+        else:
+            print("\nSIGTERM: draining (a second SIGTERM stops at once) …", flush=True)
+            edge.drain()
+
+    # Before the edge starts: a signal during its start (Ray calls) raised KeyboardInterrupt
+    # inside the loop, and closing it then waited for ever on tasks and threads stuck in Ray
+    # (`presence up` killed 150 s later, once in a full suite).
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    if _interrupted:  # asked for before these handlers, and swallowed on its way (`interrupt`)
+        stop.set()
     try:
         await edge.start()
     except OSError as e:
@@ -321,26 +346,12 @@ async def serve_edge(
         )
         await edge.stop()
         return CANNOT_LISTEN
+    if stop.is_set():  # stopped while it started: it never served, and stops as the start-up does
+        await edge.stop()
+        raise KeyboardInterrupt
     announce(edge)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    serving = True
     watching = asyncio.create_task(watch(edge, stop, raylet_ok, ray_lost_s, cut_off_s))
-
-    signalled = False
-
-    def terminate() -> None:
-        nonlocal signalled
-        signalled = True
-        # The first SIGTERM drains (protocol.md "Drain and resume"); a second one stops at once.
-        if edge.draining:
-            print("second SIGTERM: stopping at once", flush=True)
-            stop.set()
-        else:
-            print("\nSIGTERM: draining (a second SIGTERM stops at once) …", flush=True)
-            edge.drain()
-
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGTERM, terminate)
     drained = asyncio.create_task(edge.drained.wait())  # after SIGTERM or `presence drain`
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait((drained, stopped), return_when=asyncio.FIRST_COMPLETED)

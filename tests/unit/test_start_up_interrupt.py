@@ -54,3 +54,39 @@ def test_the_handler_still_raises_where_the_signal_lands(interruptible: None) ->
             pass
     with pytest.raises(KeyboardInterrupt):
         raise_if_interrupted()  # and it is remembered
+
+
+def test_a_signal_while_the_edge_starts_lets_the_start_end_then_stops_it(
+    interruptible: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's handlers are in place before the edge starts: a SIGTERM then no longer raises
+    KeyboardInterrupt inside the loop, halfway through the edge's Ray calls (closing the loop
+    then waited for ever on them, and `presence up` was killed 150 s later); the start ends, the
+    edge stops, and the start-up's way out follows (KeyboardInterrupt)."""
+    import asyncio
+
+    from edge.server import Edge, EdgeConfig
+
+    happened: list[str] = []
+
+    async def start(self: Edge) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.05)  # the start's own work, during which the signal is handled
+        happened.append("started")
+
+    async def stop(self: Edge) -> None:
+        happened.append("stopped")
+
+    monkeypatch.setattr(Edge, "start", start)
+    monkeypatch.setattr(Edge, "stop", stop)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(
+                edge_process.serve_edge(
+                    EdgeConfig(secret="s" * 32, redis_url=None), lambda edge: happened.append("served")
+                )
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert happened == ["started", "stopped"]
