@@ -106,6 +106,23 @@ async function ready(ws, user = "me", extra = {}) {
   await flush();
 }
 
+/** Connect `client` and open its first socket with a `ready`: that socket. */
+async function opened(client) {
+  client.connect();
+  await flush();
+  const ws = FakeSocket.last();
+  await ready(ws);
+  return ws;
+}
+
+/** After the reconnect's wait (1 s), the next socket, opened with a `ready` (`extra` in it). */
+async function reopened(clock, extra = {}) {
+  await clock.advance(1_000);
+  const ws = FakeSocket.last();
+  await ready(ws, "me", extra);
+  return ws;
+}
+
 /** Answer every pending heartbeat of `ws`, after `before` (frames the server sends first). */
 function ackAll(ws, before = []) {
   for (const f of before) ws.push(f);
@@ -403,10 +420,7 @@ test("subscriptions are restored after a reconnect and the picture reconciled: n
   let syncs = 0;
   client.on("change", (u, now) => changes.push([u, now?.status]));
   client.onSync(() => (syncs += 1));
-  client.connect();
-  await flush();
-  let ws = FakeSocket.last();
-  await ready(ws);
+  let ws = await opened(client);
   ws.take();
   const subscribed = client.subscribe(["a", "b", "c"]);
   await flush();
@@ -495,19 +509,14 @@ test("a refused resubscribe (budget spent) is retried later, and forgets what it
   const { client, clock } = make();
   const errors = [];
   client.on("error", (e) => errors.push(e.code));
-  client.connect();
-  await flush();
-  let ws = FakeSocket.last();
-  await ready(ws);
+  let ws = await opened(client);
   ws.take();
   const first = client.subscribe(["a"]);
   await flush();
   ackAll(ws, [{ type: "presence.sync", users: [{ userId: "a", status: "online" }] }]);
   await first;
   ws.drop(1006);
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws);
+  ws = await reopened(clock);
   ackAll(ws, [{ type: "error", code: "rate_limited", message: "slow down" }]);
   await flush();
   assert.deepEqual(errors, ["rate_limited"]);
@@ -673,10 +682,7 @@ test("channels, voice, idle and focus are restored on the new socket; rosters ke
   client.on("roster", (c, users) => rosters.push([c, users]));
   client.subscribeChannel("c1"); // before connecting: remembered
   client.setStatus("idle");
-  client.connect();
-  await flush();
-  let ws = FakeSocket.last();
-  await ready(ws);
+  let ws = await opened(client);
   assert.deepEqual(ws.take(), [
     { type: "presence.update", status: "idle" },
     { type: "channel.subscribe", channelId: "c1" },
@@ -686,9 +692,7 @@ test("channels, voice, idle and focus are restored on the new socket; rosters ke
   ws.push({ type: "voice.roster", channelId: "c1", userIds: ["me", "bob"] });
   assert.deepEqual(client.roster("c1"), ["me", "bob"]);
   ws.drop(1001);
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws);
+  ws = await reopened(clock);
   assert.deepEqual(ws.take(), [
     { type: "presence.update", status: "idle" },
     { type: "focus", channelId: "c1" },
@@ -699,9 +703,7 @@ test("channels, voice, idle and focus are restored on the new socket; rosters ke
   client.setStatus("online");
   client.leaveVoice();
   ws.drop(1001);
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws);
+  ws = await reopened(clock);
   // Not idle any more, out of voice; `online` again because no heartbeat after it was answered.
   assert.deepEqual(ws.take(), [
     { type: "presence.update", status: "online" },
@@ -714,19 +716,14 @@ test("channels, voice, idle and focus are restored on the new socket; rosters ke
 test("choices queued behind the pacing, or sent but not yet confirmed, at a close are sent again after the next ready", async () => {
   const { client, clock } = make({ rateBurst: 2, ratePerSecond: 1 });
   const choices = (frames) => frames.filter((f) => f.type === "presence.update" || f.type === "settings.update");
-  client.connect();
-  await flush();
-  let ws = FakeSocket.last();
-  await ready(ws);
+  let ws = await opened(client);
   client.setFocus("a");
   client.setFocus("b"); // the burst
   client.setStatus("invisible");
   client.setLastSeenVisibility("nobody"); // both queued behind the pacing
   assert.deepEqual(ws.types(), ["focus", "focus"]);
   ws.drop(1012); // a drain: the queue never went out
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws);
+  ws = await reopened(clock);
   const restored = [
     { type: "presence.update", status: "invisible" },
     { type: "settings.update", lastSeenVisibility: "nobody" },
@@ -734,17 +731,13 @@ test("choices queued behind the pacing, or sent but not yet confirmed, at a clos
   assert.deepEqual(choices(ws.take()), restored);
   // Sent, but no heartbeat after them answered: the edge may not have read them.
   ws.drop(1012);
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws);
+  ws = await reopened(clock);
   assert.deepEqual(choices(ws.take()), restored);
   // Read (a heartbeat queued after them answered): durable upstream, not sent again.
   await clock.advance(30_000);
   ackAll(ws);
   ws.drop(1012);
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws);
+  ws = await reopened(clock);
   await clock.advance(5_000);
   assert.deepEqual(choices(ws.take()), []);
   client.close();
@@ -752,18 +745,13 @@ test("choices queued behind the pacing, or sent but not yet confirmed, at a clos
 
 test("a status chosen while disconnected and the socket's idle flag are both restored", async () => {
   const { client, clock } = make();
-  client.connect();
-  await flush();
-  let ws = FakeSocket.last();
-  await ready(ws);
+  let ws = await opened(client);
   client.setStatus("idle");
   await clock.advance(30_000);
   ackAll(ws); // read by the edge
   ws.drop(1001);
   client.setStatus("dnd"); // while disconnected
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws);
+  ws = await reopened(clock);
   assert.deepEqual(ws.take(), [
     { type: "presence.update", status: "dnd" },
     { type: "presence.update", status: "idle" },
@@ -784,24 +772,17 @@ test("a status chosen while disconnected and the socket's idle flag are both res
 
 test("back from a drain to a resumed idle place while awake: says online (its last online may never have been read)", async () => {
   const { client, clock } = make();
-  client.connect();
-  await flush();
-  let ws = FakeSocket.last();
-  await ready(ws);
+  let ws = await opened(client);
   client.setStatus("idle");
   client.setStatus("online"); // sent; the draining edge closes the socket before reading it
   ws.take();
   ws.drop(1012);
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws, "me", { status: "idle" }); // the held place it took was idle
+  ws = await reopened(clock, { status: "idle" }); // the held place it took was idle
   assert.deepEqual(ws.take(), [{ type: "presence.update", status: "online" }]);
   await clock.advance(30_000);
   ackAll(ws); // this time the edge read it
   ws.drop(1012);
-  await clock.advance(1_000);
-  ws = FakeSocket.last();
-  await ready(ws, "me", { status: "online" }); // nothing to restore
+  ws = await reopened(clock, { status: "online" }); // nothing to restore
   assert.deepEqual(ws.take(), []);
   client.close();
 });
