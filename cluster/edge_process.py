@@ -332,8 +332,8 @@ async def serve_edge(
     # (`presence up` killed 150 s later, once in a full suite).
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGTERM, terminate)
-    if _interrupted:  # asked for before these handlers, and swallowed on its way (`interrupt`)
-        stop.set()
+    # Asked for before these handlers, and swallowed on its way (`interrupt`): nothing started.
+    raise_if_interrupted()
     try:
         await edge.start()
     except OSError as e:

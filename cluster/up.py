@@ -37,7 +37,6 @@ from cluster.edge_process import (
     install_loop,
     interrupt,
     join_ray,
-    raise_if_interrupted,
     raylet_probe,
     refuse_insecure,
     serve_edge,
@@ -396,7 +395,6 @@ def _serve(
             print(f"  tokens      presence token USER --data-dir {data_dir}", flush=True)
             print("Ctrl-C stops everything (pending last-seen writes are drained first).", flush=True)
 
-        raise_if_interrupted()  # a stop lost outside the steps: before the edge serves anybody
         install_loop()
         config = edge_config(settings, secret, redis_url, demo=demo, internal_token=api_token)
         # Joined to a cluster, the head's edge exits when its raylet goes (its supervisor starts

@@ -90,3 +90,22 @@ def test_a_signal_while_the_edge_starts_lets_the_start_end_then_stops_it(
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert happened == ["started", "stopped"]
+
+
+def test_a_stop_swallowed_before_the_edge_serves_starts_no_edge(
+    interruptible: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from edge.server import Edge, EdgeConfig
+
+    started: list[bool] = []
+
+    async def start(self: Edge) -> None:
+        started.append(True)
+
+    monkeypatch.setattr(Edge, "start", start)
+    edge_process._interrupted.append(signal.SIGINT)  # as `interrupt` left it, its exception lost
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(edge_process.serve_edge(EdgeConfig(secret="s" * 32, redis_url=None), lambda edge: None))
+    assert started == []
