@@ -159,6 +159,12 @@ class PresenceShard:
         self._users_in_use: Counter[str] = Counter()
         self._channels_in_use: Counter[str] = Counter()
         self.metrics = Metrics(COUNTERS)
+        # Labelled by a bounded set known now: at 0 from the start too, so that rate() sees the
+        # first operation or event of a kind.
+        for key in _OP_KEYS.values():
+            self.metrics.counters[key] += 0
+        for frame_type in EVENT_TYPES_COUNTED:
+            self.metrics.counters[_event_key(frame_type)] += 0
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
         # Held places (actors/held.py): the latest of each account's, waiting to be written.
         self.held = HeldStore(config.redis_url) if config.redis_url else None
@@ -924,6 +930,9 @@ class PresenceShard:
 _OP_KEYS = {kind: Metrics.key("shard_ops_total", op=name) for kind, name in ops_.KIND.items()}
 _DELIVERIES = Metrics.key("deliveries_total")
 _EVENT_KEYS: dict[object, Key] = {}
+# The frames a shard produces for clients (`events_total`'s types; the edges' own notes, which
+# start with "_", are counted too, from their first).
+EVENT_TYPES_COUNTED = ("presence.changed", "presence.self", "typing", "voice.roster")
 
 
 def _event_key(frame_type: object) -> Key:

@@ -272,6 +272,10 @@ CLIENT_FRAMES: tuple[type[_Frame], ...] = (
     VoiceLeaveFrame,
     SettingsUpdateFrame,
 )
+# Their `type` values, in the same order.
+CLIENT_FRAME_TYPES: tuple[str, ...] = tuple(
+    get_args(frame.model_fields["type"].annotation)[0] for frame in CLIENT_FRAMES
+)
 
 
 # Close codes (the contract fixes 4001, 1008 and 1009; the rest are ours, documented in docs/).

@@ -106,6 +106,11 @@ CLOSE_CODES_COUNTED = (
     p.CLOSE_UNAVAILABLE,
     p.CLOSE_SERVICE_RESTART,
 )
+# `presence_frames_in_total`'s types: the contract's client frames, and what `_message` counts
+# for a frame that is none of them (`invalid`) or was refused unread (`refused`).
+FRAME_TYPES_COUNTED = (*p.CLIENT_FRAME_TYPES, "invalid", "refused")
+# `presence_replies_total`'s types: every answer a socket's own frame can get (edge/session.py).
+REPLY_TYPES_COUNTED = ("ready", "heartbeat.ack", "presence.sync", "presence.changed", "error")
 
 WS_PATH = "/ws/presence"
 HELD_CAP = 1_000
@@ -282,6 +287,10 @@ class Edge:
         # close would hide that close from rate() and increase().
         for code in CLOSE_CODES_COUNTED:
             self.metrics.declare("closes_total", code=str(code))
+        for kind in FRAME_TYPES_COUNTED:
+            self.metrics.declare("frames_in_total", type=kind)
+        for kind in REPLY_TYPES_COUNTED:
+            self.metrics.declare("replies_total", type=kind)
         self.directory = DirectoryClient()
         self.router = Router(
             self.edge_id,

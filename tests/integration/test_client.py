@@ -217,7 +217,7 @@ async def test_metrics_cover_what_operators_watch(cluster: Cluster, edge: Edge, 
     assert kinds["presence_flush_write_seconds"] == "histogram"
 
 
-async def test_a_new_edge_exports_its_own_close_codes_at_zero(cluster: Cluster) -> None:
+async def test_a_new_edge_exports_its_counters_by_type_at_zero(cluster: Cluster) -> None:
     """Before its first close of a kind, so that rate() and increase() see that first one."""
     fresh = Edge(cluster.edge_config())  # not started: what it exports from its construction
     counters = {
@@ -225,6 +225,11 @@ async def test_a_new_edge_exports_its_own_close_codes_at_zero(cluster: Cluster) 
     }
     for code in ("4000", "4001", "1008", "1009", "1011", "1012", "4029"):
         assert counters[("closes_total", (("code", code),))] == 0, code
+    # Frames in and replies by type: every type the contract has, and the edge's own labels.
+    for kind in ("identify", "heartbeat", "presence.query", "settings.update", "invalid", "refused"):
+        assert counters[("frames_in_total", (("type", kind),))] == 0, kind
+    for kind in ("ready", "heartbeat.ack", "presence.sync", "presence.changed", "error"):
+        assert counters[("replies_total", (("type", kind),))] == 0, kind
 
 
 async def test_replies_and_closes_are_counted_whichever_road_they_take(

@@ -75,6 +75,7 @@ def test_every_contract_frame_type_is_covered() -> None:
     }
     assert {f["type"] for f, _ in VALID} == contract
     assert {m.model_fields["type"].annotation.__args__[0] for m in p.CLIENT_FRAMES} == contract  # type: ignore[union-attr]
+    assert set(p.CLIENT_FRAME_TYPES) == contract  # the edge's counters by type (edge/server.py)
 
 
 @pytest.mark.parametrize(

@@ -499,3 +499,12 @@ async def test_an_edge_counts_as_registered_again_once_it_calls_with_its_boxs_na
     await asyncio.sleep(0)
     assert await shard.edges_registered() == ["edge-a", "edge-b"]
     pulling.cancel()
+
+
+def test_a_new_shard_exports_its_counters_by_operation_and_event_at_zero(shard: PresenceShard) -> None:
+    """Before the first operation or event of a kind, so that rate() and increase() see it."""
+    counters = {(name, tuple(labels)): v for name, labels, v in shard.metrics.snapshot()["counters"]}
+    for op in ("connect", "status", "query", "voice_leave", "drop_socket"):
+        assert counters[("shard_ops_total", (("op", op),))] == 0, op
+    for frame_type in ("presence.changed", "presence.self", "typing", "voice.roster"):
+        assert counters[("events_total", (("type", frame_type),))] == 0, frame_type
