@@ -79,7 +79,7 @@ def _interval_s(interval_ms: Any) -> float:
 @dataclass(frozen=True)
 class TokenContext:
     attempt: int
-    rejected: bool  # the previous token was refused (4001): fetch a fresh one
+    rejected: bool  # the previous token was refused (4001): fetch a fresh one (the same one stops the client)
 
 
 TokenProvider = Callable[[TokenContext], "str | Awaitable[str]"]
@@ -98,6 +98,8 @@ class PresenceClient:
 
     `url`: one URL, a list (tried in turn on each reconnect) or a function returning one.
     `token`: a string, or a (sync or async) function of a TokenContext, called on every connect.
+    A fixed token that is refused (4001) stops the client (state closed, error `unauthorized`), and
+    so does a provider that hands back the very token just refused.
     """
 
     def __init__(
@@ -162,6 +164,10 @@ class PresenceClient:
         self._attempt = 0
         self._url_index = 0
         self._rejected = False
+        # The token the last 4001 refused, until a ready: a provider that hands it back has nothing
+        # fresh, and trying it again would be refused again, for ever.
+        self._refused_token: str | None = None
+        self._token_in_use: str | None = None  # the token of the current (or last) attempt
         self._state_changed = asyncio.Event()  # set (and replaced) at every change of state
         self._close_error: PresenceError | None = None  # why it closed, for wait_open
         self._ws: ClientConnection | None = None
@@ -316,11 +322,14 @@ class PresenceClient:
                 return
             if code == 4001:
                 if isinstance(self._token, str):
-                    self._stopped = True
-                    self._close_error = PresenceError("unauthorized", "the token was refused (4001)")
-                    self._emit("error", self._close_error)
-                    self._set_state("closed", code=code, reason=reason)
+                    self._give_up_unauthorized(code, reason, "the token was refused (4001)")
                     return
+                if self._refused_token is not None and self._token_in_use == self._refused_token:
+                    self._give_up_unauthorized(
+                        code, reason, "the token provider returned the token just refused (4001)"
+                    )
+                    return
+                self._refused_token = self._token_in_use
                 self._rejected = True  # the provider is told, so it fetches a fresh token
             throttled = code in THROTTLING_CLOSE_CODES
             if code in RESTART_CLOSE_CODES:
@@ -337,6 +346,14 @@ class PresenceClient:
             )
             await asyncio.sleep(delay)
 
+    def _give_up_unauthorized(self, code: int, reason: str, message: str) -> None:
+        """Stop for good: the token at hand would be refused again (a fixed one, or the one a
+        provider just handed back)."""
+        self._stopped = True
+        self._close_error = PresenceError("unauthorized", message)
+        self._emit("error", self._close_error)
+        self._set_state("closed", code=code, reason=reason)
+
     async def _one_connection(self) -> tuple[int | None, str, float]:
         """One socket from connect to close: (close code or None, reason, seconds it was open)."""
         self._set_state("connecting", attempt=self._attempt)
@@ -351,6 +368,9 @@ class PresenceClient:
         except Exception as e:
             self._emit("error", PresenceError("token", str(e)))
             return None, "token provider failed", 0.0
+        self._token_in_use = token
+        if self._refused_token is not None and token == self._refused_token:
+            return 4001, "the token provider returned the token just refused", 0.0
         url = self._next_url()
         self.url = url
         try:
@@ -572,6 +592,7 @@ class PresenceClient:
     def _on_ready(self, frame: Frame) -> None:
         assert self._ws is not None
         self._rejected = False
+        self._refused_token = None
         self.user_id = str(frame.get("userId"))
         self.socket_id = str(frame.get("socketId"))
         self.status = str(frame.get("status"))

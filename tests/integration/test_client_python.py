@@ -218,6 +218,34 @@ async def test_a_fixed_token_refused_stops(scripted: Any) -> None:
     assert errors == ["unauthorized"] and s.count == 1
 
 
+async def test_a_provider_handing_back_the_token_just_refused_stops(scripted: Any) -> None:
+    """A fresh token after a 4001 is tried; the very token just refused, handed back, is not: the
+    client stops as with a fixed token. The old client retried it for ever."""
+    asked: list[TokenContext] = []
+
+    def token(ctx: TokenContext) -> str:
+        asked.append(ctx)
+        return "T1" if len(asked) == 1 else "T2"  # T2 for good: refused, then handed back
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await s.recv(ws, n)
+        await ws.close(4001, "bad token")
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, token, backoff=FAST)
+    errors: list[PresenceError] = []
+    client.on("error", errors.append)
+    client.connect()
+    async with asyncio.timeout(5):
+        with pytest.raises(PresenceError) as refused:
+            await client.wait_open()
+    assert refused.value.code == "unauthorized" and client.state == "closed"
+    assert [e.code for e in errors] == ["unauthorized"]
+    assert "just refused" in str(errors[0])
+    assert [(c.attempt, c.rejected) for c in asked] == [(0, False), (1, True), (2, True)]
+    assert [r[0]["token"] for r in s.received] == ["T1", "T2"]  # the repeat never sent
+
+
 async def test_answers_matched_by_the_following_heartbeat(scripted: Any) -> None:
     """Two query chunks in flight at once: each gets its own answers, a broadcast in between is
     taken as the newer word, an id outside the audience is silent."""

@@ -89,7 +89,9 @@ const DEFAULTS = Object.freeze({
 /**
  * A presence connection. `options`:
  *   url: "ws://host:8765/ws/presence", a list (tried in turn on each reconnect) or a function;
- *   token: a string, or a function ({attempt, rejected}) => token | Promise<token>;
+ *   token: a string, or a function ({attempt, rejected}) => token | Promise<token>; a fixed token
+ *     that is refused (4001) stops the client, and so does a provider handing back the very
+ *     token just refused;
  *   WebSocket: the constructor (default: globalThis.WebSocket);
  *   backoff: {baseMs, capMs, throttledBaseMs, throttledCapMs} (see backoff.js);
  *   random, clock: injectable for tests; and the DEFAULTS above.
@@ -140,6 +142,10 @@ export class PresenceClient {
     this._attempt = 0;
     this._urlIndex = 0;
     this._rejected = false;
+    // The token the last 4001 refused, until a ready: a provider that hands it back has nothing
+    // fresh, and trying it again would be refused again, for ever.
+    this._refusedToken = null;
+    this._tokenInUse = null; // the token of the current (or last) attempt
     this._stopped = true;
     this._ws = null;
     this._timers = new Set();
@@ -268,6 +274,12 @@ export class PresenceClient {
       }
       if (gen !== this._gen || this._stopped) return;
     }
+    this._tokenInUse = token;
+    if (this._refusedToken !== null && token === this._refusedToken) {
+      const why = "the token provider returned the token just refused";
+      this._giveUpUnauthorized(4001, why, `${why} (4001)`);
+      return;
+    }
     let url;
     let ws;
     try {
@@ -319,13 +331,10 @@ export class PresenceClient {
     }
     if (code === 4001) {
       if (typeof this.options.token !== "function") {
-        this._stopped = true;
-        const error = new PresenceError("unauthorized", "the token was refused (4001)");
-        this._emit("error", error);
-        this._settleSyncWaiters(error);
-        this._setState("closed", { code, reason });
+        this._giveUpUnauthorized(code, reason, "the token was refused (4001)");
         return;
       }
+      this._refusedToken = this._tokenInUse;
       this._rejected = true; // the provider is told, so it fetches a fresh token
     }
     const restart = RESTART_CLOSE_CODES.includes(code);
@@ -333,6 +342,15 @@ export class PresenceClient {
     // edge; a failure after that backs off from the first window.
     if (restart) this._attempt = 0;
     this._scheduleReconnect({ code, reason, throttled: THROTTLING_CLOSE_CODES.includes(code), restart });
+  }
+
+  /** Stop for good: the token at hand would be refused again (a fixed one, or one handed back). */
+  _giveUpUnauthorized(code, reason, message) {
+    this._stopped = true;
+    const error = new PresenceError("unauthorized", message);
+    this._emit("error", error);
+    this._settleSyncWaiters(error);
+    this._setState("closed", { code, reason });
   }
 
   _scheduleReconnect({ code, reason, throttled = false, restart = false }) {
@@ -540,6 +558,7 @@ export class PresenceClient {
     this._connectTimer = null;
     this._readyAt = this._clock.now();
     this._rejected = false;
+    this._refusedToken = null;
     this.userId = frame.userId;
     this.socketId = frame.socketId;
     this.status = frame.status;

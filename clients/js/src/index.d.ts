@@ -54,7 +54,7 @@ export interface QueryAnswer {
 
 export interface TokenContext {
   attempt: number;
-  /** The previous token was refused (4001): fetch a fresh one. */
+  /** The previous token was refused (4001): fetch a fresh one (handing it back stops the client). */
   rejected: boolean;
 }
 

@@ -414,6 +414,36 @@ test("4001 with a fixed token stops: the same token would be refused again", asy
   assert.equal(FakeSocket.all.length, 1);
 });
 
+test("a token provider handing back the token just refused stops, as a fixed token does (a fresh one is tried)", async () => {
+  const asked = [];
+  const { client, clock, states } = make({
+    token: (ctx) => {
+      asked.push(ctx);
+      return asked.length === 1 ? "T1" : "T2"; // T2 for good: refused, then handed back
+    },
+  });
+  const errors = [];
+  client.on("error", (e) => errors.push(e));
+  client.connect();
+  await flush();
+  FakeSocket.last().open();
+  FakeSocket.last().drop(4001); // T1 refused
+  await clock.advance(states.at(-1)[1].delayMs);
+  await flush();
+  assert.equal(FakeSocket.all.length, 2); // T2 is fresh: tried
+  FakeSocket.last().open();
+  FakeSocket.last().drop(4001); // T2 refused
+  await clock.advance(states.at(-1)[1].delayMs);
+  await flush();
+  assert.equal(client.state, "closed");
+  assert.deepEqual(errors.map((e) => e.code), ["unauthorized"]);
+  assert.match(errors[0].message, /just refused/);
+  assert.deepEqual(asked.map((c) => c.rejected), [false, true, true]);
+  assert.deepEqual(FakeSocket.all.map((ws) => ws.sent[0].token), ["T1", "T2"]); // the repeat never sent
+  await clock.advance(600_000);
+  assert.equal(FakeSocket.all.length, 2);
+});
+
 test("subscriptions are restored after a reconnect and the picture reconciled: no ghost survives", async () => {
   const { client, clock } = make();
   const changes = [];
