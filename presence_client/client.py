@@ -158,6 +158,8 @@ class PresenceClient:
         self._last_seen_wanted: set[str] = set()
         self._last_seen_task: asyncio.Task[None] | None = None  # gathering them (0.25 s)
         self._listeners: dict[str, list[Callable[..., Any]]] = {}
+        # subscribe() calls made while connecting: settled by the next socket's resubscribe
+        self._sync_waiters: list[asyncio.Future[None]] = []
 
         self._task: asyncio.Task[None] | None = None
         self._stopped = True
@@ -286,6 +288,7 @@ class PresenceClient:
             self._task = None
         error = PresenceError("disconnected", "closed by the application")
         self._end_connection(error)
+        self._settle_sync_waiters(error)
         if self._typing_handle is not None:
             self._typing_handle.cancel()
         if self.state != "closed":
@@ -318,6 +321,7 @@ class PresenceClient:
             if code == 1000:
                 self._stopped = True
                 self._close_error = PresenceError("disconnected", "closed by the server (1000)")
+                self._settle_sync_waiters(self._close_error)
                 self._set_state("closed", code=code, reason=reason)
                 return
             if code == 4001:
@@ -352,6 +356,7 @@ class PresenceClient:
         self._stopped = True
         self._close_error = PresenceError("unauthorized", message)
         self._emit("error", self._close_error)
+        self._settle_sync_waiters(self._close_error)
         self._set_state("closed", code=code, reason=reason)
 
     async def _one_connection(self) -> tuple[int | None, str, float]:
@@ -629,15 +634,45 @@ class PresenceClient:
     # ------------------------------------------------------------------ presence
 
     async def subscribe(self, user_ids: Iterable[str]) -> None:
-        """Watch these accounts (remembered across reconnects); returns once their sync is applied
-        (at once when not connected: they are subscribed on connect)."""
+        """Watch these accounts (remembered across reconnects); returns once their sync is applied.
+        While connecting (after connect(), also while reconnecting), that is the sync after the
+        socket opens, so `await subscribe()` right after connect() finds the client open. Before
+        connect() or after the client closed: at once (they are subscribed on connect). Raises
+        PresenceError: the refusal (rate_limited: retried later all the same, too_many_ids), or
+        disconnected / unauthorized when the client closes first."""
         ids = list(dict.fromkeys(user_ids))
         fresh = [u for u in ids if u not in self.picture.watched]
         if len(self.picture.watched) + len(fresh) > self.max_subscriptions:
             raise PresenceError("too_many_ids", f"at most {self.max_subscriptions} subscriptions")
         self.picture.watch(fresh)
-        if fresh and self._is_open():
+        if not fresh:
+            return
+        if self._is_open():
             await self._subscribe_chunks(fresh)
+        elif not self._stopped:
+            await self._next_resubscribe()
+
+    async def _next_resubscribe(self) -> None:
+        """Wait for the next socket's resubscribe (which includes every id watched by then)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sync_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            # A caller that gave up (a timeout, a cancellation) leaves nothing behind.
+            with contextlib.suppress(ValueError):
+                self._sync_waiters.remove(waiter)
+
+    def _settle_sync_waiters(self, error: PresenceError | None) -> None:
+        """Return (error None) or raise in the subscribe() calls waiting for the next resubscribe."""
+        waiters, self._sync_waiters = self._sync_waiters, []
+        for waiter in waiters:
+            if waiter.done():
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
 
     def unsubscribe(self, user_ids: Iterable[str]) -> None:
         """Stop watching; their entries leave the picture."""
@@ -661,9 +696,14 @@ class PresenceClient:
     async def _resubscribe(self) -> None:
         try:
             await self._subscribe_chunks(list(self.picture.watched))
-        except PresenceError:
+        except PresenceError as e:
+            # The socket went: the next one starts over, and the subscribe() calls waiting go on
+            # waiting. A refusal is theirs too (as for a subscribe() on an open socket).
+            if e.code not in ("disconnected", "not_connected"):
+                self._settle_sync_waiters(e)
             return
         self.synced = True
+        self._settle_sync_waiters(None)
         self._emit("sync", self)
         if self.track_last_seen:
             for user_id, entry in self.picture.entries.items():

@@ -355,6 +355,80 @@ async def test_a_malformed_frame_is_dropped_and_the_client_carries_on(scripted: 
     await client.close()
 
 
+async def test_subscribe_while_connecting_returns_once_the_sync_after_open_is_applied(scripted: Any) -> None:
+    """As in the JavaScript client: `await subscribe()` right after connect() waits for the sync
+    after the socket opens. The old client returned at once, still connecting, bob unknown."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        await serve_requests(s, ws, n, sync=[{"userId": "bob", "status": "online"}])
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST)
+    client.connect()
+    assert client.state != "open"
+    async with asyncio.timeout(5):
+        await client.subscribe(["bob"])
+    assert client.state == "open" and client.synced
+    entry = client.get("bob")
+    assert entry is not None and entry.status == "online"
+    assert [f for f in s.received[0] if f["type"] == "presence.subscribe"] == [
+        {"type": "presence.subscribe", "userIds": ["bob"]}
+    ]
+    await client.close()
+
+
+async def test_subscribe_while_connecting_raises_when_the_client_gives_up_and_at_once_when_not_started(
+    scripted: Any,
+) -> None:
+    """Waiting for the sync after open ends with the reason when the client closes first: close()
+    (disconnected), a refused token (unauthorized), a refused resubscribe (rate_limited). Before
+    connect() and after close(), subscribe() returns at once: the ids are subscribed on connect."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        identify = await s.recv(ws, n)
+        if identify["token"] == "refused":
+            await ws.close(4001, "bad token")
+        elif identify["token"] == "silent":
+            await ws.wait_closed()  # never ready: the client stays connecting
+        else:
+            await ws.send(json.dumps({"type": "ready", "userId": "me", "socketId": "s", "status": "online",
+                                      "heartbeatIntervalMs": 30_000}))  # fmt: skip
+            async for raw in ws:
+                if json.loads(raw)["type"] == "heartbeat":
+                    await ws.send('{"type":"error","code":"rate_limited","message":"slow down"}')
+                    await ws.send('{"type":"heartbeat.ack"}')
+
+    s = await scripted(script)
+    async with asyncio.timeout(5):
+        closed = PresenceClient(s.url, "silent", backoff=FAST)
+        await closed.subscribe(["a"])  # not started: at once
+        closed.connect()
+        waiting = asyncio.create_task(closed.subscribe(["b"]))
+        await until(lambda: s.count == 1)
+        assert not waiting.done()
+        await closed.close()
+        with pytest.raises(PresenceError) as disconnected:
+            await waiting
+        assert disconnected.value.code == "disconnected"
+        await closed.subscribe(["c"])  # closed: at once
+        assert closed.watched == ["a", "b", "c"]
+
+        refused = PresenceClient(s.url, "refused", backoff=FAST)
+        refused.connect()
+        with pytest.raises(PresenceError) as unauthorized:
+            await refused.subscribe(["a"])
+        assert unauthorized.value.code == "unauthorized"
+
+        limited = PresenceClient(s.url, "T", backoff=FAST)
+        limited.connect()
+        with pytest.raises(PresenceError) as rate_limited:
+            await limited.subscribe(["a"])
+        assert rate_limited.value.code == "rate_limited"
+        assert limited.state == "open" and not limited.synced
+        await limited.close()
+
+
 async def test_a_ready_with_a_bad_heartbeat_interval_opens_with_the_contracts_30_s(scripted: Any) -> None:
     """A non-numeric heartbeatIntervalMs raised in the old client's ready handling: its task
     died, it stayed `connecting` for good."""
