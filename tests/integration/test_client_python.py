@@ -299,7 +299,7 @@ async def test_outgoing_frames_are_paced(scripted: Any) -> None:
     client.connect()
     await client.wait_open()
     for i in range(15):
-        client.set_focus(f"c{i}")
+        client.subscribe_channel(f"c{i}")  # frames no later one supersedes
     await until(lambda: len(arrivals) == 15)
     # 5 at once, then 10 at 20/s: about half a second, never faster.
     assert arrivals[-1] - arrivals[0] >= 0.45
@@ -620,7 +620,7 @@ async def test_choices_queued_or_unconfirmed_at_a_close_are_sent_again_after_the
     client.connect()
     await client.wait_open()
     for channel in ("a", "b", "c"):
-        client.set_focus(channel)
+        client.subscribe_channel(channel)  # the burst
     client.set_status("invisible")
     client.set_last_seen_visibility("nobody")
     await until(lambda: s.count == 4 and any(f["type"] == "heartbeat" for f in s.received[3]))

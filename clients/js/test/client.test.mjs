@@ -747,11 +747,11 @@ test("choices queued behind the pacing, or sent but not yet confirmed, at a clos
   const { client, clock } = make({ rateBurst: 2, ratePerSecond: 1 });
   const choices = (frames) => frames.filter((f) => f.type === "presence.update" || f.type === "settings.update");
   let ws = await opened(client);
-  client.setFocus("a");
-  client.setFocus("b"); // the burst
+  client.subscribeChannel("a");
+  client.subscribeChannel("b"); // the burst
   client.setStatus("invisible");
   client.setLastSeenVisibility("nobody"); // both queued behind the pacing
-  assert.deepEqual(ws.types(), ["focus", "focus"]);
+  assert.deepEqual(ws.types(), ["channel.subscribe", "channel.subscribe"]);
   ws.drop(1012); // a drain: the queue never went out
   ws = await reopened(clock);
   const restored = [
@@ -824,7 +824,7 @@ test("outgoing frames are paced under the edge's rate limit", async () => {
   const ws = FakeSocket.last();
   await ready(ws);
   ws.take();
-  for (let i = 0; i < 30; i += 1) client.setFocus(`c${i}`);
+  for (let i = 0; i < 30; i += 1) client.subscribeChannel(`c${i}`); // frames no later one supersedes
   assert.equal(ws.sent.length, 10);
   await clock.advance(1_000);
   assert.equal(ws.sent.length, 15);
