@@ -20,7 +20,7 @@ from presence_client.backoff import (
     reconnect_delay,
     restart_delay,
 )
-from presence_client.client import ConnectionState, PresenceClient, TokenContext
+from presence_client.client import MAX_QUEUED_FRAMES, ConnectionState, PresenceClient, TokenContext
 from presence_client.picture import (
     MAX_QUERY_IDS,
     PRESENT,
@@ -35,6 +35,7 @@ from presence_client.picture import (
 __all__ = [
     "DEFAULT_BACKOFF",
     "MAX_QUERY_IDS",
+    "MAX_QUEUED_FRAMES",
     "PRESENT",
     "RESTART_CLOSE_CODES",
     "THROTTLING_CLOSE_CODES",

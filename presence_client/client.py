@@ -11,6 +11,10 @@ answer before it reads the next frame, so a heartbeat sent right after a request
 only after the request's answers. Every request (a subscribe chunk, a query chunk) is followed by
 a heartbeat; its answers are what arrives between the previous heartbeat's acknowledgement and
 its own.
+
+The outgoing queue (paced under the edge's per-socket limit) is bounded and coalescing: a frame
+that supersedes one still queued takes its place (see `_overrides`), and past
+MAX_QUEUED_FRAMES an application's frame is refused with PresenceError("queue_full").
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from presence_client.picture import (
     refusal,
 )
 
-__all__ = ["ConnectionState", "PresenceClient", "TokenContext"]
+__all__ = ["MAX_QUEUED_FRAMES", "ConnectionState", "PresenceClient", "TokenContext"]
 
 log = logging.getLogger("presence_client")
 
@@ -64,6 +68,45 @@ ConnectionState = Literal["idle", "connecting", "open", "reconnecting", "closed"
 CHOSEN = frozenset({"online", "idle", "dnd", "invisible"})
 VISIBILITY = frozenset({"everyone", "friends", "nobody"})
 CLOSE_DEAD = 4000  # the code this client records for a connection it gave up on
+# Frames waiting for the pacing at most: at the default 15 a second, about a minute's worth. An
+# application that outruns the pacing with frames nothing supersedes is told (queue_full) instead
+# of filling memory with frames that would reach the edge ever later.
+MAX_QUEUED_FRAMES = 1000
+
+# A part of the socket's state at the edge that a frame sets (see _overrides).
+_Part = tuple[str, str]
+_IDLE_FLAG: _Part = ("presence.update", "idle flag")
+_CHOSEN_STATUS: _Part = ("presence.update", "chosen status")
+_NOTHING: frozenset[_Part] = frozenset()
+
+
+def _overrides(frame: Frame) -> frozenset[_Part]:
+    """The parts of the socket's state at the edge that `frame` sets, each wholly: a queued frame
+    whose every part a later frame sets again is superseded by it (the later one takes its place).
+    Empty for frames that are never merged: heartbeats (they count for request windows and
+    choices), requests, presence.unsubscribe, voice (each join and leave is seen by others)."""
+    kind = frame.get("type")
+    if kind == "presence.update":
+        status = frame.get("status")
+        if status == "idle":
+            return frozenset({_IDLE_FLAG})
+        if status == "online":  # also wakes this socket
+            return frozenset({_IDLE_FLAG, _CHOSEN_STATUS})
+        return frozenset({_CHOSEN_STATUS})
+    if kind == "settings.update":
+        return frozenset({("settings.update", "last-seen visibility")})
+    if kind == "focus":
+        return frozenset({("focus", "focus")})
+    channel = str(frame.get("channelId"))
+    if kind in ("channel.subscribe", "channel.unsubscribe"):
+        return frozenset({("channel", channel)})
+    if kind == "typing.start":
+        # Typing, and the broadcast watchers may see: a later typing.stop sends nothing, so it
+        # must not swallow a start still queued.
+        return frozenset({("typing", channel), ("typing broadcast", channel)})
+    if kind == "typing.stop":
+        return frozenset({("typing", channel)})
+    return _NOTHING
 
 
 def _interval_s(interval_ms: Any) -> float:
@@ -414,7 +457,8 @@ class PresenceClient:
         return code, reason, lived
 
     def _reset_connection(self) -> None:
-        self._queue: deque[tuple[Frame, _Window | None]] = deque()
+        # (frame, its request's window or None, _overrides(frame)), in the order they are written
+        self._queue: deque[tuple[Frame, _Window | None, frozenset[_Part]]] = deque()
         self._wake = asyncio.Event()
         self._tokens = float(self.rate_burst)
         self._tokens_at = self._clock()
@@ -477,18 +521,64 @@ class PresenceClient:
     def _is_open(self) -> bool:
         return self._ws is not None and self.state == "open"
 
-    def _send(self, frame: Frame, window: _Window | None = None) -> bool:
+    def _send(self, frame: Frame, window: _Window | None = None, *, bounded: bool = True) -> bool:
+        """Queue a frame for the current socket; False when there is none (what the client
+        remembers is restored on the next). A frame that supersedes queued ones takes the place of
+        the first (_supersede). Otherwise, past MAX_QUEUED_FRAMES, PresenceError("queue_full"),
+        unless not `bounded`: the client's own frames (heartbeats, what it restores after ready,
+        requests whose room the caller checked) are few, and never refused."""
         if self._ws is None:
             return False
+        parts = _NOTHING if window is not None else _overrides(frame)
+        if parts and self._supersede(frame, parts):
+            return True
+        if bounded:
+            self._check_room(1)
         if frame["type"] == "heartbeat":
             self._hb_queued += 1
-        self._queue.append((frame, window))
+        self._queue.append((frame, window, parts))
         self._wake.set()
         return True
 
-    def _send_choice(self, frame: Frame) -> bool:
+    def _check_room(self, frames: int) -> None:
+        """Raise queue_full unless `frames` more fit in the current socket's queue."""
+        if self._ws is not None and len(self._queue) + frames > MAX_QUEUED_FRAMES:
+            raise PresenceError(
+                "queue_full",
+                f"{len(self._queue)} frames wait to be sent ({self.rate_per_s:g} a second), at most "
+                f"{MAX_QUEUED_FRAMES}: nothing was queued",
+            )
+
+    def _supersede(self, frame: Frame, parts: frozenset[_Part]) -> bool:
+        """Put `frame` in the place of the queued frames it supersedes (every part of theirs is
+        one of its own): the first of them takes it, the others go. False if there is none.
+
+        Only frames queued after the last request are looked at: nothing moves past a request
+        (a query's answer depends on the last-seen setting before it), nor past its heartbeat, so
+        request windows keep their frames and their markers. Moving `frame` up to the first one's
+        place reorders nothing that matters: a frame left between that shared a part with it would
+        set a part it does not, so be `online` or typing.start, each setting every part of its
+        family, and that frame superseded the first one when it was queued. Heartbeats are never
+        merged, so the count that confirms choices (_unconfirmed) stays exact; the choice is
+        recorded with the count at its call, which only a heartbeat behind its new place can
+        reach."""
+        superseded: list[int] = []  # indexes, last first
+        for index in range(len(self._queue) - 1, -1, -1):
+            _, window, queued_parts = self._queue[index]
+            if window is not None:
+                break
+            if queued_parts and queued_parts <= parts:
+                superseded.append(index)
+        if not superseded:
+            return False
+        self._queue[superseded[-1]] = (frame, None, parts)
+        for index in superseded[:-1]:  # from the last: the indexes before stay right
+            del self._queue[index]
+        return True
+
+    def _send_choice(self, frame: Frame, *, bounded: bool = True) -> bool:
         """Send a choice of the account (a chosen status, a setting), kept until the edge read it."""
-        if not self._send(frame):
+        if not self._send(frame, bounded=bounded):
             return False
         self._unconfirmed[frame["type"]] = (frame, self._hb_queued)
         return True
@@ -506,7 +596,7 @@ class PresenceClient:
                     await asyncio.sleep((1 - self._tokens) / self.rate_per_s)
                     continue
                 self._tokens -= 1
-                frame, window = self._queue.popleft()
+                frame, window, _ = self._queue.popleft()
                 if window is not None and window.start_after is None:
                     window.start_after = self._hb_written
                 if frame["type"] == "heartbeat":
@@ -524,17 +614,19 @@ class PresenceClient:
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self._heartbeat_s)
-            self._send({"type": "heartbeat"})
+            self._send({"type": "heartbeat"}, bounded=False)
 
     async def _request(self, frames: Sequence[Frame]) -> list[Frame]:
-        """Send `frames` and a heartbeat; the frames received in between (see the module doc)."""
+        """Send `frames` and a heartbeat; the frames received in between (see the module doc).
+        Never refused for room: an application's request checks it first (_check_room), for all
+        its chunks at once, so that none is sent without the others."""
         if not self._is_open():
             raise PresenceError("not_connected", "not connected")
         window = _Window(asyncio.get_running_loop().create_future())
         self._windows.append(window)
         for frame in frames:
-            self._send(frame, window)
-        self._send({"type": "heartbeat"}, window)
+            self._send(frame, window, bounded=False)
+        self._send({"type": "heartbeat"}, window, bounded=False)
         return await window.future
 
     # ------------------------------------------------------------------ receiving
@@ -609,25 +701,27 @@ class PresenceClient:
         self._set_state("open", user_id=self.user_id, socket_id=self.socket_id)
         # What belongs to the socket, restored: the account's choices are durable upstream, the
         # socket's own (idle, focus, voice, subscriptions) are not.
+        # Into an empty queue, and never refused (not bounded): a socket comes back whole.
         if self._pending_status is not None:
-            self._send_choice({"type": "presence.update", "status": self._pending_status})
+            self._send_choice({"type": "presence.update", "status": self._pending_status}, bounded=False)
         elif not self._idle and self.status == "idle":
             # A resumed place keeps the idle flag of the socket it replaces (protocol.md "Drain and
             # resume"), and an `online` sent just before the server closed that socket may never
             # have been read: this socket is awake, so it says so.
-            self._send({"type": "presence.update", "status": "online"})
+            self._send({"type": "presence.update", "status": "online"}, bounded=False)
         if self._idle:  # the socket's own flag, whatever the account chose: restored after the choice
-            self._send({"type": "presence.update", "status": "idle"})
+            self._send({"type": "presence.update", "status": "idle"}, bounded=False)
         self._pending_status = None
         if self._pending_visibility is not None:
-            self._send_choice({"type": "settings.update", "lastSeenVisibility": self._pending_visibility})
+            visibility = {"type": "settings.update", "lastSeenVisibility": self._pending_visibility}
+            self._send_choice(visibility, bounded=False)
             self._pending_visibility = None
         if self._focus is not None:
-            self._send({"type": "focus", "channelId": self._focus})
+            self._send({"type": "focus", "channelId": self._focus}, bounded=False)
         for channel_id in self._channels:
-            self._send({"type": "channel.subscribe", "channelId": channel_id})
+            self._send({"type": "channel.subscribe", "channelId": channel_id}, bounded=False)
         if self._voice is not None:
-            self._send({"type": "voice.join", "channelId": self._voice})
+            self._send({"type": "voice.join", "channelId": self._voice}, bounded=False)
         self._emit("ready", frame)
         self._spawn(self._resubscribe(), "presence-client-resubscribe")
 
@@ -639,11 +733,14 @@ class PresenceClient:
         socket opens, so `await subscribe()` right after connect() finds the client open. Before
         connect() or after the client closed: at once (they are subscribed on connect). Raises
         PresenceError: the refusal (rate_limited: retried later all the same, too_many_ids), or
-        disconnected / unauthorized when the client closes first."""
+        disconnected / unauthorized when the client closes first, or queue_full (nothing
+        remembered)."""
         ids = list(dict.fromkeys(user_ids))
         fresh = [u for u in ids if u not in self.picture.watched]
         if len(self.picture.watched) + len(fresh) > self.max_subscriptions:
             raise PresenceError("too_many_ids", f"at most {self.max_subscriptions} subscriptions")
+        if fresh and self._is_open():
+            self._check_room(2 * len(chunk_ids(fresh)))  # before anything is remembered
         self.picture.watch(fresh)
         if not fresh:
             return
@@ -675,10 +772,14 @@ class PresenceClient:
                 waiter.set_exception(error)
 
     def unsubscribe(self, user_ids: Iterable[str]) -> None:
-        """Stop watching; their entries leave the picture."""
-        gone, changes = self.picture.unwatch(user_ids)
-        for chunk in chunk_ids(gone):
-            self._send({"type": "presence.unsubscribe", "userIds": chunk})
+        """Stop watching; their entries leave the picture. Raises PresenceError("queue_full")
+        with nothing changed."""
+        watched = [u for u in dict.fromkeys(user_ids) if u in self.picture.watched]
+        chunks = chunk_ids(watched)
+        self._check_room(len(chunks))
+        _, changes = self.picture.unwatch(watched)
+        for chunk in chunks:
+            self._send({"type": "presence.unsubscribe", "userIds": chunk}, bounded=False)
         self._changed(changes)
 
     @property
@@ -751,7 +852,7 @@ class PresenceClient:
         if not ids:
             return
         try:
-            await self.query(ids)
+            await self._query(chunk_ids(ids))  # the client's own: never refused for room
         except PresenceError as e:
             if e.code == "rate_limited":
                 await asyncio.sleep(15)
@@ -761,9 +862,13 @@ class PresenceClient:
     async def query(self, user_ids: Iterable[str]) -> dict[str, QueryAnswer]:
         """Status and last-seen of any number of accounts (split into <= 100-id frames, answers
         merged), in the order asked, without the ids outside the caller's audience. Raises
-        PresenceError (rate_limited, too_many_ids, not_connected, disconnected). Watched
-        accounts' entries take the answers too."""
+        PresenceError (rate_limited, too_many_ids, not_connected, disconnected, queue_full).
+        Watched accounts' entries take the answers too."""
         chunks = chunk_ids(user_ids)
+        self._check_room(2 * len(chunks))  # every chunk is sent, or none
+        return await self._query(chunks)
+
+    async def _query(self, chunks: list[list[str]]) -> dict[str, QueryAnswer]:
         windows = await asyncio.gather(
             *(self._request([{"type": "presence.query", "userIds": chunk}]) for chunk in chunks)
         )
@@ -778,14 +883,15 @@ class PresenceClient:
         wakes it)."""
         if status not in CHOSEN:
             raise ValueError(f"unknown status {status!r}")
-        if status in ("idle", "online"):
-            self._idle = status == "idle"
-        # Idle is not a choice of the account: the flag above restores it, and the pending choice
-        # (say invisible) stays.
+        # Sent first: one refused (queue_full) leaves what the client remembers as it was. Idle is
+        # not a choice of the account: the flag below restores it, and the pending choice (say
+        # invisible) stays.
         if status == "idle":
             self._send({"type": "presence.update", "status": status})
         elif not self._send_choice({"type": "presence.update", "status": status}):
             self._pending_status = status
+        if status in ("idle", "online"):
+            self._idle = status == "idle"
 
     def set_last_seen_visibility(self, visibility: str) -> None:
         if visibility not in VISIBILITY:
@@ -795,30 +901,30 @@ class PresenceClient:
 
     def set_focus(self, channel_id: str | None) -> None:
         """The channel this socket has focused (None for none); restored after reconnects."""
-        self._focus = channel_id
         self._send({"type": "focus", "channelId": channel_id})
+        self._focus = channel_id
 
     # ------------------------------------------------------------------ channels
 
     def subscribe_channel(self, channel_id: str) -> None:
         """Receive a channel's typing and voice events (remembered across reconnects)."""
-        self._channels[channel_id] = None
         self._send({"type": "channel.subscribe", "channelId": channel_id})
+        self._channels[channel_id] = None
 
     def unsubscribe_channel(self, channel_id: str) -> None:
+        self._send({"type": "channel.unsubscribe", "channelId": channel_id})
         self._channels.pop(channel_id, None)
         self._typing.forget_channel(channel_id)
         self._rosters.pop(channel_id, None)
-        self._send({"type": "channel.unsubscribe", "channelId": channel_id})
 
     def join_voice(self, channel_id: str) -> None:
         """Join a channel's voice roster with this socket (rejoined after reconnects)."""
-        self._voice = channel_id
         self._send({"type": "voice.join", "channelId": channel_id})
+        self._voice = channel_id
 
     def leave_voice(self) -> None:
-        self._voice = None
         self._send({"type": "voice.leave"})
+        self._voice = None
 
     def roster(self, channel_id: str) -> list[str]:
         return list(self._rosters.get(channel_id, []))
@@ -835,9 +941,10 @@ class PresenceClient:
         return True
 
     def stop_typing(self, channel_id: str) -> None:
-        last = self._typing_sent.pop(channel_id, None)
+        last = self._typing_sent.get(channel_id)
         if last is not None and self._clock() - last < TYPING_LAPSE_S:
             self._send({"type": "typing.stop", "channelId": channel_id})
+        self._typing_sent.pop(channel_id, None)
 
     def typers(self, channel_id: str) -> list[str]:
         """Who is typing in a channel now (sorted), lapsing 10 s after their last typing frame."""

@@ -39,7 +39,8 @@ class PresenceError(Exception):
     """An error frame from the service, or a request that could not be answered: `code` is one
     of bad_frame, too_many_ids, rate_limited, not_allowed (the contract's), or not_connected,
     disconnected, unauthorized, token, malformed_frame (the client's: a server frame that could
-    not be applied, dropped)."""
+    not be applied, dropped), queue_full (the client's: its outgoing queue is at
+    MAX_QUEUED_FRAMES, and the call queued nothing)."""
 
     def __init__(self, code: str, message: str = "") -> None:
         super().__init__(f"{code}: {message}" if message else code)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from presence_client import BackoffPolicy, PresenceClient, PresenceError, TokenContext
+from presence_client import MAX_QUEUED_FRAMES, BackoffPolicy, PresenceClient, PresenceError, TokenContext
 
 from .wsclient import eventually
 
@@ -306,6 +306,150 @@ async def test_outgoing_frames_are_paced(scripted: Any) -> None:
     await client.close()
 
 
+async def test_frames_called_in_a_loop_are_merged_in_place_and_choices_restored_from_the_last_word(
+    scripted: Any,
+) -> None:
+    """An application calling set_status, set_focus, typing and a setting in a loop: the old
+    client queued every frame (21,000 here), drained at the pacing's 15 a second. Each frame now
+    takes the place of the queued ones it supersedes, so what reaches the edge is the last word,
+    in an order that tells the edge the same; the choices sent again after a close are the last."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n, interval_ms=30_000 if n == 0 else 100)
+        last = "voice.join" if n == 0 else "heartbeat"
+        while (await s.recv(ws, n))["type"] != last:
+            pass
+        if n == 0:  # no heartbeat answered: the choices may not have been read
+            await ws.close(1012, "service restart; reconnect")
+        else:
+            await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=BackoffPolicy(restart_window_s=0.05))
+    client.connect()
+    await client.wait_open()
+    client.subscribe_channel("c1")
+    for i in range(3_000):  # nothing is written before the loop ends: all of it is queued
+        client.set_status("idle")
+        client.set_status("online")
+        client.set_status("dnd")
+        client.set_focus(f"c{i}")
+        client.typing("c1")
+        client.stop_typing("c1")
+        client.set_last_seen_visibility("friends" if i % 2 else "nobody")
+    client.join_voice("c1")
+    client.set_status("invisible")
+    assert len(client._queue) == 8
+    await until(lambda: s.count == 2 and any(f["type"] == "heartbeat" for f in s.received[1]))
+    assert s.received[0][1:] == [
+        {"type": "channel.subscribe", "channelId": "c1"},
+        {"type": "presence.update", "status": "online"},  # the socket woke: invisible keeps that
+        {"type": "focus", "channelId": "c2999"},
+        {"type": "typing.start", "channelId": "c1"},
+        {"type": "settings.update", "lastSeenVisibility": "friends"},
+        {"type": "presence.update", "status": "invisible"},
+        {"type": "typing.stop", "channelId": "c1"},
+        {"type": "voice.join", "channelId": "c1"},
+    ]
+    assert [f for f in s.received[1] if f["type"] in ("presence.update", "settings.update")] == [
+        {"type": "presence.update", "status": "invisible"},
+        {"type": "settings.update", "lastSeenVisibility": "friends"},
+    ]
+    await client.close()
+
+
+async def test_nothing_moves_past_a_request_and_its_heartbeat(scripted: Any) -> None:
+    """A setting queued before a query and another after it: the later one does not take the
+    earlier one's place, which would move it before the query (whose answer depends on it: an
+    account whose setting is `nobody` gets no last-seen times), nor disturb the query's window."""
+    visibility = ["everyone"]
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        async for raw in ws:
+            frame = json.loads(raw)
+            s.received[n].append(frame)
+            if frame["type"] == "heartbeat":
+                await ws.send('{"type":"heartbeat.ack"}')
+            elif frame["type"] == "settings.update":
+                visibility[0] = frame["lastSeenVisibility"]
+            elif frame["type"] == "presence.query":
+                answer = {"type": "presence.changed", "userId": "a", "status": "offline"}
+                if visibility[0] != "nobody":
+                    answer["lastSeenAt"] = "2026-12-02T08:47:00.000Z"
+                await ws.send(json.dumps(answer))
+
+    pacing_held = [True]
+    s = await scripted(script)
+    client = PresenceClient(
+        s.url,
+        "T",
+        backoff=FAST,
+        rate_burst=1,
+        rate_per_s=1_000,
+        # The pacing's clock stands still while held: past the one frame of the burst, frames wait.
+        clock=lambda: 0.0 if pacing_held[0] else time.monotonic(),
+    )
+    client.connect()
+    await client.wait_open()
+    client.subscribe_channel("warm-up")  # the burst's one frame: what follows waits
+    await until(lambda: len(s.received[0]) == 2)
+    client.set_last_seen_visibility("nobody")
+    asking = asyncio.create_task(client.query(["a"]))
+    await until(lambda: len(client._queue) == 3)  # the setting, the query, its heartbeat
+    client.set_last_seen_visibility("everyone")
+    assert len(client._queue) == 4
+    pacing_held[0] = False
+    async with asyncio.timeout(5):
+        answers = await asking
+    assert answers["a"].last_seen_at is None  # asked while the setting was nobody
+    await until(lambda: len(s.received[0]) == 6)
+    assert [f["type"] for f in s.received[0]] == [
+        "identify",
+        "channel.subscribe",
+        "settings.update",
+        "presence.query",
+        "heartbeat",
+        "settings.update",
+    ]
+    assert visibility == ["everyone"]
+    await client.close()
+
+
+async def test_past_the_bound_the_applications_frames_are_refused_until_the_queue_drains(
+    scripted: Any,
+) -> None:
+    """The old queue took every frame; past MAX_QUEUED_FRAMES a call now raises queue_full with
+    nothing queued or remembered, and works again once the pacing has drained the queue."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n)
+        await serve_requests(s, ws, n, sync=[])
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST, rate_burst=MAX_QUEUED_FRAMES, rate_per_s=1_000)
+    client.connect()
+    await client.wait_open()
+    for i in range(MAX_QUEUED_FRAMES):
+        client.subscribe_channel(f"c{i}")
+    with pytest.raises(PresenceError) as full:
+        await client.query(["a"])
+    assert full.value.code == "queue_full"
+    with pytest.raises(PresenceError) as full:
+        await client.subscribe(["a"])
+    assert full.value.code == "queue_full" and client.watched == []
+    with pytest.raises(PresenceError) as full:
+        client.typing("c1")
+    assert full.value.code == "queue_full"
+    await until(lambda: len(client._queue) == 0)
+    async with asyncio.timeout(5):
+        assert client.typing("c1")
+        await client.subscribe(["a"])
+        await client.query(["a"])
+    assert len(s.received[0]) == 1 + MAX_QUEUED_FRAMES + 1 + 2 + 2
+    await client.close()
+
+
 async def serve_requests(s: Scripted, ws: ServerConnection, n: int, sync: list[dict[str, Any]]) -> None:
     """Answer as an edge would: heartbeats acknowledged, a subscribe with `sync`, a query with
     each asked id offline."""
@@ -365,8 +509,7 @@ async def test_subscribe_while_connecting_returns_once_the_sync_after_open_is_ap
 
     s = await scripted(script)
     client = PresenceClient(s.url, "T", backoff=FAST)
-    client.connect()
-    assert client.state != "open"
+    client.connect()  # not open yet: its task has not even run
     async with asyncio.timeout(5):
         await client.subscribe(["bob"])
     assert client.state == "open" and client.synced

@@ -3,10 +3,13 @@ JavaScript client), chunking, the picture's reconciliation and query merging, ty
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -20,8 +23,10 @@ from presence_client.backoff import (
     reconnect_delay,
     restart_delay,
 )
+from presence_client.client import MAX_QUEUED_FRAMES, PresenceClient, _Window
 from presence_client.picture import (
     Entry,
+    Frame,
     Picture,
     PresenceError,
     QueryAnswer,
@@ -252,3 +257,163 @@ def test_after_a_resync_the_picture_is_the_truth(
     pic.reconcile(IDS, window)
     expected = {**truth, **dict(later)}
     assert {u: e.status for u, e in pic.entries.items()} == expected
+
+
+# ---------------------------------------------------------------- the outgoing queue's coalescing
+
+CHANNELS = ["c1", "c2"]
+MERGEABLE = st.one_of(
+    st.builds(
+        lambda s: {"type": "presence.update", "status": s},
+        st.sampled_from(["online", "idle", "dnd", "invisible"]),
+    ),
+    st.builds(
+        lambda v: {"type": "settings.update", "lastSeenVisibility": v},
+        st.sampled_from(["everyone", "nobody"]),
+    ),
+    st.builds(lambda c: {"type": "focus", "channelId": c}, st.sampled_from([*CHANNELS, None])),
+    st.builds(
+        lambda kind, c: {"type": kind, "channelId": c},
+        st.sampled_from(["channel.subscribe", "channel.unsubscribe", "typing.start", "typing.stop"]),
+        st.sampled_from(CHANNELS),
+    ),
+)
+NEVER_MERGED = st.one_of(
+    st.just({"type": "heartbeat"}),  # a periodic one: no request's
+    st.builds(lambda c: {"type": "voice.join", "channelId": c}, st.sampled_from(CHANNELS)),
+    st.just({"type": "voice.leave"}),
+    st.just({"type": "presence.unsubscribe", "userIds": ["u1"]}),
+)
+REQUEST = st.just({"type": "presence.query", "userIds": ["u1"]})  # sent with its heartbeat, in a window
+
+
+def edge_reading(frames: list[Frame]) -> tuple[list[Any], list[Frame]]:
+    """What an edge makes of `frames` read in order: its state for the socket at each request
+    (what the request's answer may depend on) and at the end, with the channels that had a
+    typing.start (a broadcast) since the request before; and the frames never merged, in order."""
+    state: dict[str, Any] = {"idle": None, "chosen": None, "visibility": None, "focus": "unset"}
+    channels: dict[str, bool] = {}
+    typing: dict[str, bool] = {}
+    broadcast: set[str] = set()
+    at_requests: list[Any] = []
+    others: list[Frame] = []
+
+    def snapshot() -> Any:
+        return (sorted(state.items()), sorted(channels.items()), sorted(typing.items()), sorted(broadcast))
+
+    for f in frames:
+        kind = f["type"]
+        if kind == "presence.update":
+            if f["status"] in ("idle", "online"):
+                state["idle"] = f["status"] == "idle"
+            if f["status"] != "idle":
+                state["chosen"] = f["status"]
+        elif kind == "settings.update":
+            state["visibility"] = f["lastSeenVisibility"]
+        elif kind == "focus":
+            state["focus"] = f["channelId"]
+        elif kind in ("channel.subscribe", "channel.unsubscribe"):
+            channels[f["channelId"]] = kind == "channel.subscribe"
+        elif kind in ("typing.start", "typing.stop"):
+            typing[f["channelId"]] = kind == "typing.start"
+            if kind == "typing.start":
+                broadcast.add(f["channelId"])
+        else:
+            others.append(f)
+            if kind == "presence.query":
+                at_requests.append(snapshot())
+                broadcast = set()
+    at_requests.append(snapshot())
+    return at_requests, others
+
+
+def kind_of(frame: Frame) -> tuple[str, str | None]:
+    """channel and typing frames by channel; the others by type."""
+    family = frame["type"].split(".")[0]
+    if family in ("channel", "typing"):
+        return family, frame["channelId"]
+    return frame["type"], None
+
+
+@given(st.lists(st.one_of(*[MERGEABLE] * 6, NEVER_MERGED, REQUEST), max_size=80))
+def test_the_coalesced_queue_tells_the_edge_what_every_frame_would(frames: list[Frame]) -> None:
+    """Whatever the application sends while frames wait for the pacing, what the queue holds
+    brings the edge to the same state at each request and at the end (and shows the same typing
+    broadcasts), and keeps every frame never merged in order, while holding between two requests
+    at most three status frames, two typing frames per channel and one of each other kind (per
+    channel)."""
+    loop = asyncio.new_event_loop()
+    try:
+        client = PresenceClient("ws://127.0.0.1:9/ws/presence", "T")
+        client._ws = cast(Any, object())  # a socket whose sender has not run yet: every frame waits
+        every: list[Frame] = []
+        for frame in frames:
+            if frame["type"] == "presence.query":
+                window = _Window(loop.create_future())
+                for part in (frame, {"type": "heartbeat"}):
+                    client._send(part, window)
+                    every.append(part)
+            else:
+                assert client._send(frame)
+                every.append(frame)
+        queued = [entry[0] for entry in client._queue]
+        assert edge_reading(queued) == edge_reading(every)
+        spans: list[list[Frame]] = [[]]
+        for entry in client._queue:
+            if entry[1] is None:
+                spans[-1].append(entry[0])
+            else:
+                spans.append([])
+        most = {"presence.update": 3, "settings.update": 1, "focus": 1, "channel": 1, "typing": 2}
+        for span in spans:
+            held = Counter(kind_of(f) for f in span if kind_of(f)[0] in most)
+            for (kind, channel), count in held.items():
+                assert count <= most[kind], (kind, channel, span)
+    finally:
+        loop.close()
+
+
+def test_a_loop_of_choices_keeps_one_queued_status_per_part_and_the_last_word() -> None:
+    """The old queue grew by every call (20,000 frames here); the pacing drains 15 a second."""
+    client = PresenceClient("ws://127.0.0.1:9/ws/presence", "T")
+    client._ws = cast(Any, object())
+    for i in range(5_000):
+        client.set_status("idle")
+        client.set_status("dnd" if i % 2 else "invisible")
+        client.set_focus(f"c{i}")
+        client.set_last_seen_visibility("friends")
+    assert [entry[0] for entry in client._queue] == [
+        {"type": "presence.update", "status": "idle"},
+        {"type": "presence.update", "status": "dnd"},
+        {"type": "focus", "channelId": "c4999"},
+        {"type": "settings.update", "lastSeenVisibility": "friends"},
+    ]
+    # The choices to send again should the socket close before the edge confirms them.
+    assert {kind: frame for kind, (frame, _) in client._unconfirmed.items()} == {
+        "presence.update": {"type": "presence.update", "status": "dnd"},
+        "settings.update": {"type": "settings.update", "lastSeenVisibility": "friends"},
+    }
+
+
+def test_past_the_bound_a_frame_is_refused_and_nothing_remembered() -> None:
+    client = PresenceClient("ws://127.0.0.1:9/ws/presence", "T")
+    client._ws = cast(Any, object())
+    for i in range(MAX_QUEUED_FRAMES):
+        client.subscribe_channel(f"c{i}")
+    refusals: list[Callable[[], None]] = [
+        lambda: client.subscribe_channel("one more"),
+        lambda: client.join_voice("c1"),
+        lambda: client.set_focus("c1"),
+        lambda: client.set_status("dnd"),
+    ]
+    for refused in refusals:
+        with pytest.raises(PresenceError) as full:
+            refused()
+        assert full.value.code == "queue_full"
+    assert "one more" not in client._channels and client._voice is None and client._focus is None
+    assert "presence.update" not in client._unconfirmed and client._pending_status is None
+    assert len(client._queue) == MAX_QUEUED_FRAMES
+    # A frame that supersedes a queued one takes its place: accepted, the queue no longer.
+    client.unsubscribe_channel("c7")
+    assert "c7" not in client._channels and len(client._queue) == MAX_QUEUED_FRAMES
+    assert client._queue[7][0] == {"type": "channel.unsubscribe", "channelId": "c7"}
