@@ -14,7 +14,8 @@
 //   - a presence store with change callbacks (in the manner of Phoenix's onSync), a query helper
 //     that splits lists into <= 100-id frames and merges the answers, a typing helper (throttled
 //     typing.start, others lapse locally after 10 s), voice rosters, and outgoing frames paced
-//     under the server's per-socket rate limit.
+//     under the server's per-socket rate limit, in a bounded queue where a frame takes the place of
+//     the queued ones it supersedes (`overrides`).
 //
 // How answers are matched to requests: an edge handles one socket's frames in order and writes
 // each answer before it reads the next frame, so a heartbeat sent right after a request is
@@ -32,6 +33,11 @@ const CHOSEN = new Set(["online", "idle", "dnd", "invisible"]);
 const VISIBILITY = new Set(["everyone", "friends", "nobody"]);
 // Frames stay well under the edge's 16 KiB frame limit whatever the ids hold.
 const MAX_FRAME_BYTES = 12 * 1024;
+// Frames waiting for the pacing at most: at the default 15 a second, about a minute's worth. An
+// application that outruns the pacing with frames nothing supersedes is told (queue_full) instead
+// of filling memory with frames that would reach the edge ever later.
+export const MAX_QUEUED_FRAMES = 1_000;
+const NOTHING = Object.freeze(new Set());
 const encoder = new TextEncoder();
 
 /** An error frame from the service, or a request that could not be answered. */
@@ -41,10 +47,44 @@ export class PresenceError extends Error {
     this.name = "PresenceError";
     // The service's: bad_frame | too_many_ids | rate_limited | not_allowed; the client's:
     // not_connected | disconnected | unauthorized | token | connect | malformed_frame (a server
-    // frame that could not be applied, dropped).
+    // frame that could not be applied, dropped) | queue_full (the outgoing queue is at
+    // MAX_QUEUED_FRAMES, and the call queued nothing).
     this.code = code;
   }
 }
+
+/**
+ * The parts of the socket's state at the edge that `frame` sets, each wholly: a queued frame whose
+ * every part a later frame sets again is superseded by it (the later one takes its place). Empty
+ * for frames that are never merged: heartbeats (they count for request windows and choices),
+ * requests, presence.unsubscribe, voice (each join and leave is seen by others).
+ * (presence_client's `_overrides`; "\0" cannot be in an id.)
+ */
+function overrides(frame) {
+  switch (frame.type) {
+    case "presence.update":
+      if (frame.status === "idle") return new Set(["idle flag"]);
+      if (frame.status === "online") return new Set(["idle flag", "chosen status"]); // also wakes the socket
+      return new Set(["chosen status"]);
+    case "settings.update":
+      return new Set(["last-seen visibility"]);
+    case "focus":
+      return new Set(["focus"]);
+    case "channel.subscribe":
+    case "channel.unsubscribe":
+      return new Set([`channel\0${frame.channelId}`]);
+    case "typing.start":
+      // Typing, and the broadcast watchers may see: a later typing.stop sends nothing, so it must
+      // not swallow a start still queued.
+      return new Set([`typing\0${frame.channelId}`, `typing broadcast\0${frame.channelId}`]);
+    case "typing.stop":
+      return new Set([`typing\0${frame.channelId}`]);
+    default:
+      return NOTHING;
+  }
+}
+
+const isSubset = (small, big) => [...small].every((part) => big.has(part));
 
 /**
  * Split ids (duplicates dropped, order kept) into lists of at most `maxIds` whose JSON stays
@@ -412,18 +452,63 @@ export class PresenceClient {
     return this._ws !== null && this._readyAt !== null;
   }
 
-  /** Queue a frame for the current socket, paced by a token bucket under the edge's limit. */
-  _send(frame, window = null) {
+  /**
+   * Queue a frame for the current socket, paced by a token bucket under the edge's limit; false
+   * when there is none (what the client remembers is restored on the next). A frame that
+   * supersedes queued ones takes the place of the first (_supersede). Otherwise, past
+   * MAX_QUEUED_FRAMES, throws PresenceError("queue_full"), unless not `bounded`: the client's own
+   * frames (heartbeats, what it restores after ready, requests whose room the caller checked)
+   * are few, and never refused.
+   */
+  _send(frame, { window = null, bounded = true } = {}) {
     if (!this._isOpen()) return false;
+    const parts = window === null ? overrides(frame) : NOTHING;
+    if (parts.size > 0 && this._supersede(frame, parts)) return true;
+    if (bounded) this._checkRoom(1);
     if (frame.type === "heartbeat") this._hbQueued += 1;
-    this._queue.push({ frame, window });
+    this._queue.push({ frame, window, parts });
     this._pump();
     return true;
   }
 
+  /** Throw queue_full unless `frames` more fit in the current socket's queue. */
+  _checkRoom(frames) {
+    if (this._isOpen() && this._queue.length + frames > MAX_QUEUED_FRAMES) {
+      const waiting = `${this._queue.length} frames wait to be sent (${this.options.ratePerSecond} a second)`;
+      throw new PresenceError("queue_full", `${waiting}, at most ${MAX_QUEUED_FRAMES}: nothing was queued`);
+    }
+  }
+
+  /**
+   * Put `frame` in the place of the queued frames it supersedes (every part of theirs is one of
+   * its own): the first of them takes it, the others go. False if there is none.
+   *
+   * Only frames queued after the last request are looked at: nothing moves past a request (a
+   * query's answer depends on the last-seen setting before it), nor past its heartbeat, so request
+   * windows keep their frames and their markers. Moving `frame` up to the first one's place
+   * reorders nothing that matters: a frame left between that shared a part with it would set a
+   * part it does not, so be `online` or typing.start, each setting every part of its family, and
+   * that frame superseded the first one when it was queued. Heartbeats are never merged, so the
+   * count that confirms choices (_unconfirmed) stays exact; the choice is recorded with the count
+   * at its call, which only a heartbeat behind its new place can reach.
+   */
+  _supersede(frame, parts) {
+    const superseded = []; // indexes, last first
+    for (let index = this._queue.length - 1; index >= 0; index -= 1) {
+      const queued = this._queue[index];
+      if (queued.window !== null) break;
+      if (queued.parts.size > 0 && isSubset(queued.parts, parts)) superseded.push(index);
+    }
+    if (superseded.length === 0) return false;
+    this._queue[superseded.at(-1)] = { frame, window: null, parts };
+    // From the last: the indexes before it stay right.
+    for (const index of superseded.slice(0, -1)) this._queue.splice(index, 1);
+    return true;
+  }
+
   /** Send a choice of the account (a chosen status, a setting), kept until the edge has read it. */
-  _sendChoice(frame) {
-    if (!this._send(frame)) return false;
+  _sendChoice(frame, { bounded = true } = {}) {
+    if (!this._send(frame, { bounded })) return false;
     this._unconfirmed.set(frame.type, { frame, hb: this._hbQueued });
     return true;
   }
@@ -463,7 +548,8 @@ export class PresenceClient {
   /**
    * Send `frames` followed by a heartbeat; resolves with every frame received between the
    * previous heartbeat's acknowledgement and this one's (the frames' answers, and possibly
-   * broadcasts).
+   * broadcasts). Never refused for room: an application's request checks it first (_checkRoom),
+   * for all its chunks at once, so that none is sent without the others.
    */
   _request(frames) {
     return new Promise((resolve, reject) => {
@@ -473,8 +559,8 @@ export class PresenceClient {
       }
       const window = { startAfter: null, endAt: null, received: [], resolve, reject };
       this._windows.add(window);
-      for (const frame of frames) this._send(frame, window);
-      this._send({ type: "heartbeat" }, window);
+      for (const frame of frames) this._send(frame, { window, bounded: false });
+      this._send({ type: "heartbeat" }, { window, bounded: false });
     });
   }
 
@@ -571,27 +657,29 @@ export class PresenceClient {
     this._setState("open", { userId: frame.userId, socketId: frame.socketId });
     // What belongs to the socket, restored: the account's choices are durable upstream, the
     // socket's own (idle, focus, voice, subscriptions) are not.
-    if (this._pendingStatus !== null) this._sendChoice({ type: "presence.update", status: this._pendingStatus });
+    // Into an empty queue, and never refused (not bounded): a socket comes back whole.
+    const own = { bounded: false };
+    if (this._pendingStatus !== null) this._sendChoice({ type: "presence.update", status: this._pendingStatus }, own);
     // A resumed place keeps the idle flag of the socket it replaces, and an `online` sent just
     // before the server closed that socket may never have been read: this socket is awake.
-    else if (!this._idle && this.status === "idle") this._send({ type: "presence.update", status: "online" });
+    else if (!this._idle && this.status === "idle") this._send({ type: "presence.update", status: "online" }, own);
     // The idle flag is the socket's own, whatever the account chose: restored after the choice.
-    if (this._idle) this._send({ type: "presence.update", status: "idle" });
+    if (this._idle) this._send({ type: "presence.update", status: "idle" }, own);
     this._pendingStatus = null;
     if (this._pendingVisibility !== null) {
-      this._sendChoice({ type: "settings.update", lastSeenVisibility: this._pendingVisibility });
+      this._sendChoice({ type: "settings.update", lastSeenVisibility: this._pendingVisibility }, own);
       this._pendingVisibility = null;
     }
-    if (this._focus !== null) this._send({ type: "focus", channelId: this._focus });
-    for (const channelId of this._channels) this._send({ type: "channel.subscribe", channelId });
-    if (this._voice !== null) this._send({ type: "voice.join", channelId: this._voice });
+    if (this._focus !== null) this._send({ type: "focus", channelId: this._focus }, own);
+    for (const channelId of this._channels) this._send({ type: "channel.subscribe", channelId }, own);
+    if (this._voice !== null) this._send({ type: "voice.join", channelId: this._voice }, own);
     this._emit("ready", frame);
     this._resubscribe();
   }
 
   _beat() {
     this._heartbeatTimer = this._after(this._heartbeatMs, () => {
-      this._send({ type: "heartbeat" });
+      this._send({ type: "heartbeat" }, { bounded: false });
       this._beat();
     });
   }
@@ -603,13 +691,14 @@ export class PresenceClient {
    * while connecting (say right after connect()), the sync after the socket opens. Before
    * connect(), at once: they are subscribed on connect. Rejects with the refusal
    * (rate_limited: retried later all the same), or disconnected / unauthorized when the client
-   * closes first.
+   * closes first, or queue_full (nothing remembered).
    */
   async subscribe(userIds) {
     const fresh = [...new Set(userIds)].filter((u) => !this._watched.has(u));
     if (this._watched.size + fresh.length > this.options.maxSubscriptions) {
       throw new PresenceError("too_many_ids", `at most ${this.options.maxSubscriptions} subscriptions`);
     }
+    if (fresh.length > 0) this._checkRoom(2 * chunkIds(fresh).length); // before anything is remembered
     for (const u of fresh) this._watched.add(u);
     if (fresh.length === 0) return;
     if (this._isOpen()) await this._subscribeChunks(fresh);
@@ -626,11 +715,13 @@ export class PresenceClient {
     }
   }
 
-  /** Stop watching; their entries leave the picture. */
+  /** Stop watching; their entries leave the picture. Throws queue_full with nothing changed. */
   unsubscribe(userIds) {
     const gone = [...new Set(userIds)].filter((u) => this._watched.has(u));
+    const chunks = chunkIds(gone);
+    this._checkRoom(chunks.length);
     for (const u of gone) this._watched.delete(u);
-    for (const chunk of chunkIds(gone)) this._send({ type: "presence.unsubscribe", userIds: chunk });
+    for (const chunk of chunks) this._send({ type: "presence.unsubscribe", userIds: chunk }, { bounded: false });
     let changed = false;
     for (const u of gone) changed = this._forget(u) || changed;
     if (changed) this._emit("sync", this);
@@ -752,7 +843,8 @@ export class PresenceClient {
       const ids = [...this._lastSeenWanted].filter((u) => this._watched.has(u));
       this._lastSeenWanted.clear();
       if (ids.length > 0) {
-        this.query(ids).catch((e) => {
+        // The client's own: never refused for room.
+        this._query(chunkIds(ids)).catch((e) => {
           if (e.code === "rate_limited") this._after(15_000, () => ids.forEach((u) => this._wantLastSeen(u)));
         });
       }
@@ -763,10 +855,16 @@ export class PresenceClient {
    * Status and last-seen of any number of accounts (split into <= 100-id frames, answers merged):
    * resolves to a Map userId -> {status, lastSeenAt: string | null}, in the order asked, without
    * the ids outside the caller's audience. Rejects with PresenceError (rate_limited,
-   * too_many_ids, not_connected, disconnected). Watched accounts' entries take the answer too.
+   * too_many_ids, not_connected, disconnected, queue_full). Watched accounts' entries take the
+   * answer too.
    */
   async query(userIds) {
     const chunks = chunkIds(userIds);
+    this._checkRoom(2 * chunks.length); // every chunk is sent, or none
+    return this._query(chunks);
+  }
+
+  async _query(chunks) {
     const windows = await Promise.all(
       chunks.map((chunk) => this._request([{ type: "presence.query", userIds: chunk }])),
     );
@@ -807,11 +905,12 @@ export class PresenceClient {
   /** Choose online, dnd or invisible for the account, or mark this socket idle (online wakes it). */
   setStatus(status) {
     if (!CHOSEN.has(status)) throw new RangeError(`unknown status ${JSON.stringify(status)}`);
-    if (status === "idle" || status === "online") this._idle = status === "idle";
-    // Idle is not a choice of the account: the flag above restores it, and the pending choice
-    // (say invisible) stays.
+    // Sent first: one refused (queue_full) leaves what the client remembers as it was. Idle is not
+    // a choice of the account: the flag below restores it, and the pending choice (say invisible)
+    // stays.
     if (status === "idle") this._send({ type: "presence.update", status });
     else if (!this._sendChoice({ type: "presence.update", status })) this._pendingStatus = status;
+    if (status === "idle" || status === "online") this._idle = status === "idle";
   }
 
   /** Who may read this account's last-seen time: everyone, friends or nobody. */
@@ -824,34 +923,35 @@ export class PresenceClient {
 
   /** The channel this socket has focused (null for none); restored after reconnects. */
   setFocus(channelId) {
-    this._focus = channelId ?? null;
-    this._send({ type: "focus", channelId: this._focus });
+    const focus = channelId ?? null;
+    this._send({ type: "focus", channelId: focus });
+    this._focus = focus;
   }
 
   // ------------------------------------------------------------------------------ channels
 
   /** Receive a channel's typing and voice events (remembered across reconnects). */
   subscribeChannel(channelId) {
-    this._channels.add(channelId);
     this._send({ type: "channel.subscribe", channelId });
+    this._channels.add(channelId);
   }
 
   unsubscribeChannel(channelId) {
+    this._send({ type: "channel.unsubscribe", channelId });
     this._channels.delete(channelId);
     this._typers.delete(channelId);
     this._rosters.delete(channelId);
-    this._send({ type: "channel.unsubscribe", channelId });
   }
 
   /** Join a channel's voice roster with this socket (rejoined after reconnects). */
   joinVoice(channelId) {
-    this._voice = channelId;
     this._send({ type: "voice.join", channelId });
+    this._voice = channelId;
   }
 
   leaveVoice() {
-    this._voice = null;
     this._send({ type: "voice.leave" });
+    this._voice = null;
   }
 
   /** The voice roster of a subscribed channel (accounts, in order of joining). */
@@ -873,8 +973,8 @@ export class PresenceClient {
   stopTyping(channelId) {
     const last = this._typingSent.get(channelId);
     if (last === undefined) return;
-    this._typingSent.delete(channelId);
     if (this._clock.now() - last < TYPING_LAPSE_MS) this._send({ type: "typing.stop", channelId });
+    this._typingSent.delete(channelId);
   }
 
   /** Who is typing in a channel now (sorted), lapsing 10 s after their last typing frame. */

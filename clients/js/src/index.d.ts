@@ -22,6 +22,8 @@ export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | 
 
 export declare const TYPING_LAPSE_MS: 10000;
 export declare const MAX_QUERY_IDS: 100;
+/** Frames the outgoing queue holds at most; past it a call that would queue one more throws `queue_full`. */
+export declare const MAX_QUEUED_FRAMES: 1000;
 export declare const PRESENT: readonly ["online", "idle", "dnd"];
 
 export declare function chunkIds(ids: Iterable<string>, maxIds?: number, maxBytes?: number): string[][];
@@ -34,7 +36,9 @@ export type PresenceErrorCode =
   | "token"
   | "connect"
   /** A server frame that could not be applied: dropped, the client carries on. */
-  | "malformed_frame";
+  | "malformed_frame"
+  /** The outgoing queue holds MAX_QUEUED_FRAMES frames: the call queued nothing. */
+  | "queue_full";
 
 export declare class PresenceError extends Error {
   constructor(code: PresenceErrorCode, message?: string);

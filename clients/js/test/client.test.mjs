@@ -7,7 +7,7 @@ import { createRequire } from "node:module";
 import net from "node:net";
 import { test } from "node:test";
 
-import { PresenceClient, chunkIds, reconnectDelay, restartDelay } from "../src/index.js";
+import { MAX_QUEUED_FRAMES, PresenceClient, chunkIds, reconnectDelay, restartDelay } from "../src/index.js";
 
 class FakeClock {
   constructor() {
@@ -831,6 +831,201 @@ test("outgoing frames are paced under the edge's rate limit", async () => {
   await clock.advance(10_000);
   assert.equal(ws.sent.length, 30);
   assert.equal(ws.sent.at(-1).channelId, "c29");
+  client.close();
+});
+
+test("calls in a loop: each frame takes the place of the queued ones it supersedes; the last word reaches the edge, and is what a close restores", async () => {
+  // The old queue took every frame (21,000 here), drained at the pacing's rate.
+  const { client, clock } = make({ rateBurst: 1, ratePerSecond: 5 });
+  let ws = await opened(client);
+  client.subscribeChannel("warm-up"); // the burst's one frame: what follows waits for the pacing
+  ws.take();
+  client.subscribeChannel("c1");
+  for (let i = 0; i < 3_000; i += 1) {
+    client.setStatus("idle");
+    client.setStatus("online");
+    client.setStatus("dnd");
+    client.setFocus(`c${i}`);
+    client.typing("c1");
+    client.stopTyping("c1");
+    client.setLastSeenVisibility(i % 2 ? "friends" : "nobody");
+  }
+  client.joinVoice("c1");
+  client.setStatus("invisible");
+  assert.equal(client._queue.length, 8);
+  await clock.advance(2_000);
+  assert.deepEqual(ws.take(), [
+    { type: "channel.subscribe", channelId: "c1" },
+    { type: "presence.update", status: "online" }, // the socket woke: invisible keeps that
+    { type: "focus", channelId: "c2999" },
+    { type: "typing.start", channelId: "c1" },
+    { type: "settings.update", lastSeenVisibility: "friends" },
+    { type: "presence.update", status: "invisible" },
+    { type: "typing.stop", channelId: "c1" },
+    { type: "voice.join", channelId: "c1" },
+  ]);
+  ws.drop(1012); // no heartbeat answered: the choices may not have been read
+  ws = await reopened(clock);
+  await clock.advance(2_000); // what is restored, at the pacing's rate
+  assert.deepEqual(ws.take().filter((f) => f.type === "presence.update" || f.type === "settings.update"), [
+    { type: "presence.update", status: "invisible" },
+    { type: "settings.update", lastSeenVisibility: "friends" },
+  ]);
+  client.close();
+});
+
+test("nothing moves past a request and its heartbeat: a setting after a query does not take the place of one before it", async () => {
+  const { client, clock } = make({ rateBurst: 1, ratePerSecond: 5 });
+  const ws = await opened(client);
+  client.subscribeChannel("warm-up");
+  ws.take();
+  client.setLastSeenVisibility("nobody"); // the query's answer depends on it: no last-seen times
+  const asked = client.query(["a"]);
+  client.setLastSeenVisibility("everyone");
+  assert.deepEqual(client._queue.map((q) => q.frame.type), ["settings.update", "presence.query", "heartbeat", "settings.update"]);
+  await clock.advance(1_000);
+  assert.deepEqual(ws.take(), [
+    { type: "settings.update", lastSeenVisibility: "nobody" },
+    { type: "presence.query", userIds: ["a"] },
+    { type: "heartbeat" },
+    { type: "settings.update", lastSeenVisibility: "everyone" },
+  ]);
+  ws.push({ type: "presence.changed", userId: "a", status: "offline" });
+  ws.push({ type: "heartbeat.ack" });
+  assert.deepEqual((await asked).get("a"), { status: "offline", lastSeenAt: null });
+  client.close();
+});
+
+/**
+ * What an edge makes of `frames` read in order: its state for the socket at each request (what the
+ * request's answer may depend on) and at the end, with the channels that had a typing.start (a
+ * broadcast) since the request before; and the frames never merged, in order.
+ */
+function edgeReading(frames) {
+  const state = { idle: null, chosen: null, visibility: null, focus: "unset", channels: {}, typing: {} };
+  let broadcast = new Set();
+  const atRequests = [];
+  const others = [];
+  const snapshot = () => JSON.stringify([state, [...broadcast].sort()]);
+  for (const f of frames) {
+    if (f.type === "presence.update") {
+      if (f.status === "idle" || f.status === "online") state.idle = f.status === "idle";
+      if (f.status !== "idle") state.chosen = f.status;
+    } else if (f.type === "settings.update") state.visibility = f.lastSeenVisibility;
+    else if (f.type === "focus") state.focus = f.channelId;
+    else if (f.type === "channel.subscribe" || f.type === "channel.unsubscribe") {
+      state.channels[f.channelId] = f.type === "channel.subscribe";
+    } else if (f.type === "typing.start" || f.type === "typing.stop") {
+      state.typing[f.channelId] = f.type === "typing.start";
+      if (f.type === "typing.start") broadcast.add(f.channelId);
+    } else {
+      others.push(f);
+      if (f.type === "presence.query") {
+        atRequests.push(snapshot());
+        broadcast = new Set();
+      }
+    }
+  }
+  atRequests.push(snapshot());
+  return { atRequests, others };
+}
+
+test("whatever is sent while frames wait, the merged queue tells the edge what every frame would (presence_client's model test)", async () => {
+  let seed = 7; // xorshift32 from a fixed seed: the run is the same every time
+  const draw = (n) => {
+    seed ^= seed << 13;
+    seed ^= seed >>> 17;
+    seed ^= seed << 5;
+    return Math.floor(((seed >>> 0) / 2 ** 32) * n);
+  };
+  const pick = (list) => list[draw(list.length)];
+  const channels = ["c1", "c2"];
+  const makers = [
+    () => ({ type: "presence.update", status: pick(["online", "idle", "dnd", "invisible"]) }),
+    () => ({ type: "settings.update", lastSeenVisibility: pick(["everyone", "nobody"]) }),
+    () => ({ type: "focus", channelId: pick([...channels, null]) }),
+    () => ({ type: pick(["channel.subscribe", "channel.unsubscribe", "typing.start", "typing.stop"]), channelId: pick(channels) }),
+    () => pick([{ type: "heartbeat" }, { type: "voice.join", channelId: "c1" }, { type: "voice.leave" }, { type: "presence.unsubscribe", userIds: ["u1"] }]),
+    () => ({ type: "presence.query", userIds: ["u1"] }), // sent with its heartbeat, in a window
+  ];
+  const most = { "presence.update": 3, "settings.update": 1, focus: 1, channel: 1, typing: 2 };
+  for (let run = 0; run < 300; run += 1) {
+    const { client } = make({ rateBurst: 1, ratePerSecond: 0.001 });
+    await opened(client);
+    client.subscribeChannel("warm-up"); // the burst's one frame: every frame after it waits
+    const every = [];
+    for (let i = draw(60); i > 0; i -= 1) {
+      const frame = pick([0, 0, 0, 1, 2, 3, 3, 3, 4, 5].map((k) => makers[k]))();
+      if (frame.type === "presence.query") {
+        const window = { startAfter: null, endAt: null, received: [], resolve() {}, reject() {} };
+        for (const part of [frame, { type: "heartbeat" }]) {
+          client._send(part, { window });
+          every.push(part);
+        }
+      } else {
+        assert.equal(client._send(frame), true);
+        every.push(frame);
+      }
+    }
+    const queued = client._queue.map((q) => q.frame);
+    assert.deepEqual(edgeReading(queued), edgeReading(every), JSON.stringify(every));
+    let held = new Map();
+    for (const { frame, window } of client._queue) {
+      if (window !== null) {
+        held = new Map();
+        continue;
+      }
+      const family = frame.type.split(".")[0];
+      const kind = family === "channel" || family === "typing" ? family : frame.type;
+      if (!(kind in most)) continue;
+      const key = kind === "channel" || kind === "typing" ? `${kind} ${frame.channelId}` : kind;
+      held.set(key, (held.get(key) ?? 0) + 1);
+      assert.ok(held.get(key) <= most[kind], `${key}: ${JSON.stringify(queued)}`);
+    }
+    client.close();
+  }
+});
+
+test("past MAX_QUEUED_FRAMES a call is refused (queue_full) with nothing remembered, until the queue drains", async () => {
+  // The old queue took every frame.
+  const { client, clock } = make({ rateBurst: 1, ratePerSecond: 100 });
+  const ws = await opened(client);
+  client.subscribeChannel("warm-up"); // the burst's one frame: what follows waits for the pacing
+  ws.take();
+  for (let i = 0; i < MAX_QUEUED_FRAMES; i += 1) client.subscribeChannel(`c${i}`);
+  const full = { code: "queue_full" };
+  assert.throws(() => client.subscribeChannel("one more"), full);
+  assert.throws(() => client.joinVoice("c1"), full);
+  assert.throws(() => client.setFocus("c1"), full);
+  assert.throws(() => client.setStatus("dnd"), full);
+  assert.throws(() => client.typing("c1"), full);
+  await assert.rejects(client.query(["a"]), full);
+  await assert.rejects(client.subscribe(["a"]), full);
+  assert.deepEqual(client.watched, []);
+  // A frame that supersedes a queued one takes its place: accepted, the queue no longer.
+  client.unsubscribeChannel("c7");
+  assert.equal(client._queue.length, MAX_QUEUED_FRAMES);
+  await clock.advance(10_000); // drained at 100 a second
+  const sent = ws.take();
+  assert.equal(sent.length, MAX_QUEUED_FRAMES);
+  assert.deepEqual(sent[7], { type: "channel.unsubscribe", channelId: "c7" });
+  client.setFocus("c1"); // room again
+  assert.equal(client.typing("c1"), true);
+  await clock.advance(1_000);
+  assert.deepEqual(ws.take(), [{ type: "focus", channelId: "c1" }, { type: "typing.start", channelId: "c1" }]);
+  client.close();
+});
+
+test("the client's own frames pass the bound: a heartbeat due while the queue is full is queued", async () => {
+  const { client, clock } = make({ rateBurst: 1, ratePerSecond: 0.001 });
+  const ws = await opened(client);
+  client.subscribeChannel("warm-up");
+  ws.take();
+  for (let i = 0; i < MAX_QUEUED_FRAMES; i += 1) client.subscribeChannel(`c${i}`);
+  assert.throws(() => client.subscribeChannel("one more"), { code: "queue_full" });
+  await clock.advance(30_000); // a refused heartbeat would throw out of its timer, and beat no more
+  assert.equal(client._queue.length, MAX_QUEUED_FRAMES + 1);
+  assert.deepEqual(client._queue.at(-1).frame, { type: "heartbeat" });
   client.close();
 });
 
