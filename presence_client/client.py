@@ -681,6 +681,8 @@ class PresenceClient:
             self._on_typing(str(frame.get("channelId")), str(frame.get("userId")))
         elif kind == "voice.roster":
             channel_id, users = str(frame.get("channelId")), [str(u) for u in frame.get("userIds", [])]
+            if channel_id not in self._channels:
+                return  # sent before the edge read our unsubscribe: as for typing, not ours now
             self._rosters[channel_id] = users
             self._emit("roster", channel_id, list(users))
         elif kind == "error":

@@ -628,6 +628,8 @@ export class PresenceClient {
         this._onTyping(frame.channelId, frame.userId);
         break;
       case "voice.roster":
+        // Sent before the edge read our unsubscribe: as for typing, not ours now.
+        if (!this._channels.has(frame.channelId)) break;
         this._rosters.set(frame.channelId, [...frame.userIds]);
         this._emit("roster", frame.channelId, [...frame.userIds]);
         break;

@@ -706,6 +706,20 @@ test("typing: typing.start throttled, others lapse locally after 10 s", async ()
   client.close();
 });
 
+test("a roster that arrives after unsubscribeChannel is not kept (as typing is not)", async () => {
+  const { client } = make();
+  client.subscribeChannel("c1");
+  const ws = await opened(client);
+  ws.push({ type: "voice.roster", channelId: "c1", userIds: ["me"] });
+  client.unsubscribeChannel("c1");
+  // Sent by the edge before it read the unsubscribe.
+  ws.push({ type: "voice.roster", channelId: "c1", userIds: ["me", "bob"] });
+  ws.push({ type: "typing", channelId: "c1", userId: "bob" });
+  assert.deepEqual(client.roster("c1"), []);
+  assert.deepEqual(client.typers("c1"), []);
+  client.close();
+});
+
 test("channels, voice, idle and focus are restored on the new socket; rosters kept", async () => {
   const { client, clock } = make();
   const rosters = [];
