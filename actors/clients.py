@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -350,7 +351,7 @@ def connect(address: str | None, namespace: str, node_ip: str | None = None, **i
         # service's shards, which must not yield the CPU to every other process of the machine
         # (an edge in a reconnect storm, its clients): at nice 15 a busy core gives them ~3 %.
         init_kwargs.setdefault("_system_config", {}).setdefault("worker_niceness", 0)
-    with sigterm_kept():
+    with sigterm_kept(), logging_kept():
         ray.init(
             address=address or "local",
             namespace=namespace,
@@ -359,6 +360,21 @@ def connect(address: str | None, namespace: str, node_ip: str | None = None, **i
             configure_logging=False,
             **init_kwargs,
         )
+
+
+@contextlib.contextmanager
+def logging_kept() -> Iterator[None]:
+    """This process's root logger as it was before `ray.init`, which applies its
+    `logging_config` (meant for the job's actors: the shards, the FlushActor) to the driver too,
+    adding a handler of its own beside ours (cluster/logs.py `configure`): `presence up` printed
+    every line of its edge twice, the second in Ray's format with its job, worker and node ids."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 @contextlib.contextmanager

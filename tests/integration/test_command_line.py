@@ -286,6 +286,12 @@ def test_up_token_load_status_and_clean_interrupt(tmp_path: Path, data_dir: Path
         # same `presence up` (before, the end of the drain stopped the pool, the stores and Ray,
         # and another edge's clients with them).
         assert "draining" in cli("drain")
+        # Each line of the edge's log once: ray.init's logging_config added a handler of Ray's
+        # own to this process's root logger, and every line came twice.
+        wait_until(
+            lambda: "draining: /healthz answers 503" in up_log(), 30, interval=0.2, what="the drain's line"
+        )
+        assert up_log().count("draining: /healthz answers 503") == 1, up_log()
         # The new edge's line, after the drain's (which ends with a parenthesis of its own: waiting
         # for the log to end with one raced the new edge's start, once in a full suite).
         new_edge = re.compile(

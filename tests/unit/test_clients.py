@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import typing
 from typing import Any
 
@@ -149,3 +150,27 @@ async def test_callers_racing_on_a_broken_lane_open_one_new_lane(monkeypatch: py
     finally:
         client.close_lane()
         await server.close()
+
+
+def test_joining_ray_leaves_this_process_logging_as_it_was(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ray.init(logging_config=…)` applies the config to the driver too (a handler of Ray's on the
+    root logger, beside ours): `presence up` printed each of its edge's lines twice, the second
+    in Ray's format. `connect` keeps the process's own logging."""
+    from cluster import logs
+
+    def init(**kwargs: Any) -> None:
+        kwargs["logging_config"]._apply()  # what ray.init does with it in the driver
+
+    monkeypatch.setattr(clients.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(clients.ray, "init", init)
+    logs.configure("WARNING")
+    try:
+        clients.connect(None, "presence", logging_config=logs.ray_logging_config("INFO", False))
+        logging.getLogger("presence.edge").warning("edge draining")
+        logging.getLogger("presence.edge").info("not shown")
+    finally:
+        logs.configure("WARNING")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].endswith("WARNING presence.edge: edge draining"), lines
