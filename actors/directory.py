@@ -50,7 +50,12 @@ class SlotDirectory:
         return sorted(e for e, info in self.edges.items() if info.get("node_id") in wanted)
 
     async def list_edges(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]]:
+        """The edges that registered within `max_age_s` and have not said they stopped (an edge's
+        last registration says `stopped` once it has closed its sockets: edge/server.py
+        `_unregister`)."""
         now = time.time()
         for edge_id in [e for e, i in self.edges.items() if now - i["seen_at"] > 10 * max_age_s]:
             del self.edges[edge_id]
-        return {e: i for e, i in self.edges.items() if now - i["seen_at"] <= max_age_s}
+        return {
+            e: i for e, i in self.edges.items() if now - i["seen_at"] <= max_age_s and not i.get("stopped")
+        }

@@ -117,6 +117,8 @@ HELD_CAP = 1_000
 # A registration that failed is tried again after 0.25 s, doubling up to EDGE_REGISTER_EVERY_S
 # (the project's one backoff policy; not jittered: the waits are its windows).
 REGISTER_RETRY = Backoff(first_s=0.25, cap_s=EDGE_REGISTER_EVERY_S, floor=1.0)
+# The longest a stopping edge waits to tell the directory so (`Edge._unregister`).
+UNREGISTER_TIMEOUT_S = 2.0
 HEARTBEAT_ACK_TEXT = HEARTBEAT_ACK.text or ""
 HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
 # Counters of the fan-out's hot loop (`Edge._deliver`), their keys made once.
@@ -346,6 +348,7 @@ class Edge:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._drain: asyncio.Task[None] | None = None
+        self._registration: dict[str, Any] | None = None  # what it last told the directory
         self._cut_off_since: float | None = None  # a drain because cut off: since when
         # When this edge was last cut off from most of the shards, healed or not (`_closed`).
         self.cut_off = CutOff()
@@ -505,6 +508,7 @@ class Edge:
         await self.internal_http.close()
         for t in self._tasks:
             t.cancel()
+        await self._unregister()
         await self.router.close()
         await self.counts.close()
 
@@ -1061,21 +1065,38 @@ class Edge:
         try:
             await self.router.refresh_map()
             assert self.router.map is not None
-            await self.directory.register_edge(
-                self.edge_id,
-                {
-                    "ws_port": self.ws_port,
-                    "internal_port": self.internal_port,
-                    "sockets": len(self.conns),
-                    # The map this edge routes by: `presence rollout` replaces a shard or the
-                    # directory only once every edge routes by the map without it.
-                    "map_version": self.router.map.version,
-                },
-            )
+            info = {
+                "ws_port": self.ws_port,
+                "internal_port": self.internal_port,
+                "sockets": len(self.conns),
+                # The map this edge routes by: `presence rollout` replaces a shard or the
+                # directory only once every edge routes by the map without it.
+                "map_version": self.router.map.version,
+            }
+            await self.directory.register_edge(self.edge_id, info)
+            self._registration = info
         except Exception as e:
             log.info("directory unreachable: %s", e)
             return False
         return True
+
+    async def _unregister(self) -> None:
+        """Tell the directory this edge has stopped (its registration loop cancelled first), so
+        that it is no longer listed: `presence status` showed a drained edge for 30 s with the
+        sockets it had had, and `presence rollout` right after a rolling restart waited 15 s for
+        the last edge drained to route by the newest map, naming it as still behind. A directory
+        of the release before keeps listing it until it ages out, as it always did."""
+        if self._registration is None:
+            return  # never registered
+        try:
+            await asyncio.wait_for(
+                self.directory.register_edge(
+                    self.edge_id, {**self._registration, "sockets": 0, "stopped": True}
+                ),
+                UNREGISTER_TIMEOUT_S,
+            )
+        except Exception as e:  # Ray or the directory away: it ages out of the list instead
+            log.info("could not tell the directory this edge stopped: %s", e)
 
     async def _reregister(self, shard: int) -> None:
         """A shard restarted empty: tell it again about every live socket of ours it owns, and

@@ -117,6 +117,19 @@ async def test_drain_answers_503_before_any_socket_closes(
         assert status == 200 and body["alreadyDraining"] is True  # and says so
 
 
+async def test_a_drained_edge_leaves_the_directory_as_it_stops(cluster: Cluster, edge: Edge) -> None:
+    """`presence status` listed a stopped edge for 30 s with the sockets it had had, and
+    `presence rollout` right after a rolling restart waited 15 s for the last drained edge to
+    route by the newest map, naming it as behind: a stopped edge now says so to the directory."""
+    directory = clients.DirectoryClient()
+    async with draining_edge(cluster) as d:
+        assert d.edge_id in await directory.list_edges()
+        d.drain()
+        await asyncio.wait_for(d.drained.wait(), patience(15))
+    listed = await directory.list_edges()
+    assert d.edge_id not in listed and edge.edge_id in listed, listed
+
+
 async def test_drained_account_back_on_another_edge_within_resume_s_tells_nobody(
     cluster: Cluster, edge: Edge, conn: asyncpg.Connection, ids: Ids
 ) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from actors.core.shard import SlotExport
 from actors.core.slots import SLOT_COUNT, SlotMap
-from cluster.rollout import MAP_CATCH_UP_S, SingleShard, rollout
+from actors.directory import SlotDirectory
+from cluster.rollout import MAP_CATCH_UP_S, SingleShard, edges_behind, rollout
 
 
 class FakeShard:
@@ -210,6 +211,29 @@ async def test_an_edge_that_never_catches_up_holds_the_rollout_back_for_a_bounde
     await rollout(lines.append, chunk=1000, directory=fleet, fleet=fleet, clock=lambda: now[0], sleep=sleep)
     assert sum("e9" in line for line in lines) == 3  # before each shard and the directory, then on
     assert now[0] == pytest.approx(3 * 15.0, abs=1.0)
+
+
+async def test_an_edge_that_said_it_stopped_is_not_waited_for() -> None:
+    """The last edge a rolling restart drained registered one last time as it stopped
+    (edge/server.py `_unregister`): the directory no longer lists it, and the rollout that follows
+    does not wait 15 s for it to catch up with the map, nor name it as behind (it did both: the
+    directory listed every edge heard from in the last 30 s)."""
+    directory = SlotDirectory(2)
+    directory.started -= 3600.0  # has heard from every edge long since
+    version = (await directory.get_map())[0]
+    await directory.register_edge("e-old", {"ws_port": 1, "sockets": 3, "map_version": version})
+    await directory.register_edge("e-new", {"ws_port": 1, "sockets": 0, "map_version": version + 1})
+    await directory.register_edge(
+        "e-old", {"ws_port": 1, "sockets": 0, "map_version": version, "stopped": True}
+    )
+    assert list(await directory.list_edges()) == ["e-new"]
+    now = [0.0]
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    assert await edges_behind(directory, version + 1, clock=lambda: now[0], sleep=sleep) == []
+    assert now[0] == 0.0
 
 
 async def test_a_pool_of_one_is_refused_with_what_to_do() -> None:
