@@ -10,6 +10,7 @@ it again. Without `--edge` it drains the edge of this data directory (`cluster.j
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 import urllib.error
@@ -75,7 +76,7 @@ def request_drain(base_url: str, token: str | None) -> dict[str, Any]:
     try:
         status, body = get_json(base_url + DRAIN_PATH, token)
     except (OSError, ValueError) as e:
-        raise DrainRefused(f"the edge at {base_url} did not answer ({type(e).__name__})") from None
+        raise DrainRefused(f"the edge at {base_url} {unanswered(e)}") from None
     if status == 401:
         raise DrainRefused(
             f"the edge at {base_url} refused the internal token: set PRESENCE_INTERNAL_TOKEN "
@@ -84,6 +85,24 @@ def request_drain(base_url: str, token: str | None) -> dict[str, Any]:
     if status != 200:
         raise DrainRefused(f"the edge at {base_url} answered {status}: {body.get('error', body)}")
     return body
+
+
+def unanswered(error: OSError | ValueError) -> str:
+    """What went wrong asking an edge, as the end of "the edge at URL …". urllib wraps the
+    socket's error in a URLError, and its name alone was all `presence drain` said (`did not answer
+    (URLError)`, whether nothing listened, the host did not resolve or the answer took too long)."""
+    reason = getattr(error, "reason", error)
+    if isinstance(reason, TimeoutError):
+        return f"did not answer within {TIMEOUT_S:g} s"
+    if isinstance(reason, ConnectionRefusedError):
+        return "refused the connection: no edge listens there (is it running, and is that its internal port?)"
+    if isinstance(reason, socket.gaierror):
+        return f"could not be reached: cannot resolve the host ({reason.strerror or reason})"
+    if isinstance(reason, OSError):
+        return f"could not be reached: {reason.strerror or reason or type(reason).__name__}"
+    if isinstance(error, ValueError):
+        return "answered something that is not JSON (is that an edge's internal port?)"
+    return f"did not answer ({reason or type(reason).__name__})"
 
 
 class DrainRefused(RuntimeError):
