@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from actors import clients
@@ -187,7 +188,7 @@ def join_ray(
         target=lambda: _catch(failed, lambda: clients.connect(address, namespace, node_ip, **init_kwargs)),
         daemon=True,
     )
-    with clients.sigterm_kept():  # restored here, in the main thread
+    with clients.sigterm_kept(), _sigterm_notice_hidden():  # restored here, in the main thread
         joining.start()
         while joining.is_alive():
             left = deadline - time.monotonic()
@@ -203,6 +204,27 @@ def join_ray(
         # Ray refused at once (this node not among its nodes: its raylet gone after a long
         # partition, or not started yet): one line, and the supervisor tries again.
         _give_up(f"could not join Ray at {address} ({_first_line(failed[0])}; is Ray running on this node?)")
+
+
+class _SigtermNotice(logging.Filter):
+    """Ray's warning, when `ray.init` runs in a thread other than the main one, that it set no
+    SIGTERM handler of its own. `join_ray` joins in a thread on purpose (to bound the join) and
+    keeps this process's handler (`sigterm_kept`), so SIGTERM drains the edge as documented; the
+    line, printed at every start of every `presence edge`, read as if it would not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("SIGTERM handler is not set")
+
+
+@contextlib.contextmanager
+def _sigterm_notice_hidden() -> Iterator[None]:
+    notice = _SigtermNotice()
+    ray_worker = logging.getLogger("ray._private.worker")  # where Ray logs it
+    ray_worker.addFilter(notice)
+    try:
+        yield
+    finally:
+        ray_worker.removeFilter(notice)
 
 
 def _first_line(error: BaseException) -> str:

@@ -4,6 +4,7 @@ edge's watch that acts on them (cluster/edge_process.py `watch`) on a fake edge 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -260,3 +261,33 @@ def test_joining_a_ray_that_refuses_at_once_gives_up_in_one_line_saying_why(
     assert why.startswith(f"could not join Ray at 127.0.0.1:{port} (Failed to connect to Ray cluster")
     assert "No node info found matching attributes: '10.225.25.13'" in why
     assert "\n" not in why
+
+
+def test_joining_ray_in_its_thread_says_nothing_about_sigterm(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ray.init` in a thread but the main one warns that it set no SIGTERM handler; `presence
+    edge` joins in one on purpose and keeps its own handler (SIGTERM drains it), but printed
+    Ray's line at every start, as if SIGTERM would not. Only that line is left out."""
+    import logging
+    import socket
+
+    ray_worker = logging.getLogger("ray._private.worker")
+
+    def connect(*_: object, **__: object) -> None:  # what ray.init says, from the joining thread
+        ray_worker.warning("SIGTERM handler is not set because current thread is not the main thread.")
+        ray_worker.warning("something else Ray says")
+
+    handler = logging.StreamHandler(sys.stderr)
+    ray_worker.addHandler(handler)
+    monkeypatch.setattr(edge_process.clients, "connect", connect)
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()  # the GCS's port answers
+            edge_process.join_ray(f"127.0.0.1:{s.getsockname()[1]}", "presence", None, 30.0)
+    finally:
+        ray_worker.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "SIGTERM handler" not in err and "something else Ray says" in err
+    assert not ray_worker.filters  # the filter goes with the join
