@@ -383,7 +383,11 @@ async def serve_edge(
     if why is None and edge.drained.is_set() and not signalled and not stop.is_set():
         why = DRAINED
     watching.cancel()
-    print("\nstopping: closing sockets …", flush=True)
+    if why != DRAINED:
+        print("\nstopping: closing sockets …", flush=True)
+    # else its sockets are closed already (the drain's log said so), and the caller says what
+    # follows: `presence up` on one machine starts a new edge, and said "stopping" first (it is not
+    # stopping), `presence edge` exits.
     if why == LOST_RAY:  # departures cannot land: do not wait for them long
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(edge.stop(), 10)
@@ -440,4 +444,6 @@ def edge(settings: Settings) -> int:
     clients.shutdown()
     if why == CANNOT_LISTEN:
         return 2
+    if why == DRAINED:
+        print("edge drained and stopped", flush=True)
     return 0 if why in (None, DRAINED) else LOST_RAY_EXIT

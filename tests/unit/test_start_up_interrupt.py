@@ -109,3 +109,33 @@ def test_a_stop_swallowed_before_the_edge_serves_starts_no_edge(
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(edge_process.serve_edge(EdgeConfig(secret="s" * 32, redis_url=None), lambda edge: None))
     assert started == []
+
+
+def test_an_edge_drained_over_the_internal_api_does_not_say_it_is_stopping(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`presence drain` on one machine: `presence up` starts a new edge on the ports and goes on,
+    but printed `stopping: closing sockets …` first (the sockets were closed already, and nothing
+    was stopping). A signal's stop still says it."""
+    import asyncio
+
+    from edge.server import Edge, EdgeConfig
+
+    async def nothing(self: Edge) -> None:
+        pass
+
+    monkeypatch.setattr(Edge, "start", nothing)
+    monkeypatch.setattr(Edge, "stop", nothing)
+    config = EdgeConfig(secret="s" * 32, redis_url=None)
+    why = asyncio.run(edge_process.serve_edge(config, lambda edge: edge.drained.set()))
+    assert why == edge_process.DRAINED
+    assert "stopping" not in capsys.readouterr().out
+
+    async def interrupted() -> str | None:
+        served = asyncio.create_task(edge_process.serve_edge(config, lambda edge: None))
+        await asyncio.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)  # the loop's handler: stop
+        return await served
+
+    assert asyncio.run(interrupted()) is None
+    assert "stopping: closing sockets" in capsys.readouterr().out
