@@ -704,8 +704,15 @@ class PresenceClient:
         # What belongs to the socket, restored: the account's choices are durable upstream, the
         # socket's own (idle, focus, voice, subscriptions) are not.
         # Into an empty queue, and never refused (not bounded): a socket comes back whole.
-        if self._pending_status is not None:
-            self._send_choice({"type": "presence.update", "status": self._pending_status}, bounded=False)
+        pending = self._pending_status
+        if pending == "online" and self._idle and self.status in ("online", "idle"):
+            # The account shows online chosen already (the edge read it before the close, or it
+            # was the choice all along): `online` again would wake this idle socket for a moment,
+            # and its watchers saw the account online, then idle (an idle tab moved by a drain
+            # within 30 s of choosing online). The idle flag below is all there is to restore.
+            pending = None
+        if pending is not None:
+            self._send_choice({"type": "presence.update", "status": pending}, bounded=False)
         elif not self._idle and self.status == "idle":
             # A resumed place keeps the idle flag of the socket it replaces (protocol.md "Drain and
             # resume"), and an `online` sent just before the server closed that socket may never

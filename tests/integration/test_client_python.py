@@ -8,6 +8,7 @@ The live behaviour (a real edge killed under the client) is tests/integration/te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -734,6 +735,44 @@ async def test_a_failed_async_with_leaves_nothing_reconnecting(scripted: Any) ->
         assert client._task is None  # its connection task ended, not left reconnecting
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize(
+    ("shown", "restored"), [("idle", ["idle"]), ("online", ["idle"]), ("dnd", ["online", "idle"])]
+)
+async def test_an_idle_socket_back_from_a_drain_does_not_wake_to_repeat_online(
+    scripted: Any, shown: str, restored: list[str]
+) -> None:
+    """`online` chosen, then the socket idle, and a drain before a heartbeat confirmed the choice
+    (within 30 s of it): the old client sent `online` again after the next ready, which woke the
+    idle socket, then `idle`, and the account's watchers saw it online, then idle (seen live
+    through `presence drain`). A ready showing online chosen already (`idle`, `online`) leaves
+    only the idle flag to restore; one showing something else (the choice never read) still gets
+    the choice first."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ready(s, ws, n, status="online" if n == 0 else shown)
+        if n == 0:
+            while (await s.recv(ws, n)) != {"type": "presence.update", "status": "idle"}:
+                pass
+            await ws.close(1012, "service restart; reconnect")  # before any heartbeat was answered
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):  # what the client restores comes at once
+                    while True:
+                        await s.recv(ws, n)
+            await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=BackoffPolicy(restart_window_s=0.05))
+    client.connect()
+    await client.wait_open()
+    client.set_status("online")
+    client.set_status("idle")
+    await until(lambda: s.count == 2)
+    await asyncio.sleep(0.7)
+    assert [f["status"] for f in s.received[1] if f["type"] == "presence.update"] == restored
+    await client.close()
 
 
 async def test_a_pending_status_and_the_idle_flag_are_both_restored(scripted: Any) -> None:

@@ -661,7 +661,13 @@ export class PresenceClient {
     // socket's own (idle, focus, voice, subscriptions) are not.
     // Into an empty queue, and never refused (not bounded): a socket comes back whole.
     const own = { bounded: false };
-    if (this._pendingStatus !== null) this._sendChoice({ type: "presence.update", status: this._pendingStatus }, own);
+    let pending = this._pendingStatus;
+    // The account shows online chosen already (the edge read it before the close, or it was the
+    // choice all along): `online` again would wake this idle socket for a moment, and its
+    // watchers saw the account online, then idle (an idle tab moved by a drain within 30 s of
+    // choosing online). The idle flag below is all there is to restore.
+    if (pending === "online" && this._idle && (this.status === "online" || this.status === "idle")) pending = null;
+    if (pending !== null) this._sendChoice({ type: "presence.update", status: pending }, own);
     // A resumed place keeps the idle flag of the socket it replaces, and an `online` sent just
     // before the server closed that socket may never have been read: this socket is awake.
     else if (!this._idle && this.status === "idle") this._send({ type: "presence.update", status: "online" }, own);

@@ -831,6 +831,28 @@ test("back from a drain to a resumed idle place while awake: says online (its la
   client.close();
 });
 
+test("an idle socket back from a drain does not wake to repeat an online the ready shows chosen", async () => {
+  // `online` chosen, then idle, and a drain before a heartbeat confirmed the choice: the old
+  // client sent `online` again after the next ready, waking the idle socket, then `idle`; the
+  // account's watchers saw it online, then idle (seen live through `presence drain`).
+  for (const [shown, restored] of [
+    ["idle", ["idle"]],
+    ["online", ["idle"]],
+    ["dnd", ["online", "idle"]], // the choice never read: it still goes first
+  ]) {
+    const { client, clock } = make();
+    let ws = await opened(client);
+    client.setStatus("online");
+    client.setStatus("idle");
+    ws.take();
+    ws.drop(1012);
+    ws = await reopened(clock, { status: shown });
+    const statuses = ws.take().filter((f) => f.type === "presence.update").map((f) => f.status);
+    assert.deepEqual(statuses, restored, shown);
+    client.close();
+  }
+});
+
 test("outgoing frames are paced under the edge's rate limit", async () => {
   const { client, clock } = make({ rateBurst: 10, ratePerSecond: 5 });
   client.connect();
