@@ -388,9 +388,9 @@ async def serve_edge(
     # else its sockets are closed already (the drain's log said so), and the caller says what
     # follows: `presence up` on one machine starts a new edge, and said "stopping" first (it is not
     # stopping), `presence edge` exits.
-    if why == LOST_RAY:  # departures cannot land: do not wait for them long
+    if why == LOST_RAY:  # departures cannot land: do not wait for them long, nor tell the directory
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(edge.stop(), 10)
+            await asyncio.wait_for(edge.stop(unregister=False), 10)
     else:
         await edge.stop()
     return why

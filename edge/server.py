@@ -491,8 +491,9 @@ class Edge:
                 await asyncio.sleep(min(left, 0.05))
         return len(self.conns) + len(self._handlers)
 
-    async def stop(self) -> None:
-        """Close every socket (each one's departure is registered upstream), then stop."""
+    async def stop(self, unregister: bool = True) -> None:
+        """Close every socket (each one's departure is registered upstream), then stop, telling
+        the directory so (`unregister`; not when Ray is gone: a lookup of its actor could block)."""
         if self._drain is not None and not self._drain.done():
             self._drain.cancel()  # stopped at once (a second SIGTERM): whatever is left goes now
         for server in self._servers:
@@ -508,7 +509,8 @@ class Edge:
         await self.internal_http.close()
         for t in self._tasks:
             t.cancel()
-        await self._unregister()
+        if unregister:
+            await self._unregister()
         await self.router.close()
         await self.counts.close()
 
