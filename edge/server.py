@@ -204,6 +204,10 @@ class EdgeSocket(Socket):
         if self.conn is not None:
             self.edge._control(self.conn)
 
+    def on_fragment(self) -> None:
+        if self.conn is not None:
+            self.edge._control(self.conn)
+
     def on_refused(self, code: int) -> None:
         self.edge.metrics.inc("closes_total", code=str(code))
 
@@ -632,9 +636,11 @@ class Edge:
             self._begin(ws, conn, commands)
 
     def _control(self, conn: Conn) -> None:
-        """A ping or pong: liveness and the flood bucket (`Session.control`). Its only command is
-        the flood's close, carried out here (not queued behind a command the socket is busy
-        with: a flood of pings is read even while its frames wait)."""
+        """A ping, a pong or a fragment before a message's last: liveness and the flood bucket
+        (`Session.control`). Its only command is the flood's close, carried out here (not queued
+        behind a command the socket is busy with: a flood of pings is read even while its frames
+        wait). A fragment is charged like any frame: empty continuation frames, which never make
+        a message, kept the edge's one core busy for as long as a client sent them, never closed."""
         if conn.went_at is not None:
             return
         for cmd in conn.session.control(time.time()):

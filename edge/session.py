@@ -367,7 +367,8 @@ class Session:
         return self._dispatch(frame, now)
 
     def control(self, now: float) -> list[Command]:
-        """A ping or pong from the client (websockets has answered a ping already). It is a frame:
+        """A ping or pong from the client (websockets has answered a ping already), or a fragment
+        of a message before its last (the message, once whole, is `receive`d). It is a frame:
         it keeps the socket alive (protocol.md: "any frame refreshes the socket's liveness"; a
         client relying on its library's keepalive pings was closed 4000 after 90 s) and it is
         charged to the socket's bucket like any other, so a flood of pings is closed with 1008

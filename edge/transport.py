@@ -19,7 +19,10 @@ A `Socket` is one connection. Subclasses say what happens (`on_request`, `on_ope
   400/426 as `websockets.asyncio` does; no request within `OPEN_TIMEOUT_S`: the connection is
   dropped;
 - messages: text (UTF-8 checked: else closed with 1007) and binary, fragments joined up to
-  `max_size` (else 1009), pings answered with pongs; frames after a close are dropped;
+  `max_size` (else 1009), pings answered with pongs; frames after a close are dropped; every
+  frame that is no message of its own is told (`on_control`, `on_fragment`), so that a subclass
+  can count it: websockets bounds a fragmented message's bytes, not its frames, and a client
+  sending empty continuation frames for ever never completes a message;
 - order: `pause()` holds the messages after the current one (and stops reading) until
   `resume()`, so that a subclass handles one message at a time while its work waits elsewhere;
 - `hold()` / `release()`: before the handshake, the bytes that arrive are kept unread (the edge's
@@ -152,6 +155,10 @@ class Socket(asyncio.Protocol):
 
     def on_control(self) -> None:
         """A ping or pong arrived on the open socket (a ping is answered already)."""
+
+    def on_fragment(self) -> None:
+        """A data frame that does not end its message arrived on the open socket (a fragment
+        before the last): a frame for the subclass's limits, though no message comes of it yet."""
 
     def on_slow(self) -> None:
         """More than `write_limit` bytes wait unsent to this client."""
@@ -383,8 +390,10 @@ class Socket(asyncio.Protocol):
         if frame.opcode is Opcode.CONT:
             if self._fragments is None:
                 return  # the protocol refused it already
-            self._fragments.append(data)
+            if data:  # websockets bounds the bytes of a message, not its frames: keep no empty one
+                self._fragments.append(data)
             if not frame.fin:
+                self.on_fragment()
                 return
             first, *rest = self._fragments
             self._fragments = None
@@ -392,6 +401,7 @@ class Socket(asyncio.Protocol):
             data = b"".join(rest)
         elif not frame.fin:
             self._fragments = [b"t" if frame.opcode is Opcode.TEXT else b"b", data]
+            self.on_fragment()
             return
         else:
             text = frame.opcode is Opcode.TEXT

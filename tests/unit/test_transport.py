@@ -61,6 +61,9 @@ class Recorder(Socket):
     def on_control(self) -> None:
         self.events.append("control")
 
+    def on_fragment(self) -> None:
+        self.events.append("fragment")
+
     def on_slow(self) -> None:
         self.events.append("slow")
         self.abort()
@@ -194,6 +197,29 @@ async def test_fragments_are_joined_and_a_message_too_big_closes_1009() -> None:
             await _recv(c)
         assert c.close_code == 1009
         assert sock.events.count("refused 1009") == 1  # told, for the edge's count of closes
+
+
+async def test_each_fragment_before_the_last_is_told_and_no_empty_one_is_kept() -> None:
+    """websockets bounds a fragmented message's bytes (`max_size`), not its frames: a client may
+    send empty continuation frames for ever without finishing its message. Each is told
+    (`on_fragment`: the edge charges it to the flood bucket), and none is kept: a list grew by
+    one entry a frame, and nothing ever closed such a socket."""
+    async with _server() as s:
+        raw = await asyncio.to_thread(_raw_upgrade, s.port)
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.open)
+            empty = Frame(Opcode.CONT, b"", fin=False).serialize(mask=True)
+            first = Frame(Opcode.TEXT, b"a", fin=False).serialize(mask=True)
+            await asyncio.to_thread(raw.sendall, first + empty * 5_000)
+            await s.until(lambda: sock.events.count("fragment") == 5_001)
+            assert sock._fragments is not None and len(sock._fragments) <= 2  # its kind, "a"
+            assert sock.messages == []
+            await asyncio.to_thread(raw.sendall, Frame(Opcode.CONT, b"b").serialize(mask=True))
+            await s.until(lambda: sock.messages == ["ab"])
+            assert sock.events.count("fragment") == 5_001  # the last one is the message
+        finally:
+            raw.close()
 
 
 async def test_a_text_frame_that_is_not_utf8_closes_1007() -> None:
