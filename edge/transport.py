@@ -329,10 +329,12 @@ class Socket(asyncio.Protocol):
         protocol = self.protocol
         closing = protocol.close_sent
         protocol.receive_data(data)
+        # Closed by websockets while it read these bytes (not by a handler below, whose close is
+        # its own: an edge counted a ping flood's 1008 twice).
+        sent = protocol.close_sent if closing is None and protocol.close_rcvd is None else None
         events = protocol.events_received()
         self._corked(lambda: self._feed_events(events))
-        sent = protocol.close_sent
-        if closing is None and sent is not None and protocol.close_rcvd is None:
+        if sent is not None:
             self.on_refused(sent.code)
 
     def _corked(self, handle: Callable[[], None]) -> None:
@@ -413,6 +415,7 @@ class Socket(asyncio.Protocol):
                 self.protocol.fail(1007, f"{e.reason} at position {e.start}")
                 self._flush()
                 self._expect_close()
+                self.on_refused(1007)
                 return
         else:
             message = bytes(data)

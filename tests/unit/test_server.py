@@ -103,5 +103,6 @@ async def test_empty_continuation_frames_are_charged_and_a_stream_of_them_closed
             empty = Frame(Opcode.CONT, b"", fin=False).serialize(mask=True)
             await asyncio.to_thread(raw.sendall, first + empty * 1_000)
             assert await asyncio.to_thread(close_code, raw) == 1008
+            assert edge.metrics.counters[("closes_total", (("code", "1008"),))] == 1  # once
         finally:
             raw.close()

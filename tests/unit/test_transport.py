@@ -222,10 +222,36 @@ async def test_each_fragment_before_the_last_is_told_and_no_empty_one_is_kept() 
             raw.close()
 
 
-async def test_a_text_frame_that_is_not_utf8_closes_1007() -> None:
+class ClosingOnControl(Recorder):
+    """Closes its socket at the first ping, as the edge closes a ping flood."""
+
+    __slots__ = ()
+
+    def on_control(self) -> None:
+        super().on_control()
+        self.close(1008, "sustained flood")
+
+
+async def test_a_close_of_the_socket_s_own_is_not_told_as_websockets_refusal() -> None:
+    """`on_refused` is for what websockets closed by itself: a subclass's own close from a
+    handler of the same read (the edge's 1008 for a ping flood) was told too, and counted twice
+    in `presence_closes_total`."""
+    async with _server(ClosingOnControl) as s:
+        c = await _client(s, ping_interval=None)
+        sock = s.sockets[0]
+        await c.ping()
+        with pytest.raises(ConnectionClosed):
+            await _recv(c)
+        assert c.close_code == 1008
+        await s.until(lambda: sock.lost)
+        assert not [e for e in sock.events if e.startswith("refused")]
+
+
+@pytest.mark.parametrize("fragmented", [False, True], ids=["one-frame", "fragmented"])
+async def test_a_text_frame_that_is_not_utf8_closes_1007(fragmented: bool) -> None:
     async with _server() as s:
         c = await _client(s)
-        await c.send(b"\xff\xfe", text=True)
+        await c.send([b"\xff", b"\xfe"] if fragmented else b"\xff\xfe", text=True)
         with pytest.raises(ConnectionClosed):
             await _recv(c)
         assert c.close_code == 1007
