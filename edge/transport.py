@@ -229,6 +229,8 @@ class Socket(asyncio.Protocol):
             self._expect_close()
         elif self.protocol.state is CONNECTING:
             self.transport.abort()
+        else:  # closing already: it ends by the close timeout at the latest
+            self._expect_close()
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -300,6 +302,13 @@ class Socket(asyncio.Protocol):
         self.protocol.receive_eof()
         self._handle(self.protocol.events_received())
         self._flush()
+        # The transport closes once what waits in its buffer is sent. A client that ended its
+        # side but reads nothing (its window shut) would hold that close open for good: the
+        # socket CLOSED, so no close of ours would end it, its account online and its buffers
+        # held for as long as the client liked. It gets the close timeout to read, like a client
+        # that does not answer a close frame.
+        self._cancel_timer()
+        self._expect_close()
         return None  # never a write after the client's EOF: the transport closes
 
     def connection_lost(self, exc: Exception | None) -> None:

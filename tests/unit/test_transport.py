@@ -354,6 +354,48 @@ async def test_a_client_that_never_answers_the_close_is_dropped_after_the_timeou
             raw.close()
 
 
+def _raw_upgrade_not_reading(port: int) -> socket.socket:
+    """`_raw_upgrade`'s client with the smallest receive buffer (its window shuts at once)."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+    raw.connect(("127.0.0.1", port))
+    raw.sendall(_upgrade_request(port))
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += raw.recv(1)
+    assert answer.startswith(b"HTTP/1.1 101")
+    return raw
+
+
+async def test_a_client_that_ends_its_side_without_reading_is_dropped_after_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that sends its end of stream (a FIN, no close frame) while the edge still has
+    unsent bytes for it, and never reads them: the transport's own close waited for its buffer
+    to drain, for ever (the client's kernel answers the window probes). The socket was CLOSED for
+    websockets, so no close of the edge's could end it: against `presence up` such a socket
+    outlived the liveness timeout with its account online. It is dropped after the close
+    timeout now."""
+    monkeypatch.setattr(transport, "CLOSE_TIMEOUT_S", 0.3)
+    async with _server() as s:
+        raw = await asyncio.to_thread(_raw_upgrade_not_reading, s.port)
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.open)
+            assert sock.transport is not None
+            chunk = prepare("x" * 16_000)
+            while sock.transport.get_write_buffer_size() == 0:  # the kernel's buffers are full
+                assert sock.write(chunk)
+                await asyncio.sleep(0.001)
+            await asyncio.to_thread(raw.shutdown, socket.SHUT_WR)
+            await s.until(lambda: not sock.open)
+            sock.close(1000)  # what the edge's liveness sweep does: nothing to send any more
+            await s.until(lambda: sock.lost, timeout=3)
+            assert not sock.closed_by_client and "slow" not in sock.events
+        finally:
+            raw.close()
+
+
 async def test_a_connection_that_never_sends_its_request_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transport, "OPEN_TIMEOUT_S", 0.2)
     async with _server() as s:
