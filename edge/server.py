@@ -132,6 +132,17 @@ HEARTBEAT_COUNTS = (
 )
 
 
+def forwarded_ip(values: list[str]) -> str | None:
+    """The client's address from every line of the proxy's header (`client_ip_header`), in
+    order: the last entry of the last line, the one the proxy next to the edge added. A client
+    may send lines and entries of its own before it (HAProxy's `option forwardfor` adds a line
+    of its own after the client's); an earlier one is never taken, or the client would choose
+    its address. None: no such header, or an empty last line."""
+    if not values or not values[-1]:
+        return None
+    return values[-1].rsplit(",", 1)[-1].strip()
+
+
 def _peer_ip(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
     return str(peer[0]) if peer else "unknown"
@@ -618,7 +629,10 @@ class Edge:
         self.deadlines.add(session.socket_id, session.deadline())
         self.metrics.inc("connections_total")
         # Else it waits for identify, closed by `_liveness_loop` if none comes in time.
-        commands = session.open() or session.authenticate_header(ws.request.headers.get("Authorization"), now)
+        # Every line: `headers.get` raises on a repeated header (a traceback in the log for each
+        # such request, from anybody who can connect).
+        authorization = ws.request.headers.get_all("Authorization")
+        commands = session.open() or session.authenticate_headers(authorization, now)
         if commands:
             self._begin(ws, conn, commands)
 
@@ -729,9 +743,9 @@ class Edge:
     def _client_ip(self, ws: Socket, request: Request) -> str:
         header = self.config.client_ip_header
         if header is not None:
-            forwarded = request.headers.get(header)
-            if forwarded:
-                return forwarded.rsplit(",", 1)[-1].strip()
+            forwarded = forwarded_ip(request.headers.get_all(header))
+            if forwarded is not None:
+                return forwarded
         peer = ws.remote_address
         return str(peer[0]) if peer else "unknown"
 

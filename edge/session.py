@@ -9,7 +9,7 @@ edge replays when a shard restarts, and enforces every per-socket limit of the c
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,6 +284,14 @@ class Session:
         if self.joined and self.user_id is not None:
             self.admission.leave(self.user_id, self.socket_id)
             self.joined = False
+
+    def authenticate_headers(self, values: Sequence[str], now: float) -> list[Command]:
+        """Every `Authorization` line of the upgrade request, in order. None: wait for identify;
+        more than one is a refused token (4001 `bad token`), as the internal API answers 401:
+        which of them would name the account is nobody's to guess."""
+        if len(values) > 1:
+            return [Close(p.CLOSE_AUTH, BAD_TOKEN)]
+        return self.authenticate_header(values[0] if values else None, now)
 
     def authenticate_header(self, authorization: str | None, now: float) -> list[Command]:
         """The upgrade request's `Authorization: Bearer …`, if any. No header: wait for identify."""

@@ -12,9 +12,10 @@ import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import pytest
 from websockets.frames import Frame, Opcode
 
-from edge.server import Edge, EdgeConfig
+from edge.server import Edge, EdgeConfig, forwarded_ip
 from edge.transport import serve
 
 SECRET = "server-unit-test-secret-of-at-least-32-bytes"
@@ -33,8 +34,21 @@ async def serving(**config: object) -> AsyncIterator[tuple[Edge, int]]:
             conn.ws.abort()
 
 
-def upgrade(port: int, headers: tuple[str, ...] = ()) -> tuple[socket.socket, bytes]:
-    """A raw client past its upgrade request: the socket and the answer's head."""
+class Raw:
+    """A raw client's socket and what it read past the upgrade answer's head."""
+
+    def __init__(self, sock: socket.socket, head: bytes, rest: bytes) -> None:
+        self.sock, self.head, self.rest = sock, head, rest
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def upgrade(port: int, headers: tuple[str, ...] = ()) -> Raw:
+    """A raw client past its upgrade request."""
     raw = socket.create_connection(("127.0.0.1", port))
     raw.settimeout(10)
     key = base64.b64encode(os.urandom(16)).decode()
@@ -54,13 +68,14 @@ def upgrade(port: int, headers: tuple[str, ...] = ()) -> tuple[socket.socket, by
         if not chunk:
             break
         answer += chunk
-    return raw, answer
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return Raw(raw, head, rest)
 
 
-def close_code(raw: socket.socket) -> int | None:
+def close_code(raw: Raw) -> int | None:
     """Read the server's frames up to its close frame: its code (None: the connection ended
     without one)."""
-    buffer = b""
+    buffer, raw.rest = raw.rest, b""
     while True:
         while len(buffer) >= 2:
             opcode, length = buffer[0] & 0x0F, buffer[1] & 0x7F
@@ -75,7 +90,7 @@ def close_code(raw: socket.socket) -> int | None:
                 return int(struct.unpack("!H", buffer[start : start + 2])[0])
             buffer = buffer[start + length :]
         try:
-            chunk = raw.recv(65536)
+            chunk = raw.sock.recv(65536)
         except ConnectionResetError:
             return None
         if not chunk:
@@ -95,9 +110,9 @@ async def test_empty_continuation_frames_are_charged_and_a_stream_of_them_closed
     the edge's one core busy (39 s of CPU in 41 s against `presence up`) and was never closed.
     Each fragment is a frame for the flood bucket now, and such a stream is a flood."""
     async with serving() as (edge, port):
-        raw, answer = await asyncio.to_thread(upgrade, port)
+        raw = await asyncio.to_thread(upgrade, port)
         try:
-            assert answer.startswith(b"HTTP/1.1 101")
+            assert raw.head.startswith(b"HTTP/1.1 101")
             await until(lambda: len(edge.conns) == 1)
             first = Frame(Opcode.TEXT, b"{", fin=False).serialize(mask=True)
             empty = Frame(Opcode.CONT, b"", fin=False).serialize(mask=True)
@@ -106,3 +121,65 @@ async def test_empty_continuation_frames_are_charged_and_a_stream_of_them_closed
             assert edge.metrics.counters[("closes_total", (("code", "1008"),))] == 1  # once
         finally:
             raw.close()
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+async def test_two_authorization_headers_close_4001_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`headers.get` raises on a repeated header: the upgrade was answered 101, then the edge's
+    callback raised and asyncio logged a fatal error with its traceback, twice per connection,
+    for anybody who can connect (a log flood, no token needed). As on the internal port (401),
+    two `Authorization` lines are a refused token."""
+    caplog.set_level("WARNING")
+    async with serving() as (edge, port):
+        raw = await asyncio.to_thread(
+            upgrade, port, ("Authorization: Bearer one", "Authorization: Bearer two")
+        )
+        try:
+            assert raw.head.startswith(b"HTTP/1.1 101")
+            assert await asyncio.to_thread(close_code, raw) == 4001
+            raw.close()
+            await until(lambda: not edge.conns)
+            assert _errors(caplog) == []
+            assert edge.admission.by_ip == {} and edge.admission.handshakes == {}
+        finally:
+            raw.close()
+
+
+async def test_behind_a_proxy_the_last_line_of_its_header_names_the_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """HAProxy's `option forwardfor` adds a line of its own after the client's: two lines of the
+    header raised while the upgrade was checked (a 500 and a traceback for every such client,
+    a client sending the header itself was enough). The last entry of the last line counts, the
+    one the proxy added; the client's own are never taken."""
+    caplog.set_level("WARNING")
+    async with serving(client_ip_header="X-Forwarded-For") as (edge, port):
+        lines = ("X-Forwarded-For: 6.6.6.6", "X-Forwarded-For: 10.0.0.1, 192.0.2.7")
+        raw = await asyncio.to_thread(upgrade, port, lines)
+        try:
+            assert raw.head.startswith(b"HTTP/1.1 101")
+            await until(lambda: len(edge.conns) == 1)
+            assert edge.admission.by_ip == {"192.0.2.7": 1}
+            assert edge.admission.handshakes == {"192.0.2.7": 1}  # opening until it identifies
+            assert _errors(caplog) == []
+        finally:
+            raw.close()
+
+
+@pytest.mark.parametrize(
+    ("lines", "ip"),
+    [
+        ([], None),
+        (["1.2.3.4"], "1.2.3.4"),
+        (["6.6.6.6, 1.2.3.4"], "1.2.3.4"),
+        (["6.6.6.6", "1.2.3.4 "], "1.2.3.4"),
+        (["1.2.3.4", ""], None),  # the proxy's line empty: never a client's line instead
+    ],
+)
+def test_forwarded_ip(lines: list[str], ip: str | None) -> None:
+    assert forwarded_ip(lines) == ip

@@ -18,7 +18,17 @@ import pytest
 from actors.core import ops
 from actors.core.answers import Connected, Shown, Verdict
 from edge import protocol as p
-from edge.session import Charged, Close, Command, Limits, Reply, Session, TokenBucket, new_socket_id
+from edge.session import (
+    BAD_TOKEN,
+    Charged,
+    Close,
+    Command,
+    Limits,
+    Reply,
+    Session,
+    TokenBucket,
+    new_socket_id,
+)
 from edge.tokens import mint_token
 
 from .conftest import T0
@@ -113,6 +123,15 @@ class TestIdentify:
         assert s.authenticate_header(None, T0) == []
         assert s.authenticate_header("", T0) == []
         assert not s.authenticated
+
+    def test_every_authorization_line_is_read_and_two_are_a_refused_token(self) -> None:
+        one = Session(secret=SECRET, now=T0)
+        assert one.authenticate_headers([f"Bearer {token('bob')}"], T0) == [ops.Connect("bob", one.socket_id)]
+        assert Session(secret=SECRET, now=T0).authenticate_headers([], T0) == []
+        two = Session(secret=SECRET, now=T0)
+        both = [f"Bearer {token('bob')}", f"Bearer {token('carol')}"]
+        assert two.authenticate_headers(both, T0) == [Close(4001, BAD_TOKEN)]
+        assert not two.authenticated
 
     @pytest.mark.parametrize("header", ["Basic dTE6cHc=", "Bearer", "Bearer ", "Token abc", "{t}"])
     def test_malformed_header_closes_4001(self, header: str) -> None:
