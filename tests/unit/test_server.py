@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import socket
 import struct
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 import pytest
 from websockets.frames import Frame, Opcode
 
+from edge import transport
 from edge.server import Edge, EdgeConfig, forwarded_ip
 from edge.transport import serve
 
@@ -183,3 +185,41 @@ async def test_behind_a_proxy_the_last_line_of_its_header_names_the_client(
 )
 def test_forwarded_ip(lines: list[str], ip: str | None) -> None:
     assert forwarded_ip(lines) == ip
+
+
+async def test_a_stranger_s_frames_behind_a_refused_first_one_are_not_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No token: a first frame that is no identify, and 2 MiB of empty frames behind it in the
+    same write. The edge parsed all of it, the rest of the read at once and then whatever came
+    for the whole close timeout (`presence up`: 10 connections of 2 MiB, 27 s of the edge's
+    CPU). The rest waits unparsed while the close is carried out, and the closing socket reads
+    at most `CLOSING_FRAMES` more, then is dropped."""
+    monkeypatch.setattr(transport, "CLOSE_TIMEOUT_S", 60.0)
+    async with serving() as (edge, port):
+        raw = await asyncio.to_thread(upgrade, port)
+        try:
+            await until(lambda: len(edge.conns) == 1)
+            (conn,) = edge.conns.values()
+            parsed = [0]
+            receive = conn.ws.protocol.receive_data
+
+            def counting(data: bytes) -> None:
+                parsed[0] += len(data)
+                receive(data)
+
+            conn.ws.protocol.receive_data = counting  # type: ignore[method-assign]
+            empty = Frame(Opcode.BINARY, b"").serialize(mask=True)
+            flood = Frame(Opcode.TEXT, b"hello").serialize(mask=True) + empty * 350_000
+            sending = asyncio.create_task(asyncio.to_thread(_send_until_refused, raw, flood))
+            assert await asyncio.to_thread(close_code, raw) == 4001
+            await until(lambda: conn.ws.lost)
+            await sending
+            assert parsed[0] <= 3 * transport.READ_SLICE_BYTES + (transport.CLOSING_FRAMES + 1) * len(empty)
+        finally:
+            raw.close()
+
+
+def _send_until_refused(raw: Raw, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        raw.sendall(data)

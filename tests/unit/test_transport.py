@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import gc
 import os
 import socket
@@ -280,6 +281,79 @@ async def test_messages_after_a_pause_wait_in_order_until_resume() -> None:
         assert sock.messages == ["wait", "1", "2", "wait", "3"]
         await c.send("4")  # reading went on
         await s.until(lambda: len(sock.messages) == 6)
+
+
+def _count_parsed(sock: Socket) -> list[int]:
+    """The bytes of this socket handed to websockets' parser from now on (one total, updated)."""
+    parsed = [0]
+    receive = sock.protocol.receive_data
+
+    def counting(data: bytes) -> None:
+        parsed[0] += len(data)
+        receive(data)
+
+    sock.protocol.receive_data = counting  # type: ignore[method-assign]
+    return parsed
+
+
+async def test_a_paused_socket_parses_nothing_more_of_its_read_until_resumed() -> None:
+    """A read was parsed whole before its first frame was handled: a client's 256 KiB of tiny
+    frames behind one that pauses the socket (its identify, waiting on a shard) cost the edge
+    40,000 frames' parsing at once. The rest of the read now waits unparsed, in order."""
+
+    def pausing() -> Recorder:
+        r = Recorder()
+        r.pause_on = "wait"
+        return r
+
+    async with _server(pausing) as s:
+        raw = await asyncio.to_thread(_raw_upgrade, s.port)
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.open)
+            parsed = _count_parsed(sock)
+            frames = b"".join(_masked(m) for m in ["wait", *map(str, range(5_000))])
+            await asyncio.to_thread(raw.sendall, frames)
+            await s.until(lambda: sock.messages == ["wait"])
+            await asyncio.sleep(0.05)
+            assert parsed[0] <= transport.READ_SLICE_BYTES < len(frames)
+            sock.resume()
+            await s.until(lambda: len(sock.messages) == 5_001)
+            assert sock.messages == ["wait", *map(str, range(5_000))]
+            assert parsed[0] == len(frames)
+        finally:
+            raw.close()
+
+
+def _send_until_refused(raw: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        raw.sendall(data)
+
+
+async def test_a_socket_closed_by_this_side_reads_a_bounded_number_of_frames_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After its close frame a socket waits for the client's, and read everything the client sent
+    meanwhile for the whole close timeout: a client closed at its first frame (4001, no token
+    needed) and streaming empty frames had the edge parse 4 million of them in 26 s, 24 s of
+    its CPU, over two connections. Past `CLOSING_FRAMES` the connection is dropped."""
+    monkeypatch.setattr(transport, "CLOSE_TIMEOUT_S", 60.0)
+    async with _server() as s:
+        raw = await asyncio.to_thread(_raw_upgrade, s.port)
+        try:
+            sock = s.sockets[0]
+            await s.until(lambda: sock.open)
+            sock.close(4001, "no")
+            parsed = _count_parsed(sock)
+            empty = Frame(Opcode.BINARY, b"").serialize(mask=True)
+            sending = asyncio.create_task(asyncio.to_thread(_send_until_refused, raw, empty * 200_000))
+            await s.until(lambda: sock.lost)
+            await sending
+            bound = (transport.CLOSING_FRAMES + 1) * len(empty) + transport.READ_SLICE_BYTES
+            assert parsed[0] <= bound
+            assert sock.messages == []
+        finally:
+            raw.close()
 
 
 async def test_close_sends_the_code_and_reason_and_drops_what_arrives_after() -> None:
