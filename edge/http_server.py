@@ -29,11 +29,25 @@ log = logging.getLogger("presence.internal")
 # websockets' own limits, kept: a request line or header line of at most 8 KiB, 128 headers.
 MAX_LINE_BYTES = 8192
 MAX_HEADERS = 128
+# The whole head, request line and header lines: the two limits above let one connection hold
+# 1 MiB of headers for the head's 10 s (1,000 connections from one local process took an edge
+# from 120 MB to 1 GB, never given back). nginx's default is about as much as this; a browser
+# opening /admin sends the cookies of every service on the host, hence not less.
+MAX_HEAD_BYTES = 32 * 1024
+# Connections served at once, in all and from one address; one more is answered 503 at once and
+# closed. With the head's bound, what the port can be made to hold is bounded too (8 MiB of heads
+# in all); per address, so that one caller holding its share keeps no other one out.
+MAX_CONNECTIONS = 256
+MAX_CONNECTIONS_PER_ADDRESS = 32
 # How long a client may take to send its request head, and how long (and how much) of a body
 # is read and thrown away after the answer so that closing does not reset the connection.
 HEAD_TIMEOUT_S = 10.0
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 1024 * 1024
+# A connection refused over the limits lingers less (its 503 must not be reset away by the
+# request it sent), and only so many at once; past that it is closed without an answer.
+REFUSED_LINGER_S = 0.25
+REFUSED_LINGER_MAX_BYTES = 16 * 1024
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VALUE = re.compile(rb"[\x09\x20-\x7e\x80-\xff]*")
@@ -103,16 +117,49 @@ async def _line(reader: asyncio.StreamReader, too_long: int, what: str) -> bytes
 
 async def read_request(reader: asyncio.StreamReader, local_host: str = "") -> HttpRequest:
     """The request head; raises BadRequest (answer it) or EOFError (the client left)."""
-    method, target = parse_request_line(await _line(reader, 414, "request line"))
+    line = await _line(reader, 414, "request line")
+    method, target = parse_request_line(line)
+    size = len(line) + 2
     headers = Headers()
     while True:
         line = await _line(reader, 431, "header line")
         if not line:
             return HttpRequest(method, target, headers, local_host)
+        size += len(line) + 2
+        if size > MAX_HEAD_BYTES:
+            raise BadRequest(431, "request head too large")
         if len(headers) >= MAX_HEADERS:
             raise BadRequest(431, "too many header lines")
         name, value = parse_header_line(line)
         headers[name] = value
+
+
+@dataclass
+class ConnectionCounts:
+    """Connections being served, in all and by client address (pure bookkeeping)."""
+
+    total: int = MAX_CONNECTIONS
+    per_address: int = MAX_CONNECTIONS_PER_ADDRESS
+    open: int = 0
+    by_address: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def enter(self, address: str) -> bool:
+        """A connection from `address` may be served (call `leave` once it ends); False: over a
+        limit, nothing counted."""
+        n = self.by_address.get(address, 0)
+        if self.open >= self.total or n >= self.per_address:
+            return False
+        self.open += 1
+        self.by_address[address] = n + 1
+        return True
+
+    def leave(self, address: str) -> None:
+        self.open -= 1
+        n = self.by_address[address] - 1
+        if n:
+            self.by_address[address] = n
+        else:
+            del self.by_address[address]
 
 
 def response(
@@ -134,10 +181,13 @@ Handler = Callable[[HttpRequest], Awaitable[Response]]
 class HttpServer:
     """Serves `handler` on host:port, one request per connection."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, counts: ConnectionCounts | None = None) -> None:
         self.handler = handler
         self.server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self.counts = counts or ConnectionCounts()
+        self.refused = 0  # connections answered 503 at once (over a limit of `counts`)
+        self._refusing = 0  # of those, lingering now
 
     async def start(self, host: str, port: int) -> None:
         # The reader's limit bounds one line (plus its line ending), so a huge line costs nothing.
@@ -160,6 +210,11 @@ class HttpServer:
                 await asyncio.wait_for(self.server.wait_closed(), 5)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        if not self.counts.enter(address):
+            await self._refuse(reader, writer)
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
@@ -187,19 +242,43 @@ class HttpServer:
             log.exception("internal HTTP: a connection failed")
         finally:
             self._connections.discard(task)
+            self.counts.leave(address)
+            writer.close()
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Over the limits: 503 at once, never a request read (nor a line logged each)."""
+        self.refused += 1
+        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+            log.warning("internal HTTP: %d connection(s) refused so far (too many open)", self.refused)
+        if self._refusing >= self.counts.total:
+            writer.close()
+            return
+        self._refusing += 1
+        try:
+            writer.write(error_response(503, "too many connections; try again").serialize())
+            await self._linger(reader, writer, REFUSED_LINGER_S, REFUSED_LINGER_MAX_BYTES)
+        except Exception:
+            pass  # gone meanwhile: nothing to answer
+        finally:
+            self._refusing -= 1
             writer.close()
 
     @staticmethod
-    async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _linger(
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        seconds: float = LINGER_S,
+        max_bytes: int = LINGER_MAX_BYTES,
+    ) -> None:
         """Say we are done sending, then drop whatever the client still sends (a body we never
         read) until it closes, for a short while: closing with unread bytes resets the
         connection, and a reset can destroy the answer before the client read it."""
         if writer.can_write_eof():
             writer.write_eof()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + LINGER_S
+        deadline = loop.time() + seconds
         dropped = 0
-        while dropped < LINGER_MAX_BYTES:
+        while dropped < max_bytes:
             left = deadline - loop.time()
             if left <= 0:
                 return
