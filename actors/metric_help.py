@@ -16,7 +16,7 @@ HELP: dict[str, str] = {
     "opening_waited_total": "connections that waited their turn at the opening gate, unread (max_opening were already opening)",
     "opening_refused_total": "connections dropped at accept because max_opening_queued already waited at the opening gate",
     "opening_expired_total": "connections dropped after waiting opening_queue_s at the opening gate (their client retries with its backoff)",
-    "opening_evicted_total": "idle connections (no identify for opening_idle_evict_s) of an address over its opening_share_per_ip, dropped so that a waiting address under its share could open: a few addresses holding the gate, usually an attack",
+    "opening_evicted_total": "idle connections (no identify for opening_idle_evict_s) of an address holding more places than a waiting address under its opening_share_per_ip, dropped so that the waiting one could open: a few addresses holding the gate, usually an attack",
     "opening_wait_seconds": "time a connection waited at the opening gate before its turn (histogram)",
     "opening_active": "connections being opened (upgrading or authenticating) on this edge (refreshed every second)",
     "opening_queued": "connections waiting their turn at the opening gate (refreshed every second)",

@@ -24,9 +24,9 @@ client is the wait in line, which it would otherwise have spent inside a slower 
 
 The places are shared fairly between client addresses. Each address has a `share` of them; it
 may hold more while nobody else waits (one address behind a NAT reconnecting after a drain). But
-once a connection from an address under its share waits, an address over its share gives up a
-place it holds *idle*: a connection that has sent no identify (nor a token in its upgrade) for
-`evict_after_s` is dropped, and the waiting one takes the place. Places that come free go to
+once a connection from an address under its share waits, an address holding more places than it
+gives up one it holds *idle*: a connection that has sent no identify (nor a token in its upgrade)
+for `evict_after_s` is dropped, and the waiting one takes the place. Places that come free go to
 addresses under their share first. Before, a few addresses holding idle connections (400 from 4
 addresses, each under its own cap of 100) kept every other client of the edge from connecting.
 A connection that has identified is never dropped for another: it is waiting on its shard.
@@ -109,26 +109,30 @@ class OpeningGate(Generic[T]):
         """Idle places to drop so that addresses under their share get theirs: for each
         connection waiting from such an address (from `source` only, when given: the one that
         just arrived), the oldest place held idle for `evict_after_s` by the address holding the
-        most over its share. The caller drops them; their `leave` admits the waiting ones. Called
-        at each arrival that waits and once a second (a place becomes old enough meanwhile)."""
+        most places, if that is more than the waiting address holds. The caller drops them; their
+        `leave` admits the waiting ones. Called at each arrival that waits and once a second (a
+        place becomes old enough meanwhile).
+
+        Only addresses over their share used to give places up: eight addresses holding their
+        16 idle places each (128, every place) kept every other client out, each within its
+        share. Now an address holding more gives up an idle place to one holding fewer: the
+        places even out between the addresses that want them, as far as idle ones allow."""
         if not self.share or not self.waiting:
             return []
-        # Addresses over their share, with how many places each may still give up (those over
-        # the share and idle long enough, oldest first).
-        spare: dict[str, list[T]] = {}
+        # Places each address keeps (those given up and not yet gone do not count), and the ones
+        # each could give up: held idle long enough, oldest first.
         leaving = Counter(self._source[c] for c in self._giving_up)
-        for other, held in self._held.items():
-            n = held - leaving[other]
-            idle = self._idle.get(other)
-            if n > self.share and idle:
-                old = [c for c, since in idle.items() if now - since >= self.evict_after_s]
-                if old:
-                    spare[other] = old[: n - self.share]
-        if not spare:
+        keeps = {other: held - leaving[other] for other, held in self._held.items()}
+        old: dict[str, list[T]] = {}
+        for other, idle in self._idle.items():
+            conns = [c for c, since in idle.items() if now - since >= self.evict_after_s]
+            if conns:
+                old[other] = conns
+        if not old:
             return []
         # The claimants in turn, no more of them than there are places to give (a storm's line
         # may hold thousands).
-        room = sum(len(conns) for conns in spare.values())
+        room = sum(len(conns) for conns in old.values())
         wanting: list[str] = []
         for waiting_source, line in self._lines.items():
             if len(wanting) >= room:
@@ -137,13 +141,22 @@ class OpeningGate(Generic[T]):
                 wanting.extend([waiting_source] * min(len(line), room - len(wanting)))
         victims: list[T] = []
         given: Counter[str] = Counter()
+        taken: Counter[str] = Counter()
         for claimant in wanting:
-            donors = [o for o, conns in spare.items() if o != claimant and given[o] < len(conns)]
+            mine = keeps.get(claimant, 0) + taken[claimant]
+            if mine >= self.share:
+                continue
+            donors = [
+                o
+                for o, conns in old.items()
+                if o != claimant and given[o] < len(conns) and keeps[o] - given[o] > mine
+            ]
             if not donors:
-                break
-            donor = max(donors, key=lambda o: self._held[o] - leaving[o] - given[o])
-            victims.append(spare[donor][given[donor]])
+                continue
+            donor = max(donors, key=lambda o: keeps[o] - given[o])
+            victims.append(old[donor][given[donor]])
             given[donor] += 1
+            taken[claimant] += 1
         for conn in victims:
             self.progressed(conn)  # given up once: not picked again before its `leave`
             self._giving_up.add(conn)

@@ -132,15 +132,39 @@ def test_a_connection_that_identified_is_never_dropped_for_another() -> None:
     assert g.make_room(60.0) == []
 
 
-def test_no_room_is_made_for_an_address_at_its_share_nor_by_one_within_it() -> None:
+def test_addresses_within_their_share_still_give_idle_places_to_one_holding_fewer() -> None:
+    """Eight addresses holding their 16 idle places each (every place of 128) kept every other
+    client of an edge out: nobody was over its share, so nothing was ever given up (against
+    `presence up`: twelve loopback addresses, no token, refused a real client 6 times in 8)."""
+    g = shared(limit=4, share=2)
+    for conn, source in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("b2", "b")):
+        assert g.enter(conn, 0.0, source) is Entry.GO  # both within their share
+    assert g.enter("me", 1.0, "client") is Entry.WAIT
+    assert g.make_room(1.0, "client") == [], "held idle for less than evict_after_s"
+    assert g.make_room(2.5) == ["a1"]  # the oldest idle place of an address holding the most
+    assert [c for c, _ in g.leave("a1", 2.5).admitted] == ["me"]
+
+
+def test_no_room_is_made_by_an_address_holding_no_more_than_the_one_waiting() -> None:
+    g = shared(limit=3, share=2)
+    g.enter("a1", 0.0, "a")
+    g.enter("b1", 0.0, "b")
+    g.enter("c1", 0.0, "c")
+    g.enter("b2", 1.0, "b")  # b holds 1, as every other address does
+    assert g.make_room(9.0) == []
+    g.enter("a2", 1.0, "a")
+    assert g.make_room(9.0) == []
+    g.enter("d1", 1.0, "d")  # d holds none: one of the others gives a place up
+    assert g.make_room(9.0, "d") == ["a1"]
+
+
+def test_no_room_is_made_for_an_address_at_its_share() -> None:
     g = shared(limit=3, share=2)
     g.enter("a1", 0.0, "a")
     g.enter("a2", 0.0, "a")
-    g.enter("b1", 0.0, "b")
-    g.enter("b2", 1.0, "b")  # b holds 1 of its 2: under its share, but nobody is over theirs
-    assert g.make_room(9.0) == []
-    g.enter("a3", 1.0, "a")  # a at its share waits too: it makes no room for itself
-    assert g.make_room(9.0) == []
+    g.enter("a3", 0.0, "a")  # over its share while nobody waits
+    g.enter("a4", 1.0, "a")
+    assert g.make_room(9.0) == [], "a waits for itself"
 
 
 def test_without_a_share_nothing_is_ever_dropped() -> None:
@@ -157,7 +181,8 @@ def test_a_place_given_up_is_not_picked_twice() -> None:
     g.enter("me", 5.0, "light")
     g.enter("you", 5.0, "other")
     assert g.make_room(5.0, "light") == ["x1"]
-    assert g.make_room(5.0) == [], "x2 is the heavy address's share: it keeps it"
+    assert g.make_room(5.0) == ["x2"], "x1 is not picked again; heavy keeps one, other none"
+    assert g.make_room(5.0) == [], "heavy keeps none now"
 
 
 SOURCES = ["a", "b", "c"]
@@ -166,7 +191,7 @@ SOURCES = ["a", "b", "c"]
 class GateMachine(RuleBasedStateMachine):
     """Entries, leaves, identifies and evictions from three addresses in any order: the gate never
     holds more than its limit, counts every place once, and only ever gives up idle places of
-    addresses over their share, for an address under it."""
+    an address holding more than one that waits under its share."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -193,9 +218,11 @@ class GateMachine(RuleBasedStateMachine):
 
     def _make_room(self, victims: list[int], claimant: str | None) -> None:
         held = Counter(self.where[c] for c in self.g.active)
+        waiting = {self.where[c] for c in self.g.waiting if held[self.where[c]] < 1}
         for victim in victims:
             donor = self.where[victim]
-            assert held[donor] > 1, "taken from an address over its share"
+            assert waiting - {donor}, "given up only for an address under its share that waits"
+            assert held[donor] > min(held[w] for w in waiting - {donor}), "by one holding more"
             assert donor != claimant and victim not in self.working and victim in self.g.active
             held[donor] -= 1
         for victim in victims:
