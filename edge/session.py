@@ -409,7 +409,18 @@ class Session:
                     self.idle = status == "idle"
                 return [ops.SetStatus(user, sid, status)]
             case p.PresenceSubscribeFrame(userIds=ids):
-                new = tuple(u for u in dict.fromkeys(ids) if u not in self.subscriptions)
+                unique = tuple(dict.fromkeys(ids))
+                new = tuple(u for u in unique if u not in self.subscriptions)
+                if not new:
+                    # Every id is watched already: nothing new to look up, and nothing charged
+                    # (only new ids are, protocol.md "Budgets"). The sync is what this socket
+                    # shows of each (its view, kept by every sync and change it was sent), so
+                    # no shard is asked: a frame of 1,000 ids sent again and again, 20 a second
+                    # from each of an account's sockets, had the shards look them all up each
+                    # time, for free (two sockets at 19 frames a second against `presence up`:
+                    # its four shards 0.6 of a core, the edge 0.31; answered here, the edge 0.09).
+                    view = self.view
+                    return [Reply(frames.sync((u, view[u]) for u in unique if u in view))]
                 if len(self.subscriptions) + len(new) > self.limits.max_subscriptions:
                     return [
                         Reply(
@@ -424,7 +435,7 @@ class Session:
                 # ones are charged to the account's lookup budget first (a refusal: `budget_refused`).
                 charge = ops.Spend(user, "lookups", len(new)) if new else None
                 # Charged first: a watch registers state at the shards, which a refusal could not undo.
-                return [Charged(charge, ops.Watch(user, sid, tuple(dict.fromkeys(ids))), added=new)]
+                return [Charged(charge, ops.Watch(user, sid, unique), added=new)]
             case p.PresenceUnsubscribeFrame(userIds=ids):
                 gone = tuple(u for u in dict.fromkeys(ids) if u in self.subscriptions)
                 self.subscriptions.difference_update(gone)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from actors.core import ops
-from actors.core.answers import Connected, Verdict
+from actors.core import frames, ops
+from actors.core.answers import Connected, Shown, Verdict
 from actors.core.scan import SWEEP_AT_LEAST, SWEEP_CYCLE_S
 from edge import protocol as p
 from edge.session import (
@@ -270,8 +270,20 @@ class TestLookupCharges:
         [sub] = s.receive(frame(type="presence.subscribe", userIds=["b", "c"]), T0)
         assert isinstance(sub, Charged) and sub.op.targets == ("b", "c") and sub.added == ("c",)
         assert sub.charge == ops.Spend("u1", "lookups", 1)
-        [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "c"]), T0)
-        assert isinstance(sub, Charged) and sub.added == () and sub.charge is None
+        [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "c", "x"]), T0)
+        assert isinstance(sub, Charged) and sub.added == ("x",) and sub.op.targets == ("a", "c", "x")
+
+    def test_a_subscription_to_ids_all_watched_already_is_answered_from_the_view(self) -> None:
+        """Nothing new, nothing charged, nothing looked up: the sync is what the socket shows.
+        Sent to the shards, 1,000 ids again and again cost them a full lookup each time, free of
+        the account's budget (20 frames a second from each of its sockets)."""
+        s = authed(Admission(Limits(rate_burst=1_000)))
+        [sub] = s.receive(frame(type="presence.subscribe", userIds=["a", "b", "hidden"]), T0)
+        assert isinstance(sub, Charged)
+        s.synced([Shown("a", "online"), Shown("b", "offline")])  # "hidden" is outside its audience
+        assert s.tell("b", "dnd")  # a change it was sent since
+        [again] = s.receive(frame(type="presence.subscribe", userIds=["hidden", "b", "a", "b"]), T0)
+        assert again == Reply(frames.sync([("b", "dnd"), ("a", "online")]))
 
     def test_unsubscribe_then_subscribe_is_new_again(self) -> None:
         s = authed(Admission(Limits(rate_burst=1_000)))
