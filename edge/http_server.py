@@ -24,6 +24,8 @@ import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
+from actors.core.handshake_gate import Entry, HandshakeGate
+
 log = logging.getLogger("presence.internal")
 
 # websockets' own limits, kept: a request line or header line of at most 8 KiB, 128 headers.
@@ -134,32 +136,12 @@ async def read_request(reader: asyncio.StreamReader, local_host: str = "") -> Ht
         headers[name] = value
 
 
-@dataclass
-class ConnectionCounts:
-    """Connections being served, in all and by client address (pure bookkeeping)."""
-
-    total: int = MAX_CONNECTIONS
-    per_address: int = MAX_CONNECTIONS_PER_ADDRESS
-    open: int = 0
-    by_address: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    def enter(self, address: str) -> bool:
-        """A connection from `address` may be served (call `leave` once it ends); False: over a
-        limit, nothing counted."""
-        n = self.by_address.get(address, 0)
-        if self.open >= self.total or n >= self.per_address:
-            return False
-        self.open += 1
-        self.by_address[address] = n + 1
-        return True
-
-    def leave(self, address: str) -> None:
-        self.open -= 1
-        n = self.by_address[address] - 1
-        if n:
-            self.by_address[address] = n
-        else:
-            del self.by_address[address]
+def connection_gate(
+    total: int = MAX_CONNECTIONS, per_address: int = MAX_CONNECTIONS_PER_ADDRESS
+) -> HandshakeGate[None]:
+    """Connections served at once, in all and by client address: the lane's gate with no line
+    (one over a limit is refused at once, never kept waiting)."""
+    return HandshakeGate(total, per_address, waiting_per_source=0, waiting_total=0)
 
 
 def response(
@@ -181,11 +163,11 @@ Handler = Callable[[HttpRequest], Awaitable[Response]]
 class HttpServer:
     """Serves `handler` on host:port, one request per connection."""
 
-    def __init__(self, handler: Handler, counts: ConnectionCounts | None = None) -> None:
+    def __init__(self, handler: Handler, counts: HandshakeGate[None] | None = None) -> None:
         self.handler = handler
         self.server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self.counts = counts or ConnectionCounts()
+        self.counts = counts or connection_gate()
         self.refused = 0  # connections answered 503 at once (over a limit of `counts`)
         self._refusing = 0  # of those, lingering now
 
@@ -212,7 +194,7 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         address = str(peer[0]) if peer else ""
-        if not self.counts.enter(address):
+        if self.counts.enter(address, None) is not Entry.GO:
             await self._refuse(reader, writer)
             return
         task = asyncio.current_task()

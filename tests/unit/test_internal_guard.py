@@ -7,15 +7,16 @@ import asyncio
 
 import pytest
 
+from actors.core.handshake_gate import Entry
 from edge.http import BadEncoding, allowed_host_names, host_name, strict_query, strict_unquote
 from edge.http_server import (
     MAX_HEAD_BYTES,
     MAX_HEADERS,
     MAX_LINE_BYTES,
     BadRequest,
-    ConnectionCounts,
     HttpRequest,
     HttpServer,
+    connection_gate,
     error_response,
     parse_header_line,
     parse_request_line,
@@ -91,17 +92,21 @@ def test_the_whole_head_is_bounded_not_only_each_line() -> None:
     assert len(fits) <= MAX_HEAD_BYTES and len(_read(fits).headers) == lines - 1
 
 
-def test_connection_counts() -> None:
-    counts = ConnectionCounts(total=3, per_address=2)
-    assert counts.enter("a") and counts.enter("a")
-    assert not counts.enter("a")  # its share
-    assert counts.enter("b")
-    assert not counts.enter("c")  # the total
-    counts.leave("a")
-    assert counts.enter("c") and not counts.enter("a")
+def test_connection_gate() -> None:
+    gate = connection_gate(total=3, per_address=2)
+
+    def enter(address: str) -> bool:
+        return gate.enter(address, None) is Entry.GO
+
+    assert enter("a") and enter("a")
+    assert not enter("a")  # its share
+    assert enter("b")
+    assert not enter("c")  # the total
+    assert gate.leave("a") == []  # nobody waits: one over a limit is refused, never kept
+    assert enter("c") and not enter("a")
     for address in ("a", "b", "c"):
-        counts.leave(address)
-    assert counts.open == 0 and counts.by_address == {}
+        gate.leave(address)
+    assert gate.in_progress == 0 and gate.running == {} and gate.waiting == 0
 
 
 async def _get(port: int, source: str) -> bytes:
@@ -120,7 +125,7 @@ async def test_connections_past_the_limits_are_answered_503_at_once() -> None:
     async def ok(request: HttpRequest) -> object:
         return response(200, b"{}", "application/json")
 
-    server = HttpServer(ok, ConnectionCounts(total=3, per_address=2))  # type: ignore[arg-type]
+    server = HttpServer(ok, connection_gate(total=3, per_address=2))  # type: ignore[arg-type]
     await server.start("127.0.0.1", 0)
     silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
     try:
@@ -133,7 +138,7 @@ async def test_connections_past_the_limits_are_answered_503_at_once() -> None:
         for _, writer in silent:
             writer.close()
         await server.close()
-    assert server.counts.open == 0
+    assert server.counts.in_progress == 0
 
 
 class _HalfClosingWriter:
