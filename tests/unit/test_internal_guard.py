@@ -129,7 +129,9 @@ async def test_connections_past_the_limits_are_answered_503_at_once() -> None:
     await server.start("127.0.0.1", 0)
     silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
     try:
-        await asyncio.sleep(0.05)
+        async with asyncio.timeout(5):  # both held by the server (not a guess at how long that takes)
+            while server.counts.in_progress < 2:
+                await asyncio.sleep(0.01)
         refused = await _get(server.port, "127.0.0.1")
         assert refused == error_response(503, "too many connections; try again").serialize()
         assert (await _get(server.port, "127.0.0.2")).startswith(b"HTTP/1.1 200")
