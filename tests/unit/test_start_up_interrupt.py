@@ -132,8 +132,11 @@ def test_an_edge_drained_over_the_internal_api_does_not_say_it_is_stopping(
     assert "stopping" not in capsys.readouterr().out
 
     async def interrupted() -> str | None:
+        before = signal.getsignal(signal.SIGINT)
         served = asyncio.create_task(edge_process.serve_edge(config, lambda edge: None))
-        await asyncio.sleep(0.1)
+        async with asyncio.timeout(5):  # until the loop's handler is in place, not a guess at when
+            while signal.getsignal(signal.SIGINT) is before:
+                await asyncio.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)  # the loop's handler: stop
         return await served
 
