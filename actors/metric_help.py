@@ -19,6 +19,7 @@ HELP: dict[str, str] = {
     "opening_evicted_total": "idle connections (no identify for opening_idle_evict_s) of an address holding more places than a waiting address under its opening_share_per_ip, dropped so that the waiting one could open: a few addresses holding the gate, usually an attack",
     "opening_wait_seconds": "time a connection waited at the opening gate before its turn (histogram)",
     "opening_active": "connections being opened (upgrading or authenticating) on this edge (refreshed every second)",
+    "opening_limit": "places of the opening gate now: between min_opening and max_opening, grown while connections wait and the event loop keeps time, halved when it runs later than opening_lag_ms",
     "opening_queued": "connections waiting their turn at the opening gate (refreshed every second)",
     "frames_in_total": "frames received, by frame type (invalid when it is no frame of the contract, refused when it was refused unread)",
     "frames_out_total": "frames sent to clients",

@@ -121,7 +121,12 @@ class Settings(BaseSettings):
     # authenticated) at once; past it a new connection waits its turn unread, at most
     # `max_opening_queued` of them and for at most `opening_queue_s`, else it is dropped (its
     # client retries with its backoff). Keeps a reconnect storm from starving open sockets.
+    # The places move between `min_opening` and `max_opening` (edge/opening.py `OpeningPace`):
+    # they grow while connections wait and the edge's event loop runs at most `opening_lag_ms`
+    # late, and halve when it runs later. `min_opening` equal to `max_opening`: a fixed number.
     max_opening: int = Field(default=128, ge=1)
+    min_opening: int = Field(default=16, ge=1)
+    opening_lag_ms: float = Field(default=20.0, gt=0)
     max_opening_queued: int = Field(default=4_096, ge=0)
     opening_queue_s: float = Field(default=5.0, ge=0)
     # The places of the gate are shared between addresses: while a connection from an address

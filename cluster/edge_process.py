@@ -101,6 +101,8 @@ def edge_config(
             accepts_per_ip_per_s=settings.accepts_per_ip_per_s,
             accepts_per_ip_burst=settings.accepts_per_ip_burst,
             max_opening=settings.max_opening,
+            min_opening=settings.min_opening,
+            opening_lag_s=settings.opening_lag_ms / 1000.0,
             max_opening_queued=settings.max_opening_queued,
             opening_queue_s=settings.opening_queue_s,
             opening_share_per_ip=settings.opening_share_per_ip,

@@ -30,6 +30,9 @@ for `evict_after_s` is dropped, and the waiting one takes the place. Places that
 addresses under their share first. Before, a few addresses holding idle connections (400 from 4
 addresses, each under its own cap of 100) kept every other client of the edge from connecting.
 A connection that has identified is never dropped for another: it is waiting on its shard.
+
+How many places there are is not fixed: `OpeningPace` (below) moves the gate's `limit` between a
+floor and `max_opening` from how late the edge's event loop runs.
 """
 
 from __future__ import annotations
@@ -248,3 +251,60 @@ class OpeningGate(Generic[T]):
             self._open(conn, source, now)
             turns.admitted.append((conn, now - since))
         return turns
+
+
+@dataclass
+class OpeningPace:
+    """The opening gate's number of places, from how late the edge's event loop runs.
+
+    Why: what an opening costs the loop comes in bursts. At a storm's start every place takes a
+    connection in the same instant, so their upgrades, then their identifies, each run in one
+    turn of the loop: 128 places x ~0.5 ms of the edge's core, stretched by a machine that the
+    storm's own clients share, held every delivery to the sockets already open 100-160 ms at a
+    time (a 10 ms timer of edge B woke 158 ms late; the deliveries' p99 in that second reached
+    0.1-1.4 s, bench/profiles/README.md "The opening gate's pace"). A fixed 32 kept that tail
+    down but made the storm 1.4x as long where the edge had time to spare. So, like TCP's
+    congestion window:
+
+    - the places start at `floor` and, while connections wait for one and the loop keeps time (at
+      most `lag_limit_s` late), double every interval until the loop first runs late (slow
+      start: a storm on an edge with time to spare opens as fast as with a fixed `ceiling`,
+      in bursts that grow instead of one burst of them all), then grow by a quarter;
+    - an interval in which the loop ran later halves them;
+    - an interval in which nobody waited leaves at most twice the most that were opening at once
+      in it (RFC 7661's rule for a window its sender does not fill): a storm that starts on an
+      edge whose openings trickled begins small, one in full swing keeps its places;
+    - nothing opening at all (`rest`): back to the floor.
+
+    The edge measures; this decides.
+    """
+
+    floor: int
+    ceiling: int
+    lag_limit_s: float
+    limit: int = field(init=False)
+    slow_start: bool = field(init=False, default=True)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.floor <= self.ceiling:
+            raise ValueError(f"need 1 <= floor <= ceiling, got {self.floor} and {self.ceiling}")
+        self.limit = self.floor
+
+    def observe(self, lag_s: float, waited: bool, busiest: int) -> int:
+        """One interval: the loop's worst lateness in it, whether a connection waited for a place,
+        and the most connections opening at once; the new number of places."""
+        if lag_s > self.lag_limit_s:
+            self.limit = max(self.floor, self.limit // 2)
+            self.slow_start = False
+        elif waited:
+            step = self.limit if self.slow_start else max(1, self.limit // 4)
+            self.limit = min(self.ceiling, self.limit + step)
+        else:
+            self.limit = max(self.floor, min(self.limit, 2 * busiest))
+        return self.limit
+
+    def rest(self) -> int:
+        """Nothing is opening: the next storm starts from the floor, in slow start."""
+        self.limit = self.floor
+        self.slow_start = True
+        return self.limit

@@ -50,7 +50,7 @@ from edge.deadlines import Deadlines
 from edge.demo import DemoSite
 from edge.http import InternalApi, internal_exposure_problem, is_loopback, json_response
 from edge.http_server import HttpServer
-from edge.opening import Entry, OpeningGate, Turns
+from edge.opening import Entry, OpeningGate, OpeningPace, Turns
 from edge.outbound import prepare, send_batch
 from edge.reregistration import Departure, reregistration
 from edge.router import Router, ShardUnavailable
@@ -113,6 +113,10 @@ FRAME_TYPES_COUNTED = (*p.CLIENT_FRAME_TYPES, "invalid", "refused")
 REPLY_TYPES_COUNTED = ("ready", "heartbeat.ack", "presence.sync", "presence.changed", "error")
 
 WS_PATH = "/ws/presence"
+# The opening gate's pace (`_pace_loop`): the loop's lateness probed every 10 ms while connections
+# open, its places judged every 100 ms (a storm's burst is over within a few of them).
+PACE_PROBE_S = 0.010
+PACE_PROBES = 10
 HELD_CAP = 1_000
 # A registration that failed is tried again after 0.25 s, doubling up to EDGE_REGISTER_EVERY_S
 # (the project's one backoff policy; not jittered: the waits are its windows).
@@ -333,13 +337,21 @@ class Edge:
         # When to look at each socket for the liveness rule (`_liveness_loop`).
         self.deadlines: Deadlines[str] = Deadlines()
         self.admission = Admission(config.limits)
-        self.opening: OpeningGate[EdgeSocket] = OpeningGate(
+        # How many places the gate has now, from the event loop's lateness (`_pace_loop`).
+        self.pace = OpeningPace(
+            min(config.limits.min_opening, config.limits.max_opening),
             config.limits.max_opening,
+            config.limits.opening_lag_s,
+        )
+        self._opening_begun = asyncio.Event()
+        self.opening: OpeningGate[EdgeSocket] = OpeningGate(
+            self.pace.limit,
             config.limits.max_opening_queued,
             config.limits.opening_queue_s,
             share=config.limits.opening_share_per_ip,
             evict_after_s=config.limits.opening_idle_evict_s,
         )
+        self.metrics.set("opening_limit", self.opening.limit)
         self._socket_class: type[EdgeSocket] = type(
             "EdgeConnection", (EdgeSocket,), {"__slots__": (), "edge": self}
         )
@@ -381,6 +393,8 @@ class Edge:
         )
         await self.internal_http.start(self.config.internal_host, self.config.internal_port)
         self._tasks.append(asyncio.create_task(self._liveness_loop()))
+        if self.pace.floor < self.pace.ceiling:
+            self._tasks.append(asyncio.create_task(self._pace_loop()))
         # Known to the directory before `start` returns: `presence rollout` waits only for the
         # edges the directory lists to route by the newest map (cluster/rollout.py `edges_behind`).
         registered = await self._register()
@@ -555,6 +569,7 @@ class Edge:
         """A connection was accepted: open it now, let it wait its turn unread, or drop it."""
         now = time.monotonic()
         source = ws.handshake_ip or ""
+        self._opening_begun.set()  # wakes the pace's probe
         match self.opening.enter(ws, now, source):
             case Entry.GO:
                 pass
@@ -575,6 +590,31 @@ class Edge:
     def opening_end(self, ws: EdgeSocket) -> None:
         """`ws` is authenticated or gone: its place goes to the next in line."""
         self._take_turns(self.opening.leave(ws, time.monotonic()))
+
+    async def _pace_loop(self) -> None:
+        """The gate's places (`OpeningPace`): while connections are opening, the loop's lateness
+        is probed every `PACE_PROBE_S` and judged every `PACE_PROBES` probes; asleep while none
+        are (an idle edge wakes for nothing), and the next storm starts from the floor."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not (self.opening.active or self.opening.waiting):
+                self._set_opening_limit(self.pace.rest())
+                self._opening_begun.clear()
+                await self._opening_begun.wait()
+            worst, waited, busiest = 0.0, False, 0
+            for _ in range(PACE_PROBES):
+                due = loop.time() + PACE_PROBE_S
+                await asyncio.sleep(PACE_PROBE_S)
+                worst = max(worst, loop.time() - due)
+                waited = waited or bool(self.opening.waiting)
+                busiest = max(busiest, len(self.opening.active))
+            self._set_opening_limit(self.pace.observe(worst, waited, busiest))
+
+    def _set_opening_limit(self, limit: int) -> None:
+        if limit != self.opening.limit:
+            self.opening.limit = limit
+            self.metrics.set("opening_limit", limit)
+            self._take_turns(self.opening.expire(time.monotonic()))  # more places: the line moves
 
     def _take_turns(self, turns: Turns[EdgeSocket]) -> None:
         loop = asyncio.get_running_loop()

@@ -106,6 +106,9 @@ class Limits:
     # authenticated) at once; past that a new connection waits its turn unread, at most
     # `max_opening_queued` of them and for at most `opening_queue_s`, else it is dropped.
     max_opening: int = 128
+    # The places move between these two with the event loop's lateness (`OpeningPace`).
+    min_opening: int = 16
+    opening_lag_s: float = 0.020
     max_opening_queued: int = 4_096
     opening_queue_s: float = 5.0
     # While a connection from an address under this share of the places waits, an address over

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import settings
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from edge.opening import Entry, OpeningGate
+from edge.opening import Entry, OpeningGate, OpeningPace, Turns
 
 
 def gate(limit: int = 2, queue_max: int = 3, queue_s: float = 5.0) -> OpeningGate[str]:
@@ -207,6 +208,8 @@ class GateMachine(RuleBasedStateMachine):
         conn, self.next_id = self.next_id, self.next_id + 1
         held_before = sum(1 for c in self.g.active if self.where[c] == source)
         entry = self.g.enter(conn, self.now, source)
+        if entry is Entry.GO:
+            assert len(self.g.active) <= self.g.limit, "opened past the limit"
         if entry is not Entry.REFUSE:
             self.where[conn] = source
         if entry is Entry.WAIT:
@@ -244,20 +247,30 @@ class GateMachine(RuleBasedStateMachine):
     @rule()
     def tick(self) -> None:
         self.now += 1.0
-        for conn in self.g.expire(self.now).expired:
+        self._turns(self.g.expire(self.now))
+
+    @rule(limit=st.integers(1, 5))
+    def pace(self, limit: int) -> None:
+        """`OpeningPace` moved the places (the edge's `_set_opening_limit`): fewer leave the
+        ones open where they are, more let the line move at once."""
+        self.g.limit = limit
+        self._turns(self.g.expire(self.now))
+
+    def _turns(self, turns: Turns[int]) -> None:
+        if turns.admitted:
+            assert len(self.g.active) <= self.g.limit, "admitted past the limit"
+        for conn in turns.expired:
             del self.where[conn]
 
     def _gone(self, conn: int) -> None:
         turns = self.g.leave(conn, self.now)
         del self.where[conn]
         self.working.discard(conn)
-        for c in turns.expired:
-            del self.where[c]
+        self._turns(turns)
 
     @invariant()
     def places_are_counted_once(self) -> None:
         g = self.g
-        assert len(g.active) <= g.limit
         assert not (g.active & set(g.waiting))
         assert g.active | set(g.waiting) == set(self.where)
         assert g._held == Counter(self.where[c] for c in g.active)
@@ -268,3 +281,96 @@ class GateMachine(RuleBasedStateMachine):
 
 GateMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestGateMachine = GateMachine.TestCase
+
+
+# ---------------------------------------------------------------------------- the pace
+
+
+def pace(floor: int = 16, ceiling: int = 128) -> OpeningPace:
+    return OpeningPace(floor, ceiling, lag_limit_s=0.020)
+
+
+def full(p: OpeningPace) -> OpeningPace:
+    for _ in range(30):
+        p.observe(0.0, waited=True, busiest=p.limit)
+    assert p.limit == p.ceiling
+    return p
+
+
+def test_the_places_start_at_the_floor_and_double_while_connections_wait_and_the_loop_keeps_time() -> None:
+    p = pace()
+    assert p.limit == 16
+    assert [p.observe(0.001, waited=True, busiest=p.limit) for _ in range(4)] == [32, 64, 128, 128]
+
+
+def test_after_the_loop_first_ran_late_they_grow_by_a_quarter() -> None:
+    p = pace()
+    p.observe(0.0, waited=True, busiest=16)  # 32
+    assert p.observe(0.05, waited=True, busiest=32) == 16
+    assert [p.observe(0.0, waited=True, busiest=p.limit) for _ in range(4)] == [20, 25, 31, 38]
+
+
+def test_they_reach_the_ceiling_and_stay_there_while_the_loop_keeps_time() -> None:
+    p = full(pace())
+    assert p.observe(0.0, waited=True, busiest=128) == 128
+
+
+def test_a_late_loop_halves_them_whether_or_not_anybody_waits() -> None:
+    p = full(pace())
+    assert p.observe(0.021, waited=True, busiest=128) == 64
+    assert p.observe(0.5, waited=False, busiest=128) == 32
+    assert p.observe(0.5, waited=True, busiest=40) == 16
+    assert p.observe(0.5, waited=True, busiest=16) == 16  # never under the floor
+
+
+def test_lateness_at_the_limit_is_not_late() -> None:
+    assert pace().observe(0.020, waited=True, busiest=16) == 32
+
+
+def test_an_interval_nobody_waited_in_keeps_at_most_twice_the_most_opening_at_once() -> None:
+    p = full(pace())
+    assert p.observe(0.0, waited=False, busiest=100) == 128  # a storm in full swing keeps them
+    assert p.observe(0.0, waited=False, busiest=30) == 60
+    assert p.observe(0.0, waited=False, busiest=40) == 60  # never grown without a wait
+    assert p.observe(0.0, waited=False, busiest=2) == 16  # openings trickle: the floor
+
+
+def test_rest_starts_the_next_storm_from_the_floor_in_slow_start() -> None:
+    p = full(pace())
+    p.observe(0.05, waited=True, busiest=128)
+    assert p.rest() == 16 and p.limit == 16
+    assert p.observe(0.0, waited=True, busiest=16) == 32
+
+
+def test_a_small_floor_still_grows() -> None:
+    p = pace(floor=1, ceiling=5)
+    assert [p.observe(0.0, waited=True, busiest=p.limit) for _ in range(4)] == [2, 4, 5, 5]
+    p.observe(0.05, waited=True, busiest=5)  # 2, out of slow start
+    assert [p.observe(0.0, waited=True, busiest=p.limit) for _ in range(3)] == [3, 4, 5]
+
+
+@pytest.mark.parametrize(("floor", "ceiling"), [(0, 4), (5, 4)])
+def test_a_floor_outside_one_to_the_ceiling_is_refused(floor: int, ceiling: int) -> None:
+    with pytest.raises(ValueError, match="floor"):
+        OpeningPace(floor, ceiling, lag_limit_s=0.02)
+
+
+@given(
+    floor=st.integers(1, 64),
+    extra=st.integers(0, 200),
+    steps=st.lists(st.tuples(st.floats(0, 0.2), st.booleans(), st.integers(0, 300)), max_size=60),
+)
+def test_the_places_stay_between_floor_and_ceiling_and_only_a_wait_on_time_adds_any(
+    floor: int, extra: int, steps: list[tuple[float, bool, int]]
+) -> None:
+    p = OpeningPace(floor, floor + extra, lag_limit_s=0.02)
+    for lag, waited, busiest in steps:
+        before = p.limit
+        after = p.observe(lag, waited, busiest)
+        assert floor <= after <= floor + extra
+        if lag > 0.02:
+            assert after == max(floor, before // 2)
+        elif waited:
+            assert after >= before
+        else:
+            assert after == max(floor, min(before, 2 * busiest))

@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -18,6 +19,7 @@ from websockets.frames import Frame, Opcode
 
 from edge import transport
 from edge.server import Edge, EdgeConfig, forwarded_ip
+from edge.session import Limits
 from edge.transport import serve
 
 SECRET = "server-unit-test-secret-of-at-least-32-bytes"
@@ -223,3 +225,45 @@ async def test_a_stranger_s_frames_behind_a_refused_first_one_are_not_parsed(
 def _send_until_refused(raw: Raw, data: bytes) -> None:
     with contextlib.suppress(OSError):
         raw.sendall(data)
+
+
+async def test_the_opening_gate_s_places_follow_the_event_loop_s_lateness() -> None:
+    """edge/opening.py `OpeningPace`, as the edge runs it (`_pace_loop`): the places start at
+    `min_opening` and double while connections wait and the loop keeps time (the waiting ones
+    then open), up to `max_opening`; a late loop halves them, and they grow again by a quarter
+    while the line waits; once nothing is opening they are back at the floor. The lateness here
+    is a blocked loop (0.6 s, past a 0.25 s limit that a loaded machine's timers do not reach by
+    themselves)."""
+    limits = Limits(
+        min_opening=1, max_opening=4, opening_lag_s=0.25, opening_queue_s=60.0, identify_timeout_s=60.0
+    )
+    async with serving(limits=limits) as (edge, port):
+        assert edge.opening.limit == 1
+        seen: list[int] = []
+        set_limit = edge._set_opening_limit
+
+        def recording(limit: int) -> None:
+            seen.append(limit)
+            set_limit(limit)
+
+        edge._set_opening_limit = recording  # type: ignore[method-assign]
+        pacing = asyncio.create_task(edge._pace_loop())
+        raws = [await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port)) for _ in range(6)]
+        try:
+            # Six connections that never identify: one opens, the line makes the places grow.
+            await until(lambda: len(edge.opening.active) == 4 and len(edge.opening.waiting) == 2)
+            assert list(dict.fromkeys(seen)) == [1, 2, 4]  # at rest, then doubled (slow start)
+            assert edge.metrics.gauges[("opening_limit", ())] == 4
+            before = len(seen)
+            time.sleep(0.6)  # the loop blocked: lateness to react to, not a wait for something
+            await until(lambda: len(seen) > before + 1)
+            # Halved, then a quarter more (at least one): the line still waits.
+            assert seen[before : before + 2] == [2, 3]
+            assert len(edge.opening.active) == 4  # the open ones stay open
+        finally:
+            for raw in raws:
+                raw.close()
+        await until(lambda: not edge.opening.active and not edge.opening.waiting and edge.opening.limit == 1)
+        pacing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pacing
