@@ -34,6 +34,12 @@ class Reply:
 LOOKUP_CAREFUL_S = 60.0
 # The close reason of every refused token or Authorization header (4001), whatever was wrong.
 BAD_TOKEN = "bad token"
+# The close reason (4001 too) of a socket that sent no identify within identify_timeout_s of
+# opening. Not the token's fault (a loaded edge, its opening gate, a slow network may delay a
+# healthy client's identify): both clients tell it from BAD_TOKEN by this text and reconnect as
+# usual (presence_client/client.py and clients/js/src/client.js hold a copy; a unit test keeps
+# them equal).
+IDENTIFY_DEADLINE = "no identify within the time allowed"
 
 # The reply to most frames a server gets: built and serialised once, and the commands of an
 # accepted heartbeat as one shared list (never mutated), which the edge recognises by identity and
@@ -345,7 +351,7 @@ class Session:
         if now < self.deadline():
             return None
         if not self.authenticated:
-            return Close(p.CLOSE_AUTH, "no identify within the time allowed")
+            return Close(p.CLOSE_AUTH, IDENTIFY_DEADLINE)
         return Close(p.CLOSE_SILENT, "no frame within the liveness timeout")
 
     # ------------------------------------------------------------------ frames
