@@ -72,6 +72,11 @@ CLOSE_DEAD = 4000  # the code this client records for a connection it gave up on
 # application that outruns the pacing with frames nothing supersedes is told (queue_full) instead
 # of filling memory with frames that would reach the edge ever later.
 MAX_QUEUED_FRAMES = 1000
+# The reason of the edge's 4001 for a socket that sent no identify in time (10 s after it opened):
+# edge/session.py IDENTIFY_DEADLINE, the same text (a copy, as this package does not import the
+# edge; tests/unit/test_client_core.py keeps them equal). Not the token's fault (a loaded edge,
+# its opening gate, a slow network can delay a healthy client's identify): reconnect as usual.
+IDENTIFY_DEADLINE = "no identify within the time allowed"
 
 # A part of the socket's state at the edge that a frame sets (see _overrides).
 _Part = tuple[str, str]
@@ -142,7 +147,8 @@ class PresenceClient:
     `url`: one URL, a list (tried in turn on each reconnect) or a function returning one.
     `token`: a string, or a (sync or async) function of a TokenContext, called on every connect.
     A fixed token that is refused (4001) stops the client (state closed, error `unauthorized`), and
-    so does a provider that hands back the very token just refused.
+    so does a provider that hands back the very token just refused. A 4001 for an identify that
+    came too late (IDENTIFY_DEADLINE) refused no token: the client reconnects as usual.
     """
 
     def __init__(
@@ -367,7 +373,9 @@ class PresenceClient:
                 self._settle_sync_waiters(self._close_error)
                 self._set_state("closed", code=code, reason=reason)
                 return
-            if code == 4001:
+            # A 4001 for a missed identify deadline refused no token: the usual backoff below,
+            # the provider not told of a rejection, a fixed token kept.
+            if code == 4001 and reason != IDENTIFY_DEADLINE:
                 if isinstance(self._token, str):
                     self._give_up_unauthorized(code, reason, "the token was refused (4001)")
                     return

@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from presence_client import MAX_QUEUED_FRAMES, BackoffPolicy, PresenceClient, PresenceError, TokenContext
+from edge.session import IDENTIFY_DEADLINE
+from presence_client import (
+    MAX_QUEUED_FRAMES,
+    BackoffPolicy,
+    PresenceClient,
+    PresenceError,
+    TokenContext,
+    reconnect_delay,
+)
 
 from .wsclient import eventually
 
@@ -243,6 +251,93 @@ async def test_a_provider_handing_back_the_token_just_refused_stops(scripted: An
     assert "just refused" in str(errors[0])
     assert [(c.attempt, c.rejected) for c in asked] == [(0, False), (1, True), (2, True)]
     assert [r[0]["token"] for r in s.received] == ["T1", "T2"]  # the repeat never sent
+
+
+async def test_a_missed_identify_deadline_does_not_stop_a_fixed_token(scripted: Any) -> None:
+    """A 4001 for an identify that reached the edge too late (its IDENTIFY_DEADLINE reason: a
+    loaded edge, its opening gate) refused no token: the client reconnects with the usual backoff,
+    not the throttled one, and opens with the same token. The old client took every 4001 for a
+    refused token and stopped for good (`unauthorized`)."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        if n == 0:
+            await s.recv(ws, n)  # the identify, too late
+            await ws.close(4001, IDENTIFY_DEADLINE)
+            return
+        await ready(s, ws, n)
+        await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, "T", backoff=FAST, random=lambda: 0.5)
+    errors: list[PresenceError] = []
+    client.on("error", errors.append)
+    states: list[tuple[str, dict[str, Any]]] = []
+    client.on("state", lambda state, info: states.append((state, info)))
+    client.connect()
+    await client.wait_open(timeout=5)
+    assert errors == [] and s.count == 2
+    assert [r[0]["token"] for r in s.received] == ["T", "T"]
+    assert client.reconnect_delays == [pytest.approx(reconnect_delay(0, False, FAST, lambda: 0.5))]
+    [info] = [info for state, info in states if state == "reconnecting"]
+    assert info["code"] == 4001 and info["reason"] == IDENTIFY_DEADLINE
+    assert info["attempt"] == 0 and info["throttled"] is False
+    await client.close()
+
+
+async def test_a_missed_identify_deadline_is_no_rejection_for_a_token_provider(scripted: Any) -> None:
+    """The provider is not told its token was refused after a missed identify deadline, and the
+    token is not taken for one just refused: handed back, it is sent again. The old client told
+    the provider `rejected` and stopped when it handed the same token back."""
+    asked: list[TokenContext] = []
+
+    def token(ctx: TokenContext) -> str:
+        asked.append(ctx)
+        return "T"
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        if n == 0:
+            await s.recv(ws, n)
+            await ws.close(4001, IDENTIFY_DEADLINE)
+            return
+        await ready(s, ws, n)
+        await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, token, backoff=FAST)
+    client.connect()
+    await client.wait_open(timeout=5)
+    assert [(c.attempt, c.rejected) for c in asked] == [(0, False), (1, False)]
+    assert [r[0]["token"] for r in s.received] == ["T", "T"]
+    await client.close()
+
+
+async def test_a_missed_identify_deadline_after_a_refusal_leaves_the_refused_token_as_it_was(
+    scripted: Any,
+) -> None:
+    """T1 refused (`bad token`), the fresh T2 closed for its late identify, T2 handed back: it is
+    tried and opens (only T1 was refused), the provider still told of T1's refusal until a ready.
+    The old client took T2 for the token just refused and stopped."""
+    asked: list[TokenContext] = []
+
+    def token(ctx: TokenContext) -> str:
+        asked.append(ctx)
+        return "T1" if len(asked) == 1 else "T2"
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        if n < 2:
+            await s.recv(ws, n)
+            await ws.close(4001, "bad token" if n == 0 else IDENTIFY_DEADLINE)
+            return
+        await ready(s, ws, n)
+        await ws.wait_closed()
+
+    s = await scripted(script)
+    client = PresenceClient(s.url, token, backoff=FAST)
+    client.connect()
+    await client.wait_open(timeout=5)
+    assert [r[0]["token"] for r in s.received] == ["T1", "T2", "T2"]
+    assert [(c.attempt, c.rejected) for c in asked] == [(0, False), (1, True), (2, True)]
+    await client.close()
 
 
 async def test_answers_matched_by_the_following_heartbeat(scripted: Any) -> None:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge import session
 from presence_client.backoff import (
     DEFAULT_BACKOFF,
     RESTART_CLOSE_CODES,
@@ -23,7 +24,7 @@ from presence_client.backoff import (
     reconnect_delay,
     restart_delay,
 )
-from presence_client.client import MAX_QUEUED_FRAMES, PresenceClient, _Window
+from presence_client.client import IDENTIFY_DEADLINE, MAX_QUEUED_FRAMES, PresenceClient, _Window
 from presence_client.picture import (
     Entry,
     Frame,
@@ -59,6 +60,15 @@ def test_shared_restart_case(case: dict[str, Any]) -> None:
 def test_restart_codes_are_not_throttling() -> None:
     assert {1011, 1012} == RESTART_CLOSE_CODES
     assert not RESTART_CLOSE_CODES & THROTTLING_CLOSE_CODES
+
+
+def test_the_client_knows_the_edges_identify_deadline_reason() -> None:
+    """The client tells a 4001 for an identify that came too late (reconnect as usual) from a
+    refused token by its reason: it holds a copy of the edge's text (presence_client does not
+    import the edge), and a copy that drifted would make every late identify stop a fixed-token
+    client with `unauthorized` again."""
+    assert session.IDENTIFY_DEADLINE != session.BAD_TOKEN
+    assert IDENTIFY_DEADLINE == session.IDENTIFY_DEADLINE
 
 
 @given(st.integers(-5, 200), st.booleans(), st.floats(0, 1, exclude_max=True))
