@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -62,13 +63,16 @@ def test_restart_codes_are_not_throttling() -> None:
     assert not RESTART_CLOSE_CODES & THROTTLING_CLOSE_CODES
 
 
-def test_the_client_knows_the_edges_identify_deadline_reason() -> None:
-    """The client tells a 4001 for an identify that came too late (reconnect as usual) from a
-    refused token by its reason: it holds a copy of the edge's text (presence_client does not
+def test_both_clients_know_the_edges_identify_deadline_reason() -> None:
+    """Both clients tell a 4001 for an identify that came too late (reconnect as usual) from a
+    refused token by its reason: each holds a copy of the edge's text (presence_client does not
     import the edge), and a copy that drifted would make every late identify stop a fixed-token
     client with `unauthorized` again."""
     assert session.IDENTIFY_DEADLINE != session.BAD_TOKEN
     assert IDENTIFY_DEADLINE == session.IDENTIFY_DEADLINE
+    js = (HERE.parents[1] / "clients" / "js" / "src" / "client.js").read_text()
+    copies = re.findall(r"^const IDENTIFY_DEADLINE = (\"[^\"]*\");$", js, re.M)
+    assert copies == [json.dumps(session.IDENTIFY_DEADLINE)]
 
 
 @given(st.integers(-5, 200), st.booleans(), st.floats(0, 1, exclude_max=True))

@@ -6,8 +6,9 @@
 //   - identify with a token or a token provider (called on every connect; told when the last
 //     token was refused), heartbeat at the server's heartbeatIntervalMs, dead-connection detection;
 //   - reconnect with capped exponential backoff and full jitter (./backoff.js), close codes
-//     honoured (4001: a fresh token; 4029/1008: back off harder; 1012/1011: back at once, jittered;
-//     1000: stop), the state exposed;
+//     honoured (4001: a fresh token, or the usual backoff when it was for an identify that came too
+//     late; 4029/1008: back off harder; 1012/1011: back at once, jittered; 1000: stop), the state
+//     exposed;
 //   - subscriptions (accounts, channels), idle, focus and voice remembered and restored after
 //     every reconnect; the local picture reconciled from the fresh presence.sync, so no ghost
 //     survives a reconnect;
@@ -37,6 +38,11 @@ const MAX_FRAME_BYTES = 12 * 1024;
 // application that outruns the pacing with frames nothing supersedes is told (queue_full) instead
 // of filling memory with frames that would reach the edge ever later.
 export const MAX_QUEUED_FRAMES = 1_000;
+// The reason of the edge's 4001 for a socket that sent no identify in time (10 s after it opened):
+// edge/session.py IDENTIFY_DEADLINE, the same text (tests/unit/test_client_core.py keeps them
+// equal). Not the token's fault (a loaded edge, its opening gate, a slow network can delay a
+// healthy client's identify): reconnect as usual.
+const IDENTIFY_DEADLINE = "no identify within the time allowed";
 const NOTHING = Object.freeze(new Set());
 const encoder = new TextEncoder();
 
@@ -131,7 +137,8 @@ const DEFAULTS = Object.freeze({
  *   url: "ws://host:8765/ws/presence", a list (tried in turn on each reconnect) or a function;
  *   token: a string, or a function ({attempt, rejected}) => token | Promise<token>; a fixed token
  *     that is refused (4001) stops the client, and so does a provider handing back the very
- *     token just refused;
+ *     token just refused (a 4001 for an identify that came too late refused no token: the client
+ *     reconnects as usual);
  *   WebSocket: the constructor (default: globalThis.WebSocket);
  *   backoff: {baseMs, capMs, throttledBaseMs, throttledCapMs} (see backoff.js);
  *   random, clock: injectable for tests; and the DEFAULTS above.
@@ -369,7 +376,9 @@ export class PresenceClient {
       this._setState("closed", { code, reason });
       return;
     }
-    if (code === 4001) {
+    // A 4001 for a missed identify deadline refused no token: the usual backoff below, the
+    // provider not told of a rejection, a fixed token kept.
+    if (code === 4001 && reason !== IDENTIFY_DEADLINE) {
       if (typeof this.options.token !== "function") {
         this._giveUpUnauthorized(code, reason, "the token was refused (4001)");
         return;

@@ -407,7 +407,7 @@ test("4001 with a fixed token stops: the same token would be refused again", asy
   client.on("error", (e) => errors.push(e.code));
   client.connect();
   await flush();
-  FakeSocket.last().drop(4001);
+  FakeSocket.last().drop(4001, "bad token");
   assert.equal(client.state, "closed");
   assert.deepEqual(errors, ["unauthorized"]);
   await clock.advance(600_000);
@@ -442,6 +442,87 @@ test("a token provider handing back the token just refused stops, as a fixed tok
   assert.deepEqual(FakeSocket.all.map((ws) => ws.sent[0].token), ["T1", "T2"]); // the repeat never sent
   await clock.advance(600_000);
   assert.equal(FakeSocket.all.length, 2);
+});
+
+// The edge's reason for a 4001 to a socket whose identify came too late (edge/session.py
+// IDENTIFY_DEADLINE): not a refused token.
+const LATE_IDENTIFY = "no identify within the time allowed";
+
+test("4001 for an identify that came too late: a fixed token reconnects with the usual backoff and opens (not unauthorized)", async () => {
+  const { client, clock, states } = make();
+  const errors = [];
+  client.on("error", (e) => errors.push(e.code));
+  client.connect();
+  await flush();
+  FakeSocket.last().open();
+  FakeSocket.last().drop(4001, LATE_IDENTIFY);
+  const [state, info] = states.at(-1);
+  assert.equal(state, "reconnecting");
+  assert.deepEqual(
+    [info.code, info.reason, info.attempt, info.throttled, info.delayMs],
+    [4001, LATE_IDENTIFY, 0, false, reconnectDelay(0, false, undefined, () => 0.5)],
+  );
+  await clock.advance(info.delayMs);
+  await ready(FakeSocket.last());
+  assert.equal(client.state, "open");
+  assert.deepEqual(errors, []);
+  client.close();
+});
+
+test("4001 for an identify that came too late: the token provider is not told of a rejection, and the same token is sent again", async () => {
+  const asked = [];
+  const { client, clock, states } = make({
+    token: (ctx) => {
+      asked.push(ctx);
+      return "T";
+    },
+  });
+  client.connect();
+  await flush();
+  FakeSocket.last().open();
+  FakeSocket.last().drop(4001, LATE_IDENTIFY);
+  await clock.advance(states.at(-1)[1].delayMs);
+  await flush();
+  assert.equal(FakeSocket.all.length, 2);
+  const ws = FakeSocket.last();
+  ws.open();
+  assert.deepEqual(ws.take(), [{ type: "identify", token: "T" }]); // handed back: sent again
+  ws.push({ type: "ready", userId: "me", socketId: "s", status: "online", heartbeatIntervalMs: 30_000 });
+  await flush();
+  assert.equal(client.state, "open");
+  assert.deepEqual(asked.map((c) => c.rejected), [false, false]);
+  client.close();
+});
+
+test("4001 for an identify that came too late after a refusal: the refused token stays the one refused", async () => {
+  const asked = [];
+  const { client, clock, states } = make({
+    token: (ctx) => {
+      asked.push(ctx);
+      return asked.length === 1 ? "T1" : "T2";
+    },
+  });
+  client.connect();
+  await flush();
+  FakeSocket.last().open();
+  FakeSocket.last().drop(4001, "bad token"); // T1 refused
+  await clock.advance(states.at(-1)[1].delayMs);
+  await flush();
+  FakeSocket.last().open();
+  FakeSocket.last().drop(4001, LATE_IDENTIFY); // T2 late: not refused
+  await clock.advance(states.at(-1)[1].delayMs);
+  await flush();
+  assert.equal(FakeSocket.all.length, 3);
+  const ws = FakeSocket.last();
+  ws.open();
+  assert.deepEqual(ws.take(), [{ type: "identify", token: "T2" }]); // handed back: tried (only T1 was refused)
+  ws.push({ type: "ready", userId: "me", socketId: "s", status: "online", heartbeatIntervalMs: 30_000 });
+  await flush();
+  assert.equal(client.state, "open");
+  // Told of T1's refusal until a ready; the late T2 adds nothing to it.
+  assert.deepEqual(asked.map((c) => c.rejected), [false, true, true]);
+  assert.deepEqual(FakeSocket.all.slice(0, 2).map((w) => w.sent[0].token), ["T1", "T2"]);
+  client.close();
 });
 
 test("subscriptions are restored after a reconnect and the picture reconciled: no ghost survives", async () => {
