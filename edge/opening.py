@@ -268,8 +268,8 @@ class OpeningPace:
 
     - the places start at `floor` and, while connections wait for one and the loop keeps time (at
       most `lag_limit_s` late), double every interval until the loop first runs late (slow
-      start: a storm on an edge with time to spare opens as fast as with a fixed `ceiling`,
-      in bursts that grow instead of one burst of them all), then grow by a quarter;
+      start: from 16 to 128 in three intervals on an edge with time to spare, in bursts that
+      grow instead of one burst of them all), then grow by a quarter;
     - an interval in which the loop ran later halves them;
     - an interval in which nobody waited leaves at most twice the most that were opening at once
       in it (RFC 7661's rule for a window its sender does not fill): a storm that starts on an
