@@ -84,6 +84,22 @@ async def ready(
                               "heartbeatIntervalMs": interval_ms}))  # fmt: skip
 
 
+async def refusing_then_ready(scripted: Any, reasons: list[str]) -> Scripted:
+    """A server that reads connection n's identify and closes it with 4001 and `reasons[n]`, then
+    answers the next one `ready` and keeps it."""
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        if n < len(reasons):
+            await s.recv(ws, n)
+            await ws.close(4001, reasons[n])
+            return
+        await ready(s, ws, n)
+        await ws.wait_closed()
+
+    s: Scripted = await scripted(script)
+    return s
+
+
 async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
     await eventually(check, timeout, interval=0.01)
 
@@ -259,15 +275,7 @@ async def test_a_missed_identify_deadline_does_not_stop_a_fixed_token(scripted: 
     not the throttled one, and opens with the same token. The old client took every 4001 for a
     refused token and stopped for good (`unauthorized`)."""
 
-    async def script(ws: ServerConnection, n: int) -> None:
-        if n == 0:
-            await s.recv(ws, n)  # the identify, too late
-            await ws.close(4001, IDENTIFY_DEADLINE)
-            return
-        await ready(s, ws, n)
-        await ws.wait_closed()
-
-    s = await scripted(script)
+    s = await refusing_then_ready(scripted, [IDENTIFY_DEADLINE])  # the identify, too late
     client = PresenceClient(s.url, "T", backoff=FAST, random=lambda: 0.5)
     errors: list[PresenceError] = []
     client.on("error", errors.append)
@@ -294,15 +302,7 @@ async def test_a_missed_identify_deadline_is_no_rejection_for_a_token_provider(s
         asked.append(ctx)
         return "T"
 
-    async def script(ws: ServerConnection, n: int) -> None:
-        if n == 0:
-            await s.recv(ws, n)
-            await ws.close(4001, IDENTIFY_DEADLINE)
-            return
-        await ready(s, ws, n)
-        await ws.wait_closed()
-
-    s = await scripted(script)
+    s = await refusing_then_ready(scripted, [IDENTIFY_DEADLINE])
     client = PresenceClient(s.url, token, backoff=FAST)
     client.connect()
     await client.wait_open(timeout=5)
@@ -323,15 +323,7 @@ async def test_a_missed_identify_deadline_after_a_refusal_leaves_the_refused_tok
         asked.append(ctx)
         return "T1" if len(asked) == 1 else "T2"
 
-    async def script(ws: ServerConnection, n: int) -> None:
-        if n < 2:
-            await s.recv(ws, n)
-            await ws.close(4001, "bad token" if n == 0 else IDENTIFY_DEADLINE)
-            return
-        await ready(s, ws, n)
-        await ws.wait_closed()
-
-    s = await scripted(script)
+    s = await refusing_then_ready(scripted, ["bad token", IDENTIFY_DEADLINE])
     client = PresenceClient(s.url, token, backoff=FAST)
     client.connect()
     await client.wait_open(timeout=5)
