@@ -84,6 +84,18 @@ async def ready(
                               "heartbeatIntervalMs": interval_ms}))  # fmt: skip
 
 
+async def requests(s: Scripted, ws: ServerConnection, n: int) -> AsyncIterator[dict[str, Any]]:
+    """Connection n's frames as an edge reads them: each recorded, heartbeats acknowledged, the
+    others handed to the script."""
+    async for raw in ws:
+        frame: dict[str, Any] = json.loads(raw)
+        s.received[n].append(frame)
+        if frame["type"] == "heartbeat":
+            await ws.send('{"type":"heartbeat.ack"}')
+        else:
+            yield frame
+
+
 async def refusing_then_ready(scripted: Any, reasons: list[str]) -> Scripted:
     """A server that reads connection n's identify and closes it with 4001 and `reasons[n]`, then
     answers the next one `ready` and keeps it."""
@@ -338,12 +350,8 @@ async def test_answers_matched_by_the_following_heartbeat(scripted: Any) -> None
 
     async def script(ws: ServerConnection, n: int) -> None:
         await ready(s, ws, n)
-        async for raw in ws:
-            frame = json.loads(raw)
-            s.received[n].append(frame)
-            if frame["type"] == "heartbeat":
-                await ws.send('{"type":"heartbeat.ack"}')
-            elif frame["type"] == "presence.query":
+        async for frame in requests(s, ws, n):
+            if frame["type"] == "presence.query":
                 for u in frame["userIds"]:
                     if u != "u7":
                         answer = {"type": "presence.changed", "userId": u, "status": "offline"}
@@ -452,12 +460,8 @@ async def test_nothing_moves_past_a_request_and_its_heartbeat(scripted: Any) -> 
 
     async def script(ws: ServerConnection, n: int) -> None:
         await ready(s, ws, n)
-        async for raw in ws:
-            frame = json.loads(raw)
-            s.received[n].append(frame)
-            if frame["type"] == "heartbeat":
-                await ws.send('{"type":"heartbeat.ack"}')
-            elif frame["type"] == "settings.update":
+        async for frame in requests(s, ws, n):
+            if frame["type"] == "settings.update":
                 visibility[0] = frame["lastSeenVisibility"]
             elif frame["type"] == "presence.query":
                 answer = {"type": "presence.changed", "userId": "a", "status": "offline"}
@@ -539,12 +543,8 @@ async def test_past_the_bound_the_applications_frames_are_refused_until_the_queu
 async def serve_requests(s: Scripted, ws: ServerConnection, n: int, sync: list[dict[str, Any]]) -> None:
     """Answer as an edge would: heartbeats acknowledged, a subscribe with `sync`, a query with
     each asked id offline."""
-    async for raw in ws:
-        frame = json.loads(raw)
-        s.received[n].append(frame)
-        if frame["type"] == "heartbeat":
-            await ws.send('{"type":"heartbeat.ack"}')
-        elif frame["type"] == "presence.subscribe":
+    async for frame in requests(s, ws, n):
+        if frame["type"] == "presence.subscribe":
             await ws.send(json.dumps({"type": "presence.sync", "users": sync}))
         elif frame["type"] == "presence.query":
             for u in frame["userIds"]:
