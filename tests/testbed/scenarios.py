@@ -298,6 +298,10 @@ async def node_death(bed: Testbed, report: Report, observer: Observer) -> None:
         by_node = shards_by_node(s)
         return victim.ip not in by_node and sum(len(v) for v in by_node.values()) >= pool_size
 
+    # The samples end now: the watchers may have seen the departure (through Ray's verdict, on
+    # the surviving shards) before Ray restarted the dead node's shards elsewhere, and a judge
+    # that read only the samples so far found no shard back and failed the row (2026-12-05).
+    await wait_until(lambda: observer.first(shards_back, killed_at) is not None, 120)
     back = observer.first(shards_back, killed_at)
     report.expect(
         name,
