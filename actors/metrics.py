@@ -23,6 +23,8 @@ from actors.metric_help import HELP
 BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
+# Where a histogram's list keeps its count, sum and max, after one count per bucket and `+Inf`.
+_COUNT, _SUM, _MAX = len(BUCKETS_SECONDS) + 1, len(BUCKETS_SECONDS) + 2, len(BUCKETS_SECONDS) + 3
 
 
 def _key(name: str, labels: dict[str, str]) -> Key:
@@ -63,21 +65,36 @@ class Metrics:
         self.gauges[_key(name, labels)] = value
 
     def observe(self, name: str, value: float, **labels: str) -> None:
+        """A value into the summary `name{labels}`, or into its histogram if `name` ends in
+        `_seconds`."""
+        key = _key(name, labels)
         if name.endswith("_seconds"):
-            h = self.histograms.get(key := _key(name, labels))
-            if h is None:
-                # per-bucket counts (not cumulative), then count, sum, max
-                h = self.histograms[key] = [0.0] * (len(BUCKETS_SECONDS) + 4)
-            h[bisect.bisect_left(BUCKETS_SECONDS, value)] += 1
-            n = len(BUCKETS_SECONDS) + 1
-            h[n] += 1
-            h[n + 1] += value
-            h[n + 2] = max(h[n + 2], value)
-            return
-        s = self.summaries.setdefault(_key(name, labels), [0.0, 0.0, 0.0])
+            self.observe_seconds_key(key, value)
+        else:
+            self.observe_key(key, value)
+
+    def observe_key(self, key: Key, value: float) -> None:
+        """`observe` into a summary whose key was made once (`Metrics.key`): for a path taken for
+        every batch, where making the key each time is most of the cost."""
+        s = self.summaries.get(key)
+        if s is None:
+            s = self.summaries[key] = [0.0, 0.0, 0.0]
         s[0] += 1
         s[1] += value
-        s[2] = max(s[2], value)
+        if value > s[2]:
+            s[2] = value
+
+    def observe_seconds_key(self, key: Key, value: float) -> None:
+        """`observe` into a histogram (a `_seconds` name) whose key was made once."""
+        h = self.histograms.get(key)
+        if h is None:
+            # per-bucket counts (not cumulative), then count, sum, max
+            h = self.histograms[key] = [0.0] * (len(BUCKETS_SECONDS) + 4)
+        h[bisect.bisect_left(BUCKETS_SECONDS, value)] += 1
+        h[_COUNT] += 1
+        h[_SUM] += value
+        if value > h[_MAX]:
+            h[_MAX] = value
 
     def snapshot(self) -> dict[str, Any]:
         return {

@@ -306,8 +306,8 @@ class PresenceShard:
         return results
 
     def _observe_batch(self, ops: int, started: float) -> None:
-        self.metrics.observe("shard_batch_ops", ops)
-        self.metrics.observe("shard_apply_seconds", time.perf_counter() - started)
+        self.metrics.observe_key(_BATCH_OPS, ops)
+        self.metrics.observe_seconds_key(_APPLY_SECONDS, time.perf_counter() - started)
 
     def _box(self, edge_id: str) -> EdgeMail:
         box = self.mail.get(edge_id)
@@ -365,7 +365,7 @@ class PresenceShard:
         chunk = box.hand_out()
         if box.unhanded():  # more than one reply carries: the pull takes the rest
             box.event.set()
-        self.metrics.observe("shard_reply_items", len(chunk[2]))
+        self.metrics.observe_key(_REPLY_ITEMS, len(chunk[2]))
         return box.incarnation, results, chunk
 
     async def pull(
@@ -566,6 +566,12 @@ class PresenceShard:
     def _missing(self, ops: list[Operation[object]]) -> _Missing | None:
         """What the state lacks for this batch (None: everything is in memory, the common case,
         decided without taking a connection: each acquire costs a reset round trip to PostgreSQL)."""
+        if self._all_in_memory(ops):
+            return None
+        return self._gather_missing(ops)
+
+    def _gather_missing(self, ops: list[Operation[object]]) -> _Missing | None:
+        """`_missing` the long way: every id the batch needs, those not in memory listed."""
         rel_ids: list[str] = []
         acc_ids: list[str] = []
         channel_ids: list[str] = []
@@ -591,6 +597,30 @@ class PresenceShard:
         if not (missing_rel or missing_acc or missing_ch):
             return None
         return _Missing(missing_rel, missing_acc, missing_ch, queries, {*rel_ids, *acc_ids}, set(channel_ids))
+
+    def _all_in_memory(self, ops: list[Operation[object]]) -> bool:
+        """True: `_missing` would find nothing missing (every status change, heartbeat and watch
+        of accounts already here), decided without building its lists. A query goes the long way:
+        what it needs depends on the reader's relations."""
+        state = self.state
+        relations, knows = state.relations, state.channels.knows
+        for op in ops:
+            needs = op.needs()
+            if needs is NOTHING:
+                continue
+            if isinstance(op, ops_.Query):
+                return False
+            rel_ids, acc_ids, channel_ids = needs
+            for user_id in rel_ids:
+                if user_id not in relations:
+                    return False
+            for user_id in acc_ids:
+                if not state.has_account(user_id):
+                    return False
+            for channel_id in channel_ids:
+                if not knows(channel_id):
+                    return False
+        return True
 
     async def _load(self, missing: _Missing, now: float) -> None:
         """Load from PostgreSQL everything the state lacks for a batch, in one query per kind."""
@@ -636,14 +666,16 @@ class PresenceShard:
         # A frame published to several edges is one object: serialised once.
         last_frame: frames.Frame | None = None
         last_text = ""
+        event_key = _DELIVERIES  # always set with last_frame, before its first use
         counters = self.metrics.counters
         for e in effects:
-            if isinstance(e, Publish | Deliver):
+            if isinstance(e, _MAIL):
                 box = self.mail.get(e.edge_id)
                 if box is None:
                     continue  # an edge that never called us has no sockets here
                 if e.frame is not last_frame:
                     last_frame, last_text = e.frame, frames.text(e.frame)
+                    event_key = _event_key(e.frame.get("type"))
                 if isinstance(e, Publish):
                     address: Address = Watching(e.user_id, e.own)
                     n = e.watchers
@@ -652,7 +684,7 @@ class PresenceShard:
                 if box.add(address, last_text):
                     self.metrics.inc("mail_dropped_total")
                 touched.add(e.edge_id)
-                counters[_event_key(e.frame.get("type"))] += 1
+                counters[event_key] += 1
                 counters[_DELIVERIES] += n
             elif isinstance(e, PersistChosen):
                 _keep_newest(self.persist_status, e.user_id, (e.status, e.at))
@@ -929,6 +961,12 @@ class PresenceShard:
 # Counter keys of the paths taken for every operation and frame, made once.
 _OP_KEYS = {kind: Metrics.key("shard_ops_total", op=name) for kind, name in ops_.KIND.items()}
 _DELIVERIES = Metrics.key("deliveries_total")
+# The effects that become mail: a tuple, which `isinstance` tests faster than a union.
+_MAIL = (Publish, Deliver)
+# The summaries observed for every batch, their keys made once.
+_BATCH_OPS = Metrics.key("shard_batch_ops")
+_APPLY_SECONDS = Metrics.key("shard_apply_seconds")
+_REPLY_ITEMS = Metrics.key("shard_reply_items")
 _EVENT_KEYS: dict[object, Key] = {}
 # The frames a shard produces for clients (`events_total`'s types; the edges' own notes, which
 # start with "_", are counted too, from their first).

@@ -106,7 +106,10 @@ class Account:
 
     def idle_flags(self) -> list[bool]:
         """One flag per socket the status counts: the live ones and the held ones."""
-        return [*(s.idle for s in self.sockets.values()), *(h.idle for h in self.held)]
+        flags = [s.idle for s in self.sockets.values()]
+        if self.held:
+            flags.extend(h.idle for h in self.held)
+        return flags
 
     def last_held_close(self) -> float | None:
         return max((h.closed_at for h in self.held), default=None)
@@ -424,9 +427,12 @@ class ShardState:
         Each edge goes at the moment its lease ran out (not when this call noticed), in that
         order, so that a departure is stamped with the time the account's last socket died.
         """
-        for edge_id, refreshed in sorted(self.edges.items(), key=lambda kv: kv[1]):
-            if now - refreshed > self.socket_timeout_s:
-                self.drop_edge(edge_id, refreshed + self.socket_timeout_s)
+        edges = self.edges
+        # Called for every operation: sort only when the stalest edge's lease has run out.
+        if edges and now - min(edges.values()) > self.socket_timeout_s:
+            for edge_id, refreshed in sorted(edges.items(), key=lambda kv: kv[1]):
+                if now - refreshed > self.socket_timeout_s:
+                    self.drop_edge(edge_id, refreshed + self.socket_timeout_s)
         while self._holds and self._holds[0][0] <= now:
             _, user_id = heapq.heappop(self._holds)
             self._end_holds(user_id, now)
@@ -812,17 +818,20 @@ class ShardState:
         if not fan:
             return
         visible = visible_status(real)
-        tell_own = real != shown or any(s != real for s in told.values())
-        tell_audience = visible != visible_status(shown) or any(s != visible for s in told.values())
+        # `told` is empty unless a change was held back: no generator for the common case.
+        tell_own = real != shown or (bool(told) and any(s != real for s in told.values()))
+        tell_audience = visible != visible_status(shown) or (
+            bool(told) and any(s != visible for s in told.values())
+        )
         if not (tell_own or tell_audience):
             return
-        own_frame = frames.changed(target, real)
-        audience_frame = frames.changed(target, visible)
+        own_frame = frames.changed(target, real) if tell_own else None
+        audience_frame = frames.changed(target, visible) if tell_audience else None
         publish = self.outbox.publish
         for edge_id, (own, audience) in fan.items():
-            if own and tell_own:
+            if own and own_frame is not None:
                 publish(edge_id, target, True, own, own_frame)
-            if audience and tell_audience:
+            if audience and audience_frame is not None:
                 publish(edge_id, target, False, audience, audience_frame)
 
     # ------------------------------------------------------------------ reading statuses

@@ -184,6 +184,21 @@ def test_observe_keeps_count_sum_max(values: list[float]) -> None:
     assert peak == max(values)
 
 
+@pytest.mark.parametrize("values", [[1.0], [3.0, 1.0, 2.0], [0.0, 0.25], [0.0004, 7.0, 0.003, 30.0]])
+def test_a_key_made_once_observes_what_the_name_does(values: list[float]) -> None:
+    """The shard's per-batch summaries and histogram go through keys made once
+    (`observe_key`, `observe_seconds_key`): the same page as `observe` by name and labels."""
+    by_name, by_key = Metrics(), Metrics()
+    items, apply_s = Metrics.key("shard_reply_items"), Metrics.key("shard_apply_seconds", shard="0")
+    for v in values:
+        by_name.observe("shard_reply_items", v)
+        by_name.observe("shard_apply_seconds", v, shard="0")
+        by_key.observe_key(items, v)
+        by_key.observe_seconds_key(apply_s, v)
+    assert by_key.snapshot() == by_name.snapshot()
+    assert by_key.snapshot()["histograms"]
+
+
 # ---------------------------------------------------------------- what operators' tools accept
 
 

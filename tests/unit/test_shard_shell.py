@@ -18,11 +18,14 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from actors.core import ops
 from actors.core.answers import Verdict
 from actors.core.audience import Relations
 from actors.core.contract import UNAVAILABLE, AccountRow
+from actors.core.ops import Operation
 from actors.core.shard import AUDIENCE
 from actors.core.slots import slot_of
 from actors.presence import PresenceShard, ShardConfig
@@ -508,3 +511,49 @@ def test_a_new_shard_exports_its_counters_by_operation_and_event_at_zero(shard: 
         assert counters[("shard_ops_total", (("op", op),))] == 0, op
     for frame_type in ("presence.changed", "presence.self", "typing", "voice.roster"):
         assert counters[("events_total", (("type", frame_type),))] == 0, frame_type
+
+
+# ---------------------------------------------------------------- what a batch needs loaded
+
+_NAMES = ("alice", "bob", "carol")
+_CHANNELS = ("c1", "c2")
+_names = st.sampled_from(_NAMES)
+_some_names = st.lists(_names, max_size=3).map(tuple)
+_batch_ops = st.one_of(
+    st.builds(ops.SetStatus, _names, st.just("s1"), st.sampled_from(("idle", "online"))),
+    st.builds(ops.Connect, _names, st.just("s1")),
+    st.builds(ops.Disconnect, _names, st.just("s1")),
+    st.builds(ops.Watch, _names, st.just("s1"), _some_names),
+    st.builds(ops.ChannelSubscribe, st.sampled_from(_CHANNELS), _names, st.just("s1")),
+    st.builds(ops.Query, _names, st.just("everyone"), _some_names),
+)
+
+
+@given(
+    relations=st.sets(_names),
+    accounts=st.sets(_names),
+    channels=st.sets(st.sampled_from(_CHANNELS)),
+    batch=st.lists(_batch_ops, max_size=5),
+)
+def test_the_quick_check_that_a_batch_is_in_memory_agrees_with_the_long_way(
+    relations: set[str], accounts: set[str], channels: set[str], batch: list[Operation[object]]
+) -> None:
+    """`_missing` first asks `_all_in_memory`, which builds no lists: it may say "in memory" only
+    where the long way (`_gather_missing`) finds nothing missing, or a batch would apply without
+    what it needs; and it should say so wherever the long way does (a query excepted, which it
+    leaves to the long way), or every status change would pay for the long way again."""
+    config = ShardConfig(0, "postgresql://unused", None)
+    shard = PresenceShard(config, Flushes(), store=FakeStore(), clock=Clock())
+    for user_id in relations:
+        shard.state.set_relations(user_id, Relations(frozenset(), frozenset(), "everyone"), 0.0)
+    for user_id in accounts:
+        shard.state.load_account(user_id, AccountRow(), 0.0)
+    for channel_id in channels:
+        shard.state.channels.load_channel(channel_id, None)
+    quick = shard._all_in_memory(batch)
+    nothing_missing = shard._gather_missing(batch) is None
+    if any(isinstance(op, ops.Query) for op in batch):
+        assert not quick
+    else:
+        assert quick == nothing_missing
+    assert (shard._missing(batch) is None) == nothing_missing

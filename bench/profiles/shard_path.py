@@ -1,0 +1,107 @@
+"""The shard's Python per status change, in one process: no lane, no socket, no other process
+waking it. What `shard_shell.py` measures minus the event loop's wakes and the lane's frames.
+
+    python bench/profiles/shard_path.py [--accounts 2000] [--watchers 50] [--changes 4000]
+                                        [--rounds 7] [--profile]
+
+A `PresenceShard` (an in-memory store, no PostgreSQL, no Redis) gets `--accounts` sockets of one
+edge, each watching the next `--watchers` accounts, then status changes through the lane's
+immediate road (`apply_and_collect_now`, one change a call, each account alternating idle and
+online), each reply pickled as the lane would. The shard's clock is the script's, 2.5 ms a change
+(400 changes a second, as in `presence bench fanout`), so every change is published (the
+publication budget admits it) and no lease runs out. Printed: µs per change in each round of
+`--changes`, and their median; `--profile` adds a cProfile of one more round.
+
+`PYTHONPATH=<checkout>` runs it against any commit, so before/after are the same script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pickle
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+async def measure(args: argparse.Namespace) -> None:
+    from actors.core import ops
+    from actors.core.audience import Relations
+    from actors.core.contract import AccountRow
+    from actors.presence import PresenceShard, ShardConfig
+    from cluster.config import Settings
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.unit.fake_store import FakeStore
+
+    n, watchers = args.accounts, args.watchers
+    users = [f"u{i}" for i in range(n)]
+    everyone = Relations(frozenset(), frozenset({"g"}), "everyone")
+    store = FakeStore({u: AccountRow() for u in users}, {u: everyone for u in users})
+
+    async def flush_write(entries: list[tuple[str, float]]) -> None:
+        return None
+
+    config = ShardConfig(0, database_url="", redis_url=None, gc_thresholds=Settings().gc_thresholds)
+    shard = PresenceShard(config, flush_write=flush_write, store=store)  # type: ignore[arg-type]
+    await shard.start()
+    mail = {"incarnation": None, "acked": 0}
+
+    async def apply(batch: list[object]) -> None:
+        reply = await shard.apply_and_collect("e0", batch, mail["incarnation"], mail["acked"])  # type: ignore[arg-type]
+        mail["incarnation"], mail["acked"] = reply[0], max(mail["acked"], reply[2][1])
+
+    for start in range(0, n, 500):
+        await apply([ops.Connect(u, f"s{i}") for i, u in enumerate(users[start : start + 500], start)])
+    for start in range(0, n, 100):
+        await apply([
+            ops.Watch(users[i], f"s{i}", tuple(users[(i + k) % n] for k in range(1, watchers + 1)))
+            for i in range(start, min(n, start + 100))
+        ])  # fmt: skip
+
+    now = [shard.clock()]
+    shard.clock = lambda: now[0]
+
+    def changes(first: int) -> None:
+        for c in range(first, first + args.changes):
+            now[0] += 0.0025
+            i = c % n
+            status = "idle" if (c // n) % 2 == 0 else "online"
+            reply = shard.apply_and_collect_now(
+                "e0", [ops.SetStatus(users[i], f"s{i}", status)], mail["incarnation"], mail["acked"]
+            )
+            assert reply is not None, "everything is in memory: the immediate road applies"
+            mail["incarnation"], mail["acked"] = reply[0], max(mail["acked"], reply[2][1])
+            pickle.dumps((1, True, reply), protocol=pickle.HIGHEST_PROTOCOL)
+
+    rounds = []
+    for r in range(args.rounds):
+        started = time.perf_counter()
+        changes(r * args.changes)
+        rounds.append((time.perf_counter() - started) / args.changes * 1e6)
+    print("µs per change, by round:", ", ".join(f"{x:.1f}" for x in rounds))
+    print(f"median {statistics.median(rounds):.1f} µs per change ({n:,} x {watchers}, one edge)")
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.enable()
+        changes(args.rounds * args.changes)
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--accounts", type=int, default=2_000)
+    p.add_argument("--watchers", type=int, default=50)
+    p.add_argument("--changes", type=int, default=4_000)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--profile", action="store_true")
+    asyncio.run(measure(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
