@@ -65,6 +65,11 @@ T = TypeVar("T")
 A = TypeVar("A")
 # A first try that applied nothing (routed's slow road takes over): the slots moved, or it failed.
 _MOVED, _FAILED = object(), object()
+# The figures observed for every batch and every chunk of mail, their keys made once.
+_BATCH_OPS = Metrics.key("edge_batch_ops")
+_CALL_SECONDS = Metrics.key("edge_actor_call_seconds")
+_DELIVERY_SECONDS = Metrics.key("edge_delivery_seconds")
+_PULL_ITEMS = Metrics.key("edge_pull_items")
 # An operation waiting in its shard's line, with the future that gets its answer's wire form
 # (read into the typed answer by the operation itself, `Operation.read`, once routing is done).
 Queued = tuple[ops.Operation[object], "asyncio.Future[object]"]
@@ -473,7 +478,7 @@ class Router:
 
     async def _send(self, shard: int, batch: list[Queued]) -> None:
         started = time.perf_counter()
-        self.metrics.observe("edge_batch_ops", len(batch))
+        self.metrics.observe_key(_BATCH_OPS, len(batch))
         inbox = self.inboxes.setdefault(shard, Inbox())
         try:
             client = self.shards.get(shard)
@@ -495,7 +500,7 @@ class Router:
             raise
         # Before the incarnation check: re-registering a restarted shard sends calls of its own.
         self._came_back(shard)
-        self.metrics.observe("edge_actor_call_seconds", time.perf_counter() - started)
+        self.metrics.observe_seconds_key(_CALL_SECONDS, time.perf_counter() - started)
         self.last_contact[shard] = time.monotonic()
         for (_, fut), result in zip(batch, results, strict=True):
             if not fut.done():
@@ -515,7 +520,7 @@ class Router:
             started = time.perf_counter()
             for address, payload in items:
                 self.deliver(address, payload)
-            self.metrics.observe("edge_delivery_seconds", time.perf_counter() - started)
+            self.metrics.observe_seconds_key(_DELIVERY_SECONDS, time.perf_counter() - started)
 
     def _lost_with(self, shard: int) -> Callable[[str], bool]:
         """The accounts whose decisions went with a shard's old incarnation: those it owned when
@@ -593,7 +598,7 @@ class Router:
             items = chunk[2]
             try:
                 self._deliver_mail(shard, incarnation, chunk)
-                self.metrics.observe("edge_pull_items", len(items))
+                self.metrics.observe_key(_PULL_ITEMS, len(items))
                 await self._check_incarnation(shard, incarnation)
             except Exception:
                 # The next look at the map (`refresh_map`, every few seconds) would start a puller

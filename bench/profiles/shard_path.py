@@ -26,9 +26,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
-async def measure(args: argparse.Namespace) -> None:
+async def connected_shard(accounts: int, watchers: int) -> tuple[Any, dict[str, Any], list[str]]:
+    """A started shard with `accounts` sockets of edge e0, each watching the next `watchers`
+    accounts; with the edge's mail state (incarnation, acknowledged) and the account ids."""
     from actors.core import ops
     from actors.core.audience import Relations
     from actors.core.contract import AccountRow
@@ -38,7 +41,7 @@ async def measure(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests.unit.fake_store import FakeStore
 
-    n, watchers = args.accounts, args.watchers
+    n = accounts
     users = [f"u{i}" for i in range(n)]
     everyone = Relations(frozenset(), frozenset({"g"}), "everyone")
     store = FakeStore({u: AccountRow() for u in users}, {u: everyone for u in users})
@@ -49,10 +52,10 @@ async def measure(args: argparse.Namespace) -> None:
     config = ShardConfig(0, database_url="", redis_url=None, gc_thresholds=Settings().gc_thresholds)
     shard = PresenceShard(config, flush_write=flush_write, store=store)  # type: ignore[arg-type]
     await shard.start()
-    mail = {"incarnation": None, "acked": 0}
+    mail: dict[str, Any] = {"incarnation": None, "acked": 0}
 
-    async def apply(batch: list[object]) -> None:
-        reply = await shard.apply_and_collect("e0", batch, mail["incarnation"], mail["acked"])  # type: ignore[arg-type]
+    async def apply(batch: list[Any]) -> None:
+        reply = await shard.apply_and_collect("e0", batch, mail["incarnation"], mail["acked"])
         mail["incarnation"], mail["acked"] = reply[0], max(mail["acked"], reply[2][1])
 
     for start in range(0, n, 500):
@@ -62,7 +65,14 @@ async def measure(args: argparse.Namespace) -> None:
             ops.Watch(users[i], f"s{i}", tuple(users[(i + k) % n] for k in range(1, watchers + 1)))
             for i in range(start, min(n, start + 100))
         ])  # fmt: skip
+    return shard, mail, users
 
+
+async def measure(args: argparse.Namespace) -> None:
+    from actors.core import ops
+
+    shard, mail, users = await connected_shard(args.accounts, args.watchers)
+    n = len(users)
     now = [shard.clock()]
     shard.clock = lambda: now[0]
 
@@ -84,7 +94,7 @@ async def measure(args: argparse.Namespace) -> None:
         changes(r * args.changes)
         rounds.append((time.perf_counter() - started) / args.changes * 1e6)
     print("µs per change, by round:", ", ".join(f"{x:.1f}" for x in rounds))
-    print(f"median {statistics.median(rounds):.1f} µs per change ({n:,} x {watchers}, one edge)")
+    print(f"median {statistics.median(rounds):.1f} µs per change ({n:,} x {args.watchers}, one edge)")
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()
