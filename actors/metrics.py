@@ -58,6 +58,13 @@ class Metrics:
         """A counter's key, made once, for `inc_key` on a path taken for every frame."""
         return _key(name, labels)
 
+    @staticmethod
+    def figure_key(name: str, **labels: str) -> Key:
+        """A summary's or a histogram's key (a `_seconds` name), made once, for `observe_key` or
+        `observe_seconds_key` on a path taken for every batch. The same key as `key`; its own
+        name tells a reader (and the operations doc's test) which kind of series it feeds."""
+        return _key(name, labels)
+
     def inc_key(self, key: Key, n: float = 1) -> None:
         self.counters[key] += n
 

@@ -964,9 +964,9 @@ _DELIVERIES = Metrics.key("deliveries_total")
 # The effects that become mail: a tuple, which `isinstance` tests faster than a union.
 _MAIL = (Publish, Deliver)
 # The summaries observed for every batch, their keys made once.
-_BATCH_OPS = Metrics.key("shard_batch_ops")
-_APPLY_SECONDS = Metrics.key("shard_apply_seconds")
-_REPLY_ITEMS = Metrics.key("shard_reply_items")
+_BATCH_OPS = Metrics.figure_key("shard_batch_ops")
+_APPLY_SECONDS = Metrics.figure_key("shard_apply_seconds")
+_REPLY_ITEMS = Metrics.figure_key("shard_reply_items")
 _EVENT_KEYS: dict[object, Key] = {}
 # The frames a shard produces for clients (`events_total`'s types; the edges' own notes, which
 # start with "_", are counted too, from their first).

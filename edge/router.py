@@ -66,10 +66,10 @@ A = TypeVar("A")
 # A first try that applied nothing (routed's slow road takes over): the slots moved, or it failed.
 _MOVED, _FAILED = object(), object()
 # The figures observed for every batch and every chunk of mail, their keys made once.
-_BATCH_OPS = Metrics.key("edge_batch_ops")
-_CALL_SECONDS = Metrics.key("edge_actor_call_seconds")
-_DELIVERY_SECONDS = Metrics.key("edge_delivery_seconds")
-_PULL_ITEMS = Metrics.key("edge_pull_items")
+_BATCH_OPS = Metrics.figure_key("edge_batch_ops")
+_CALL_SECONDS = Metrics.figure_key("edge_actor_call_seconds")
+_DELIVERY_SECONDS = Metrics.figure_key("edge_delivery_seconds")
+_PULL_ITEMS = Metrics.figure_key("edge_pull_items")
 # An operation waiting in its shard's line, with the future that gets its answer's wire form
 # (read into the typed answer by the operation itself, `Operation.read`, once routing is done).
 Queued = tuple[ops.Operation[object], "asyncio.Future[object]"]

@@ -189,7 +189,10 @@ def test_a_key_made_once_observes_what_the_name_does(values: list[float]) -> Non
     """The shard's per-batch summaries and histogram go through keys made once
     (`observe_key`, `observe_seconds_key`): the same page as `observe` by name and labels."""
     by_name, by_key = Metrics(), Metrics()
-    items, apply_s = Metrics.key("shard_reply_items"), Metrics.key("shard_apply_seconds", shard="0")
+    items, apply_s = (
+        Metrics.figure_key("shard_reply_items"),
+        Metrics.figure_key("shard_apply_seconds", shard="0"),
+    )
     for v in values:
         by_name.observe("shard_reply_items", v)
         by_name.observe("shard_apply_seconds", v, shard="0")

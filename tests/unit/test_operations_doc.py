@@ -94,9 +94,17 @@ def exported_metrics() -> dict[str, str]:
     """Every metric name the code exports, from the source: name → kind."""
     found: dict[str, str] = {}
     # `Metrics.key(...)`: a counter's key made once, for `inc_key` or the counters themselves.
-    kinds = {"inc": "counter", "key": "counter", "set": "gauge", "observe": "summary"}
+    # `Metrics.figure_key(...)`: a summary's or a histogram's, for `observe_key`.
+    kinds = {
+        "inc": "counter",
+        "key": "counter",
+        "set": "gauge",
+        "observe": "summary",
+        "figure_key": "summary",
+    }
+    pattern = r"[mM]etrics\.(inc|key|set|observe|figure_key)\(\s*\"(\w+)\""
     for path in [*(ROOT / "actors").rglob("*.py"), *(ROOT / "edge").rglob("*.py")]:
-        for method, name in re.findall(r"[mM]etrics\.(inc|key|set|observe)\(\s*\"(\w+)\"", path.read_text()):
+        for method, name in re.findall(pattern, path.read_text()):
             kind = kinds[method]
             found[PREFIX + name] = "histogram" if kind == "summary" and name.endswith("_seconds") else kind
     # The shard gauges that edge/http.py adds from each shard's stats, and the FlushActor's figures.
