@@ -81,7 +81,7 @@ class Metrics:
             self.observe_key(key, value)
 
     def observe_key(self, key: Key, value: float) -> None:
-        """`observe` into a summary whose key was made once (`Metrics.key`): for a path taken for
+        """`observe` into a summary whose key was made once (`figure_key`): for a path taken for
         every batch, where making the key each time is most of the cost."""
         s = self.summaries.get(key)
         if s is None:
