@@ -204,7 +204,7 @@ def summary_rows(verdicts: list[targets.Verdict]) -> list[list[str]]:
             _fmt(v.baseline, v.unit),
             _ratio_text(v),
             v.goal,
-            "not judged at this size" if v.met is None else results.met_text(v.met),
+            f"not judged {v.unjudged}" if v.met is None else results.met_text(v.met),
         ]
         for v in verdicts
     ]
@@ -222,6 +222,10 @@ def verdicts_text(verdicts: list[targets.Verdict]) -> str:
             + f" ({v.goal})"
             for v in missed
         )
+    # Not judged for want of a baseline (not for a size): named, or the count would hide them.
+    unjudged = [v for v in verdicts if v.met is None and v.unjudged != targets.AT_THIS_SIZE]
+    if unjudged:
+        text += "; not judged: " + "; ".join(f"{v.benchmark} {v.name} {v.unjudged}" for v in unjudged)
     return text
 
 

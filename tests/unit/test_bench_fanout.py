@@ -1,14 +1,15 @@
 """bench/fanout.py's pieces that need no servers: the bare broadcast server's command line, and
-when `bench query`'s queries leave (bench/loadgen.py)."""
+when `bench query`'s queries leave (bench/loadgen.py), and how a run is judged."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import itertools
 import time
 from array import array
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -82,3 +83,34 @@ async def test_a_generator_records_the_deliveries_that_come_before_it_wakes_for_
     run.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await run
+
+
+def _judged_window(rate: float, p99: float, total_us: float) -> dict[str, Any]:
+    return {
+        "rate": rate,
+        "delivered_fraction": 1.0,
+        "latency_ms": {"p50": p99 / 3, "p99": p99, "max": p99 * 2},
+        "latency_ms_by_second": [{"second": 0, "p99": p99}],
+        "cpu_us_per_delivery": {"edges": total_us - 1.0, "shards": 1.0, "total": total_us},
+    }
+
+
+@pytest.mark.parametrize(("bare_p99", "fell_behind"), [(3.0, False), (628.0, True)])
+def test_the_ratios_to_a_bare_broadcast_that_fell_behind_are_not_judged(
+    bare_p99: float, fell_behind: bool
+) -> None:
+    """`judge` as `bench fanout` prints it: a bare broadcast whose own p99 at 40,000/s is past the
+    absolute bound is no baseline, so neither ratio to it is judged (bench/targets.py); the
+    targets of ours alone are judged as before."""
+    args = argparse.Namespace(subscriptions=50, quick=False)
+    run = {
+        "windows": [_judged_window(200, 5.0, 12.0), _judged_window(800, 5.0, 12.0)],
+        "bare": _judged_window(800, bare_p99, 11.0),
+    }
+    met = fanout.judge(args, run)
+    assert met["first"] is True and met["fast"] is True
+    assert met["bare_fell_behind"] is fell_behind
+    if fell_behind:
+        assert met["ratio_met"] is None and met["p99_ratio_met"] is None
+    else:
+        assert met["ratio_met"] is True and met["p99_ratio_met"] is True

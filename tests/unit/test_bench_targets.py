@@ -140,6 +140,35 @@ def test_quick_runs_and_other_sizes_give_figures_but_no_verdict() -> None:
     assert bench_all.verdicts_text(targets.evaluate(reports)) == "10/10"
 
 
+@pytest.mark.parametrize(("bare_p99", "judged"), [(24.9, True), (25.0, False), (628.0, False)])
+def test_a_bare_broadcast_that_fell_behind_judges_no_ratio_to_it(bare_p99: float, judged: bool) -> None:
+    """In a slow hour the bare broadcast's own p99 at 40,000/s was 0.3-3.8 s, ours 0.04-0.09x of it,
+    and the ratio was judged met. A baseline past the absolute bound at that rate did not keep up:
+    the two ratios to it are not judged, the summary and the `## all` row say why, and every other
+    target is judged as before."""
+    reports = _all_met()
+    bare = reports["fanout"]["bare"]
+    bare["latency_ms"]["p99"] = bare_p99
+    bare["latency_ms_by_second"] = [_second(bare_p99)]
+    verdicts = targets.evaluate(reports)
+    against_bare = [v for v in verdicts if v.benchmark == "fanout" and "against the bare broadcast" in v.name]
+    assert len(against_bare) == 2
+    others = [v for v in verdicts if v not in against_bare]
+    assert all(v.met is True for v in others), others
+    text = bench_all.verdicts_text(verdicts)
+    if judged:
+        assert all(v.met is True for v in against_bare)
+        assert text == "16/16"
+        return
+    assert all(v.met is None and "fell behind" in v.unjudged for v in against_bare), against_bare
+    assert text.startswith("14/14; not judged: fanout fan-out p99 ")
+    assert f"its p99 {bare_p99:,.0f} ms ≥ 25" in text
+    rows = {r[1]: r for r in bench_all.summary_rows(verdicts)}
+    assert all(
+        rows[v.name][-1].startswith("not judged (the bare broadcast fell behind") for v in against_bare
+    )
+
+
 def test_a_zero_baseline_is_no_ratio_and_no_pass() -> None:
     reports = _all_met()
     reports["query"]["bare_queries"]["latency_ms"]["p99"] = 0.0
