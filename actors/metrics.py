@@ -33,6 +33,24 @@ def _key(name: str, labels: dict[str, str]) -> Key:
     return (name, items if len(items) < 2 else tuple(sorted(items)))
 
 
+class KeysByLabel:
+    """A counter's keys by the value of one label (`Metrics.keys_by`): `keys[value]`. The values
+    must come from a bounded set (a frame type of the contract), as the counters' own do."""
+
+    __slots__ = ("_keys", "label", "name")
+
+    def __init__(self, name: str, label: str) -> None:
+        self.name = name
+        self.label = label
+        self._keys: dict[str, Key] = {}
+
+    def __getitem__(self, value: str) -> Key:
+        key = self._keys.get(value)
+        if key is None:
+            key = self._keys[value] = _key(self.name, {self.label: value})
+        return key
+
+
 class Metrics:
     def __init__(self, counters: Iterable[str] = ()) -> None:
         """`counters`: the unlabelled counters this process may count, exported at 0 until they
@@ -57,6 +75,12 @@ class Metrics:
     def key(name: str, **labels: str) -> Key:
         """A counter's key, made once, for `inc_key` on a path taken for every frame."""
         return _key(name, labels)
+
+    @staticmethod
+    def keys_by(name: str, label: str) -> KeysByLabel:
+        """The keys of the counter `name` by the value of one label, each made at its first use,
+        for `inc_key` on a path taken for every frame where the value is known only then."""
+        return KeysByLabel(name, label)
 
     @staticmethod
     def figure_key(name: str, **labels: str) -> Key:

@@ -45,7 +45,7 @@ from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
 from actors.held import HeldStore, Places
-from actors.metrics import Key, Metrics
+from actors.metrics import Metrics
 from actors.retry import retry, supervise
 from actors.store import AudienceEvents, ShardStore
 
@@ -164,7 +164,7 @@ class PresenceShard:
         for key in _OP_KEYS.values():
             self.metrics.counters[key] += 0
         for frame_type in EVENT_TYPES_COUNTED:
-            self.metrics.counters[_event_key(frame_type)] += 0
+            self.metrics.counters[_EVENT_KEYS[frame_type]] += 0
         self.counts = OnlineCounts(config.redis_url, ttl_s=config.count_ttl_s, clock=clock)
         # Held places (actors/held.py): the latest of each account's, waiting to be written.
         self.held = HeldStore(config.redis_url) if config.redis_url else None
@@ -675,7 +675,7 @@ class PresenceShard:
                     continue  # an edge that never called us has no sockets here
                 if e.frame is not last_frame:
                     last_frame, last_text = e.frame, frames.text(e.frame)
-                    event_key = _event_key(e.frame.get("type"))
+                    event_key = _EVENT_KEYS[str(e.frame.get("type"))]
                 if isinstance(e, Publish):
                     address: Address = Watching(e.user_id, e.own)
                     n = e.watchers
@@ -967,17 +967,10 @@ _MAIL = (Publish, Deliver)
 _BATCH_OPS = Metrics.figure_key("shard_batch_ops")
 _APPLY_SECONDS = Metrics.figure_key("shard_apply_seconds")
 _REPLY_ITEMS = Metrics.figure_key("shard_reply_items")
-_EVENT_KEYS: dict[object, Key] = {}
+_EVENT_KEYS = Metrics.keys_by("events_total", "type")
 # The frames a shard produces for clients (`events_total`'s types; the edges' own notes, which
 # start with "_", are counted too, from their first).
 EVENT_TYPES_COUNTED = ("presence.changed", "presence.self", "typing", "voice.roster")
-
-
-def _event_key(frame_type: object) -> Key:
-    key = _EVENT_KEYS.get(frame_type)
-    if key is None:
-        key = _EVENT_KEYS[frame_type] = Metrics.key("events_total", type=str(frame_type))
-    return key
 
 
 @dataclass

@@ -43,7 +43,7 @@ from actors.core.liveness import CutOff
 from actors.core.shard import Claim
 from actors.core.slots import SlotMap
 from actors.counts import CountReader
-from actors.metrics import Key, Metrics
+from actors.metrics import Metrics
 from edge import protocol as p
 from edge.conn import Conn, Phase
 from edge.deadlines import Deadlines
@@ -129,7 +129,7 @@ HEARTBEAT_ACK_BYTES = prepare(HEARTBEAT_ACK_TEXT)
 FRAMES_OUT = Metrics.key("frames_out_total")
 REPEATS_DROPPED = Metrics.key("repeats_dropped_total")
 # `frames_in_total` by the frame's type, each key made at the type's first frame.
-_FRAMES_IN: dict[str, Key] = {}
+FRAMES_IN = Metrics.keys_by("frames_in_total", "type")
 # What an acknowledged heartbeat counts, as `_execute` and `_send` would count its reply.
 HEARTBEAT_COUNTS = (
     Metrics.key("frames_in_total", type="heartbeat"),
@@ -687,10 +687,7 @@ class Edge:
             self._ack_heartbeat(conn)
             return
         kind = (session.last_frame_type or "refused") if ws.greeted else "identify"
-        key = _FRAMES_IN.get(kind)
-        if key is None:  # a frame type of the contract (the model's), "invalid" or "refused"
-            key = _FRAMES_IN[kind] = Metrics.key("frames_in_total", type=kind)
-        self.metrics.inc_key(key)
+        self.metrics.inc_key(FRAMES_IN[kind])  # a type of the contract, "invalid" or "refused"
         if commands or not ws.greeted:
             self._begin(ws, conn, commands)
 

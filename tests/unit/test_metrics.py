@@ -202,6 +202,16 @@ def test_a_key_made_once_observes_what_the_name_does(values: list[float]) -> Non
     assert by_key.snapshot()["histograms"]
 
 
+def test_keys_by_a_label_are_the_keys_by_name_made_once_each() -> None:
+    """`Metrics.keys_by` (the shard's `events_total`, the edge's `frames_in_total` by type): the
+    same key `Metrics.key` makes with that label, made at its value's first use and kept."""
+    by_type = Metrics.keys_by("frames_in_total", "type")
+    first = by_type["presence.update"]
+    assert first == Metrics.key("frames_in_total", type="presence.update")
+    assert by_type["presence.update"] is first
+    assert by_type["heartbeat"] == Metrics.key("frames_in_total", type="heartbeat") != first
+
+
 # ---------------------------------------------------------------- what operators' tools accept
 
 

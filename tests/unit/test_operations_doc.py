@@ -94,15 +94,17 @@ def exported_metrics() -> dict[str, str]:
     """Every metric name the code exports, from the source: name → kind."""
     found: dict[str, str] = {}
     # `Metrics.key(...)`: a counter's key made once, for `inc_key` or the counters themselves.
-    # `Metrics.figure_key(...)`: a summary's or a histogram's, for `observe_key`.
+    # `Metrics.figure_key(...)`: a summary's or a histogram's, for `observe_key`; `Metrics.keys_by`:
+    # a counter's keys by one label's value.
     kinds = {
         "inc": "counter",
         "key": "counter",
         "set": "gauge",
         "observe": "summary",
         "figure_key": "summary",
+        "keys_by": "counter",
     }
-    pattern = r"[mM]etrics\.(inc|key|set|observe|figure_key)\(\s*\"(\w+)\""
+    pattern = r"[mM]etrics\.(inc|key|set|observe|figure_key|keys_by)\(\s*\"(\w+)\""
     for path in [*(ROOT / "actors").rglob("*.py"), *(ROOT / "edge").rglob("*.py")]:
         for method, name in re.findall(pattern, path.read_text()):
             kind = kinds[method]
