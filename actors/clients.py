@@ -24,7 +24,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 import ray
 
 from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats, wire_compatible
-from actors.core.ops import Operation
+from actors.core.ops import Batch, Operation, to_wire
 from actors.core.shard import SlotExport
 from actors.lane import LaneBroken, LaneClient, WireMismatch, tell_mismatch
 
@@ -63,7 +63,7 @@ class ShardActor(Protocol):
 
     wire_version: Remote[[], int]
     lane_address: Remote[[], tuple[str, int, bytes]]
-    apply_and_collect: Remote[[str, list[Operation[object]], str | None, int], ApplyReply]
+    apply_and_collect: Remote[[str, Batch, str | None, int], ApplyReply]
     pull: Remote[[str, str | None, int, float, bool], Mail]
     is_focused: Remote[[str, str], bool]
     operator_view: Remote[[str], dict[str, object] | None]
@@ -130,6 +130,12 @@ class _Named(Generic[H]):
         self._handle = None
 
 
+def _for_version(ops: list[Operation[object]], version: int) -> Batch:
+    """A batch in the form a shard of wire `version` reads: plain tuples from version 3 on, the
+    typed operations for a version 2 shard (during a rolling upgrade, edges first)."""
+    return to_wire(ops) if version >= 3 else ops
+
+
 class ShardClient(_Named[ShardActor]):
     """One shard, by index. With `direct`, the two hot calls (`apply_and_collect`, `pull`) take
     the shard's direct lane (actors/lane.py) instead of a Ray call each."""
@@ -142,8 +148,10 @@ class ShardClient(_Named[ShardActor]):
         self._opening: asyncio.Lock | None = None
         self._opening_loop: asyncio.AbstractEventLoop | None = None
         self._lane_closed = False
-        # The Ray handle whose wire version was checked (the Ray road; the lane checks its own).
+        # The Ray handle whose wire version was checked (the Ray road; the lane checks its own),
+        # and that version.
         self._checked: object | None = None
+        self._checked_version = WIRE_VERSION
 
     async def _check_wire(self) -> None:
         """Before the first Ray-road batch to a shard (found again after each restart): refuse
@@ -156,7 +164,7 @@ class ShardClient(_Named[ShardActor]):
         if not wire_compatible(WIRE_VERSION, theirs):
             self._handle = None
             raise WireMismatch(tell_mismatch(WIRE_VERSION, theirs, f"shard {self.index}"))
-        self._checked = handle
+        self._checked, self._checked_version = handle, theirs
 
     async def _open_lane(self) -> LaneClient:
         loop = asyncio.get_running_loop()
@@ -196,14 +204,17 @@ class ShardClient(_Named[ShardActor]):
         if not self.direct:
             if self._checked is None or self._checked is not self._handle:
                 await self._check_wire()
+            batch = _for_version(ops, self._checked_version)
             return await self._wait(
-                lambda h: h.apply_and_collect.remote(edge_id, ops, incarnation, acked_seq)
+                lambda h: h.apply_and_collect.remote(edge_id, batch, incarnation, acked_seq)
             )
         lane = self._lane
         if lane is None or lane.broken:
             lane = await self._open_lane()
         try:
-            reply: ApplyReply = await lane.call(LANE_APPLY, edge_id, ops, incarnation, acked_seq)
+            reply: ApplyReply = await lane.call(
+                LANE_APPLY, edge_id, _for_version(ops, lane.peer_version), incarnation, acked_seq
+            )
         except LaneBroken:
             self._handle = None  # a restarted shard: find it again, and its new lane
             raise

@@ -483,8 +483,10 @@ class _EdgeConnection(_Framed):
 class LaneClient:
     """The edge's end of one lane: calls multiplexed over one connection."""
 
-    def __init__(self, connection: _EdgeConnection) -> None:
+    def __init__(self, connection: _EdgeConnection, peer_version: int = WIRE_VERSION) -> None:
         self._connection = connection
+        # The shard's wire version, from the handshake: what it can read (`ShardClient`).
+        self.peer_version = peer_version
         self._ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
         connection.start_framing()
@@ -517,7 +519,7 @@ class LaneClient:
         except (OSError, TimeoutError) as e:
             transport.close()
             raise LaneBroken(f"lane to {host}:{port}: handshake {type(e).__name__}") from e
-        return cls(connection)
+        return cls(connection, theirs)
 
     @property
     def broken(self) -> bool:

@@ -39,7 +39,7 @@ from actors.clients import (
 )
 from actors.core.contract import WIRE_VERSION, ApplyReply, Mail, ShardStats
 from actors.core.liveness import Fence, GcsAnswer, Standing, gcs_answer
-from actors.core.ops import Operation
+from actors.core.ops import Batch
 from actors.core.placement import SHARD_RESOURCE, eligible, place
 from actors.core.shard import SlotExport
 from actors.core.slots import SlotMap
@@ -235,18 +235,18 @@ class ShardHost:
     async def edges_registered(self) -> list[str]:
         return await (await self._ready()).edges_registered()
 
-    async def apply(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]]:
+    async def apply(self, edge_id: str, ops: Batch) -> tuple[str, list[object]]:
         """Without the mail (bench/rtt.py times Ray's own round trip with it)."""
         return await (await self._ready()).apply(edge_id, ops)
 
     async def apply_and_collect(
-        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: Batch, incarnation: str | None, acked_seq: int
     ) -> ApplyReply:
         self._serving()
         return await (await self._ready()).apply_and_collect(edge_id, ops, incarnation, acked_seq)
 
     def _apply_and_collect_now(
-        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: Batch, incarnation: str | None, acked_seq: int
     ) -> ApplyReply | None:
         """The lane's road for a batch that needs no turn of the loop (None: it takes the task's)."""
         if not self._started.started:

@@ -26,7 +26,7 @@ from actors.core.apply import apply
 from actors.core.audience import Relations
 from actors.core.backoff import Backoff
 from actors.core.budgets import Allowance
-from actors.core.contract import MOVED, UNAVAILABLE, Address, MailChunk, ShardStats, Watching, iso_ms
+from actors.core.contract import MOVED, UNAVAILABLE, Address, MailChunk, ShardStats, iso_ms
 from actors.core.effects import (
     Activity,
     Deliver,
@@ -40,7 +40,7 @@ from actors.core.effects import (
 )
 from actors.core.loaded import NotLoaded
 from actors.core.mailbox import Mailbox
-from actors.core.ops import NOTHING, Operation
+from actors.core.ops import NOTHING, Batch, Operation, from_wire
 from actors.core.shard import ShardState, SlotExport
 from actors.core.slots import slot_of
 from actors.counts import OnlineCounts
@@ -245,10 +245,11 @@ class PresenceShard:
 
     # ------------------------------------------------------------------ the edge-facing API
 
-    async def apply(self, edge_id: str, ops: list[Operation[object]]) -> tuple[str, list[object]]:
-        """One batch of operations from one edge, applied in order. Returns the incarnation the edge
-        is told (`EdgeMail`) and one result per op."""
-        results = await self._apply(edge_id, ops, collect=False)
+    async def apply(self, edge_id: str, ops: Batch) -> tuple[str, list[object]]:
+        """One batch of operations from one edge, applied in order (each typed, or in its wire
+        form: `ops.from_wire`). Returns the incarnation the edge is told (`EdgeMail`) and one
+        result per op."""
+        results = await self._apply(edge_id, from_wire(ops), collect=False)
         return self._box(edge_id).incarnation, results
 
     async def _apply(self, edge_id: str, ops: list[Operation[object]], collect: bool) -> list[object]:
@@ -334,21 +335,21 @@ class PresenceShard:
         return lock
 
     async def apply_and_collect(
-        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: Batch, incarnation: str | None, acked_seq: int
     ) -> tuple[str, list[object], MailChunk]:
         """`apply`, with the edge's mail not handed out yet in the same reply (the frames its batch
         caused, mostly: one call per change instead of two). `acked_seq` acknowledges like a pull's
         (for `incarnation`; an older incarnation's acknowledges nothing)."""
         self._acknowledge(edge_id, incarnation, acked_seq)
-        results = await self._apply(edge_id, ops, collect=True)
+        results = await self._apply(edge_id, from_wire(ops), collect=True)
         return self._collect(edge_id, results)
 
     def apply_and_collect_now(
-        self, edge_id: str, ops: list[Operation[object]], incarnation: str | None, acked_seq: int
+        self, edge_id: str, ops: Batch, incarnation: str | None, acked_seq: int
     ) -> tuple[str, list[object], MailChunk] | None:
         """`apply_and_collect` without a turn of the event loop (`_apply_now`); None: it would wait."""
         self._acknowledge(edge_id, incarnation, acked_seq)
-        results = self._apply_now(edge_id, ops)
+        results = self._apply_now(edge_id, from_wire(ops))
         if results is None:
             return None
         return self._collect(edge_id, results)
@@ -677,7 +678,7 @@ class PresenceShard:
                     last_frame, last_text = e.frame, frames.text(e.frame)
                     event_key = _EVENT_KEYS[str(e.frame.get("type"))]
                 if isinstance(e, Publish):
-                    address: Address = Watching(e.user_id, e.own)
+                    address: Address = (e.user_id, e.own)  # a publication (wire 3)
                     n = e.watchers
                 else:
                     address, n = e.socket_ids, len(e.socket_ids)

@@ -28,7 +28,7 @@ from actors.clients import DirectoryClient, ShardClients
 from actors.core import frames, ops
 from actors.core.answers import Found, Shown
 from actors.core.backoff import Backoff
-from actors.core.contract import EDGE_REGISTER_EVERY_S, Address, Watching
+from actors.core.contract import EDGE_REGISTER_EVERY_S, Address, publication
 from actors.core.frames import (
     AudienceNote,
     ChosenNote,
@@ -1007,13 +1007,14 @@ class Edge:
         (every delivery passes here): one pass over the recipients, each written to as it comes,
         the frame's bytes built once (`outbound.prepare`; a client whose unread output passes the
         limit is noticed by its transport: `EdgeSocket.on_slow`)."""
-        if isinstance(address, Watching):
-            socket_ids: Collection[str] = self.watch_index.watchers(address.user_id, address.own)
-        elif is_internal(payload):
-            self._internal(address, payload)
-            return
+        watched = publication(address)
+        if watched is not None:
+            socket_ids: Collection[str] = self.watch_index.watchers(*watched)
         else:
-            socket_ids = address
+            socket_ids = cast("tuple[str, ...]", address)  # sockets by id
+            if is_internal(payload):
+                self._internal(socket_ids, payload)
+                return
         about = changed_about(payload)
         user, status = about if about is not None else ("", "")
         conns = self.conns

@@ -1,9 +1,9 @@
 """Which of this edge's sockets watch each account, and what each sees of it: the edge's half of
 fan-out per edge.
 
-A shard publishes a status change once per edge and kind of watcher (`actors.core.contract.
-Watching`: the account's own sockets, which see its real status, or its audience, which sees the
-visible one); the edge expands it here to its sockets. What a socket sees is the shard's decision
+A shard publishes a status change once per edge and kind of watcher (an address `(user_id, own)`,
+`actors.core.contract.publication`: the account's own sockets, which see its real status, or its
+audience, which sees the visible one); the edge expands it here to its sockets. What a socket sees is the shard's decision
 (the audience rule, made when the watch is made and when relations change), told to the edge in
 `_audience` notes through the same ordered mail as the publications, so the index lists exactly
 the sockets the shard counts when a publication is expanded. A socket outside an account's

@@ -7,9 +7,10 @@ waking it. What `shard_shell.py` measures minus the event loop's wakes and the l
 A `PresenceShard` (an in-memory store, no PostgreSQL, no Redis) gets `--accounts` sockets of one
 edge, each watching the next `--watchers` accounts, then status changes through the lane's
 immediate road (`apply_and_collect_now`, one change a call, each account alternating idle and
-online), each reply pickled as the lane would. The shard's clock is the script's, 2.5 ms a change
-(400 changes a second, as in `presence bench fanout`), so every change is published (the
-publication budget admits it) and no lease runs out. Printed: µs per change in each round of
+online), each request unpickled and each reply pickled as the lane would (the request in the
+form the checkout's edge sends: plain tuples from wire version 3 on). The shard's clock is the
+script's, 2.5 ms a change (400 changes a second, as in `presence bench fanout`), so every change
+is published (the publication budget admits it) and no lease runs out. Printed: µs per change in each round of
 `--changes`, and their median; `--profile` adds a cProfile of one more round.
 
 `PYTHONPATH=<checkout>` runs it against any commit, so before/after are the same script.
@@ -76,29 +77,42 @@ async def measure(args: argparse.Namespace) -> None:
     now = [shard.clock()]
     shard.clock = lambda: now[0]
 
-    def changes(first: int) -> None:
+    # The batch as the edge pickles it (its wire form, where the checkout has one: wire version 3).
+    wire = getattr(ops, "to_wire", lambda batch: batch)
+
+    def requests(first: int) -> list[bytes]:
+        out = []
         for c in range(first, first + args.changes):
-            now[0] += 0.0025
             i = c % n
             status = "idle" if (c // n) % 2 == 0 else "online"
-            reply = shard.apply_and_collect_now(
-                "e0", [ops.SetStatus(users[i], f"s{i}", status)], mail["incarnation"], mail["acked"]
-            )
+            batch = wire([ops.SetStatus(users[i], f"s{i}", status)])
+            request = (1, "apply_and_collect", ("e0", batch))
+            out.append(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+        return out
+
+    def changes(sent: list[bytes]) -> None:
+        """The shard's part of each change: the request unpickled, applied, the reply pickled."""
+        for data in sent:
+            now[0] += 0.0025
+            _, _, (edge_id, batch) = pickle.loads(data)
+            reply = shard.apply_and_collect_now(edge_id, batch, mail["incarnation"], mail["acked"])
             assert reply is not None, "everything is in memory: the immediate road applies"
             mail["incarnation"], mail["acked"] = reply[0], max(mail["acked"], reply[2][1])
             pickle.dumps((1, True, reply), protocol=pickle.HIGHEST_PROTOCOL)
 
     rounds = []
     for r in range(args.rounds):
+        sent = requests(r * args.changes)
         started = time.perf_counter()
-        changes(r * args.changes)
+        changes(sent)
         rounds.append((time.perf_counter() - started) / args.changes * 1e6)
     print("µs per change, by round:", ", ".join(f"{x:.1f}" for x in rounds))
     print(f"median {statistics.median(rounds):.1f} µs per change ({n:,} x {args.watchers}, one edge)")
     if args.profile:
         profile = cProfile.Profile()
+        sent = requests(args.rounds * args.changes)
         profile.enable()
-        changes(args.rounds * args.changes)
+        changes(sent)
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(30)
 

@@ -123,8 +123,12 @@ class Edge:
         self.items = 0
 
     async def apply(self, batch: list[Any]) -> None:
+        from actors.core import ops
+
+        # In the form the checkout's edge sends (plain tuples from wire version 3 on).
+        wire = getattr(ops, "to_wire", lambda typed: typed)
         incarnation, _, (_, last, items) = await self.lane.call(
-            "apply_and_collect", "e0", batch, self.incarnation, self.acked
+            "apply_and_collect", "e0", wire(batch), self.incarnation, self.acked
         )
         self.incarnation = incarnation
         self.acked = max(self.acked, last)

@@ -152,6 +152,74 @@ async def test_callers_racing_on_a_broken_lane_open_one_new_lane(monkeypatch: py
         await server.close()
 
 
+class _Recorded(_Answer):
+    """`_Answer`, keeping the arguments of each call."""
+
+    def __init__(self, value: Any, calls: list[str], name: str) -> None:
+        super().__init__(value, calls, name)
+        self.args: list[tuple[Any, ...]] = []
+
+    def remote(self, *args: Any) -> Any:
+        self.args.append(args)
+        return super().remote(*args)
+
+
+@pytest.mark.parametrize("version", [3, 2])
+async def test_the_ray_road_sends_each_shard_the_form_its_version_reads(version: int) -> None:
+    """Wire version 3's plain tuples to a shard of version 3; to a version 2 shard (a rolling
+    upgrade, edges first) the typed operations it matches on."""
+    from actors.core import ops
+
+    batch: list[ops.Operation[object]] = [ops.SetStatus("alice", "s1", "dnd"), ops.PING]
+    calls: list[str] = []
+    shard = _FakeShard(version, calls)
+    shard.apply_and_collect = _Recorded(("inc", [None, None], (0, 0, [])), calls, "apply_and_collect")
+    client = clients.ShardClient(0, direct=False)
+    client._handle = shard  # type: ignore[assignment]
+    await client.apply_and_collect("e", batch, None, 0)
+    (sent,) = shard.apply_and_collect.args
+    if version >= 3:
+        assert sent[1] == ops.to_wire(batch) and all(type(op) is tuple for op in sent[1])
+    else:
+        assert sent[1] == batch and [type(op) for op in sent[1]] == [ops.SetStatus, ops.Ping]
+
+
+@pytest.mark.parametrize("version", [3, 2])
+async def test_the_lane_sends_each_shard_the_form_its_version_reads(
+    version: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on the direct lane, whose handshake tells the edge the shard's version: what the
+    shard unpickles is plain tuples from version 3 on, the typed operations for version 2."""
+    from actors.core import ops
+    from actors.lane import LaneServer
+
+    received: list[list[Any]] = []
+
+    async def apply_and_collect(edge_id: str, batch: list[Any], incarnation: Any, acked: int) -> Any:
+        received.append(batch)
+        return "inc-1", [None] * len(batch), (0, 0, [])
+
+    server = LaneServer({clients.LANE_APPLY: apply_and_collect}, version=version)
+    host, port = await server.start("127.0.0.1")
+
+    async def address() -> tuple[str, int, bytes]:
+        return host, port, server.secret
+
+    client = clients.ShardClient(0, direct=True)
+    monkeypatch.setattr(client, "_lane_address", address)
+    batch: list[ops.Operation[object]] = [ops.SetStatus("a", "s1", "dnd"), ops.Watch("b", "s2", ("a",))]
+    try:
+        await client.apply_and_collect("e", batch, None, 0)
+    finally:
+        client.close_lane()
+        await server.close()
+    (sent,) = received
+    if version >= 3:
+        assert [type(op) for op in sent] == [tuple, tuple] and ops.from_wire(sent) == batch
+    else:
+        assert [type(op) for op in sent] == [ops.SetStatus, ops.Watch] and sent == batch
+
+
 def test_joining_ray_leaves_this_process_logging_as_it_was(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

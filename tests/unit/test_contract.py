@@ -27,3 +27,22 @@ def test_shard_stats_keep_their_json_form() -> None:
         "redis_ok",
         "metrics",
     ]
+
+
+def test_a_publication_is_told_from_named_sockets_in_both_wire_forms() -> None:
+    """Version 3's plain `(user_id, own)` and a version 2 shard's `Watching` read alike; socket
+    ids are strings, so two of them are never a publication."""
+    assert c.publication(("alice", True)) == ("alice", True)
+    assert c.publication(("alice", False)) == ("alice", False)
+    assert c.publication(c.Watching("alice", False)) == ("alice", False)
+    for named in [("s1",), ("s1", "s2"), ("s1", "s2", "s3"), ()]:
+        assert c.publication(named) is None
+
+
+def test_a_refused_peer_is_told_which_side_to_upgrade() -> None:
+    far = c.wire_mismatch(c.WIRE_VERSION, c.WIRE_VERSION + 2, "the shard")
+    assert "more than one version apart" in far and "upgrade the older side first" in far
+    old_edge = c.wire_mismatch(c.WIRE_VERSION, c.OLDEST_EDGE - 1, "an edge")
+    assert f"edges of version {c.OLDEST_EDGE} or later: upgrade the edges first" in old_edge
+    assert c.serves_edge(c.WIRE_VERSION, c.WIRE_VERSION)
+    assert not c.serves_edge(c.WIRE_VERSION, c.OLDEST_EDGE - 1)

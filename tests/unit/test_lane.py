@@ -410,9 +410,10 @@ async def test_a_shard_refuses_an_edge_too_far_even_with_the_secret(caplog: pyte
     await server.close()
 
 
-async def test_an_edge_older_than_publications_is_refused(caplog: pytest.LogCaptureFixture) -> None:
-    """Wire version 2 publishes a status change once per edge (`Watching`); a version 1 edge would
-    drop every one of them without a word, so this release's shard refuses it with one line."""
+async def test_an_edge_older_than_the_plain_wire_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """Wire version 3 sends a publication's address as a plain `(user_id, own)`; a version 2 edge
+    would take it for two socket ids and deliver nothing, so this release's shard refuses it, with
+    one line that says which side to upgrade."""
     lane._told.clear()
     shard = Shard()
     server, host, port = await _serve(shard)
@@ -421,7 +422,9 @@ async def test_an_edge_older_than_publications_is_refused(caplog: pytest.LogCapt
         client = await LaneClient.open(host, port, server.secret, version=OLDEST_EDGE - 1)
         await client.call("apply_and_collect", "e", [], None, 0, timeout_s=5.0)
     assert shard.applied == [] and server.refused == 1
-    assert any("an edge speaks version 1" in r.getMessage() for r in caplog.records)
+    lines = [r.getMessage() for r in caplog.records if "an edge speaks version" in r.getMessage()]
+    assert len(lines) == 1 and f"an edge speaks version {OLDEST_EDGE - 1}" in lines[0], lines
+    assert "upgrade the edges first" in lines[0]
     await server.close()
 
 

@@ -234,7 +234,7 @@ async def test_a_change_reaches_the_edge_once_and_its_index_expands_it(shard: Pr
     the publication travel in the same ordered mail, and an edge's `WatchIndex` kept by the notes
     expands the one publication to exactly the sockets in the audience (carol, a stranger, is
     registered but never listed)."""
-    from actors.core.contract import Watching
+    from actors.core.contract import publication
     from actors.core.frames import AudienceNote, internal_note
     from edge.watch_index import WatchIndex
 
@@ -246,8 +246,9 @@ async def test_a_change_reaches_the_edge_once_and_its_index_expands_it(shard: Pr
         """What the edge does with its mail: notes kept, publications expanded."""
         reached = []
         for address, payload in chunk[2]:
-            if isinstance(address, Watching):
-                reached.append(tuple(index.watchers(address.user_id, address.own)))
+            watched = publication(address)
+            if watched is not None:
+                reached.append(tuple(index.watchers(*watched)))
                 continue
             note = internal_note(payload)
             if isinstance(note, AudienceNote):
@@ -269,8 +270,9 @@ async def test_a_change_reaches_the_edge_once_and_its_index_expands_it(shard: Pr
     _, _, chunk = await shard.apply_and_collect(
         "edge-a", [ops.SetStatus("alice", "s1", "dnd")], inc, chunk[1]
     )
-    publications = [(a, p) for a, p in chunk[2] if isinstance(a, Watching)]
+    publications = [(a, p) for a, p in chunk[2] if publication(a) is not None]
     assert len(publications) == 1, "one item for the edge, however many of its sockets watch"
+    assert type(publications[0][0]) is tuple, "wire version 3: a plain pair, no class pickled"
     assert edge_reads(chunk) == [("s2", "s3")]
 
 

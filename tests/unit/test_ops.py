@@ -55,6 +55,44 @@ def test_operations_cross_a_process_boundary_unchanged(op: ops.Op) -> None:
     assert back == op and type(back) is type(op)
 
 
+@pytest.mark.parametrize("op", ALL, ids=repr)
+def test_the_wire_form_makes_the_same_operation_again(op: ops.Op) -> None:
+    """Wire version 3: a batch crosses as plain tuples (`to_wire`), which the shard makes typed
+    again (`from_wire`) after the pickle."""
+    (wire,) = pickle.loads(pickle.dumps(ops.to_wire([op]), protocol=5))
+    assert type(wire) is tuple
+    (back,) = ops.from_wire([wire])
+    assert back == op and type(back) is type(op)
+
+
+def test_a_batch_in_the_wire_form_names_no_operation_class() -> None:
+    """What the plain form buys: nothing of ours looked up by name on either end (a claim, rare,
+    rides inside a connect as it is)."""
+    plain = [op for op in ALL if not (isinstance(op, ops.Connect) and op.claim is not None)]
+    data = pickle.dumps(ops.to_wire(plain), protocol=5)
+    assert b"actors" not in data
+    assert b"actors.core.ops" in pickle.dumps(plain, protocol=5)
+
+
+def test_typed_operations_pass_the_shards_reading_unchanged() -> None:
+    """A version 2 edge's batch (typed), and one mixing both forms, read alike."""
+    assert ops.from_wire(ALL) == ALL
+    mixed = [op if i % 2 else ops.to_wire([op])[0] for i, op in enumerate(ALL)]
+    back = ops.from_wire(mixed)
+    assert back == ALL and [type(op) for op in back] == [type(op) for op in ALL]
+
+
+def test_the_wire_codes_never_change() -> None:
+    """A kind's code is part of wire version 3: adjacent releases read each other's batches, so a
+    kind keeps its code and a new one takes the next (append here, never reorder)."""
+    assert [ops.KIND[kind] for kind in ops.WIRE_KINDS] == [
+        "connect", "disconnect", "departed", "status", "settings", "focus", "spend", "watch",
+        "unwatch", "query", "ch_sub", "ch_unsub", "typing_start", "typing_stop", "voice_join",
+        "voice_leave", "drop_socket", "ping",
+    ]  # fmt: skip
+    assert set(ops.WIRE_KINDS) == set(typing.get_args(ops.Op))
+
+
 def test_routing_keys() -> None:
     assert ops.Connect("alice", "s1").slot_keys() == ("alice",)
     assert ops.Watch("alice", "s1", ("bob", "carol")).slot_keys() == ("bob", "carol")
@@ -111,6 +149,13 @@ async def test_the_shell_dispatches_every_kind() -> None:
     assert answers["ch_sub"] is True and answers["typing_start"] is True
     assert answers["voice_join"] is True and answers["spend"] is True
     assert "__unavailable__" not in results
+
+
+async def test_the_shell_answers_a_batch_in_the_wire_form_as_the_typed_one() -> None:
+    typed, plain = _loaded_shard(), _loaded_shard()
+    _, expected = await typed.apply("edge-a", ALL)
+    _, results = await plain.apply("edge-a", ops.to_wire(ALL))
+    assert results == expected
 
 
 async def test_a_voice_join_is_charged_only_when_it_is_the_clients_own() -> None:
