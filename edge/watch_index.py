@@ -3,11 +3,11 @@ fan-out per edge.
 
 A shard publishes a status change once per edge and kind of watcher (an address `(user_id, own)`,
 `actors.core.contract.publication`: the account's own sockets, which see its real status, or its
-audience, which sees the visible one); the edge expands it here to its sockets. What a socket sees is the shard's decision
-(the audience rule, made when the watch is made and when relations change), told to the edge in
-`_audience` notes through the same ordered mail as the publications, so the index lists exactly
-the sockets the shard counts when a publication is expanded. A socket outside an account's
-audience is never listed for it.
+audience, which sees the visible one); the edge expands it here to its sockets. What a socket
+sees is the shard's decision (the audience rule, made when the watch is made and when relations
+change), told to the edge in `_audience` notes through the same ordered mail as the publications,
+so the index lists exactly the sockets the shard counts when a publication is expanded. A socket
+outside an account's audience is never listed for it.
 
 Pure: no I/O, no clock. The edge keeps one (`edge/server.py`) and feeds it the notes of sockets
 still subscribed to the account, the unsubscriptions, the sockets that close, and what a restarted

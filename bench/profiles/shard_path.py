@@ -10,8 +10,8 @@ immediate road (`apply_and_collect_now`, one change a call, each account alterna
 online), each request unpickled and each reply pickled as the lane would (the request in the
 form the checkout's edge sends: plain tuples from wire version 3 on). The shard's clock is the
 script's, 2.5 ms a change (400 changes a second, as in `presence bench fanout`), so every change
-is published (the publication budget admits it) and no lease runs out. Printed: µs per change in each round of
-`--changes`, and their median; `--profile` adds a cProfile of one more round.
+is published (the publication budget admits it) and no lease runs out. Printed: µs per change
+in each round of `--changes`, and their median; `--profile` adds a cProfile of one more round.
 
 `PYTHONPATH=<checkout>` runs it against any commit, so before/after are the same script.
 """
