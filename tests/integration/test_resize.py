@@ -101,6 +101,18 @@ def in_order_within(part: list[str], whole: list[str]) -> bool:
     return all(any(x == y for y in rest) for x in part)
 
 
+def _out_of_order(user: str, part: list[str], whole: list[str]) -> str:
+    """The whole of both lists and where `part` stops being a subsequence of `whole` (a str: pytest
+    shortens a tuple's repr, and the lists are what tells a race apart)."""
+    rest, at = iter(enumerate(whole)), -1
+    for i, x in enumerate(part):
+        found = next((j for j, y in rest if y == x), None)
+        if found is None:
+            return f"{user}: seen[{i}]={x!r} has no match after truth[{at}]\nseen:  {part}\ntruth: {whole}"
+        at = found
+    return f"{user}: in order\nseen:  {part}\ntruth: {whole}"
+
+
 def cluster_panel(e: Edge) -> dict[str, Any]:
     with urllib.request.urlopen(
         internal_request(f"{internal_url(e)}/api/v1/internal/presence/cluster"), timeout=5
@@ -207,7 +219,7 @@ async def test_resize_2_6_3_under_load(
         for d in drivers:
             # Transitions that happened, in order, ending on the last: none invented. (Rapid ones
             # of one account are coalesced, 5 a second: some in between may be skipped.)
-            assert in_order_within(seen(w, d.user), d.truth), (d.user, seen(w, d.user), d.truth)
+            assert in_order_within(seen(w, d.user), d.truth), _out_of_order(d.user, seen(w, d.user), d.truth)
             assert seen(w, d.user)[-1:] == d.truth[-1:], (d.user, seen(w, d.user), d.truth)
     for c in late:
         for d in drivers:
