@@ -95,22 +95,32 @@ def view_of(client: Client, user: str) -> str | None:
     return view
 
 
-def in_order_within(part: list[str], whole: list[str]) -> bool:
-    """Every item of `part` occurs in `whole`, in the same order (a subsequence)."""
-    rest = iter(whole)
-    return all(any(x == y for y in rest) for x in part)
-
-
-def _out_of_order(user: str, part: list[str], whole: list[str]) -> str:
-    """The whole of both lists and where `part` stops being a subsequence of `whole` (a str: pytest
-    shortens a tuple's repr, and the lists are what tells a race apart)."""
+def first_unmatched(part: list[str], whole: list[str]) -> tuple[int, int] | None:
+    """Where `part` stops being a subsequence of `whole`: (the index in `part` with no match, the
+    index in `whole` of the last item matched, -1 for none); None if it is one throughout."""
     rest, at = iter(enumerate(whole)), -1
     for i, x in enumerate(part):
         found = next((j for j, y in rest if y == x), None)
         if found is None:
-            return f"{user}: seen[{i}]={x!r} has no match after truth[{at}]\nseen:  {part}\ntruth: {whole}"
+            return i, at
         at = found
-    return f"{user}: in order\nseen:  {part}\ntruth: {whole}"
+    return None
+
+
+def in_order_within(part: list[str], whole: list[str]) -> bool:
+    """Every item of `part` occurs in `whole`, in the same order (a subsequence)."""
+    return first_unmatched(part, whole) is None
+
+
+def _out_of_order(user: str, part: list[str], whole: list[str]) -> str:
+    """The whole of both lists and where `part` left `whole` (a str: pytest shortens a tuple's
+    repr, and the lists are what tells a race apart)."""
+    where = first_unmatched(part, whole)
+    said = "in order"
+    if where is not None:
+        i, after = where
+        said = f"seen[{i}]={part[i]!r} has no match after truth[{after}]"
+    return f"{user}: {said}\nseen:  {part}\ntruth: {whole}"
 
 
 def cluster_panel(e: Edge) -> dict[str, Any]:
